@@ -1,0 +1,28 @@
+# dspark developer entry points. `make demo` and `make test` work on a fresh machine.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: install engine demo test clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# CPU llama.cpp build, cached under the user cache dir keyed by commit+backend (a rerun reuses it).
+engine: install
+	$(BIN)/dspark engine build --backend cpu --jobs $(JOBS)
+
+demo: engine
+	$(BIN)/dspark doctor
+
+test: engine
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

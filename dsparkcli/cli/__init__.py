@@ -1,0 +1,1 @@
+"""Thin Typer layer: parse, call the core, render. No logic that a test of the core would miss."""

@@ -1,0 +1,88 @@
+"""The `dspark` command: one Typer app, one module per command, one error table."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Annotated, Optional
+
+import click
+import typer
+
+from dsparkcli import __version__
+from dsparkcli.cli import _errors
+
+# Each module defines ``register(app)``. Keep this list in the order `--help` should show.
+COMMAND_MODULES = (
+    "doctor",
+    "engine",
+)
+
+HELP = """Speculative decoding with DSpark drafts on llama.cpp.
+
+\b
+Examples:
+  dspark doctor                         # which llama.cpp, and can it run DSpark?
+  dspark engine build --backend cuda    # build llama.cpp with DSpark support
+  dspark fetch minicpm-v-4.7            # target + mmproj + draft, sha256-verified
+  dspark run photo.png "Describe this"  # answer + acceptance stats
+  dspark bench --budget 5 15            # plain vs budgets, side by side
+  dspark inspect draft.gguf             # census, DSpark structure, pairing
+"""
+
+app = typer.Typer(
+    help=HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        print(f"dspark {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", "-V", callback=_version_callback, is_eager=True, help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Speculative decoding with DSpark drafts on llama.cpp."""
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"dsparkcli.cli.{name}")
+        module.register(app)
+
+
+_register_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point. Returns the exit code (also via SystemExit)."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except click.exceptions.Abort:
+        code = _errors.report(KeyboardInterrupt())
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.ClickException as e:
+        e.show()
+        code = e.exit_code
+    except BaseException as e:  # noqa: BLE001 - the table decides what is expected; the rest re-raises
+        if isinstance(e, SystemExit):
+            raise
+        code = _errors.report(e)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""`dspark engine build|path`: build llama.cpp with DSpark support, or show which one is used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dsparkcli import engine as core
+from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
+from dsparkcli.cli._output import err, out, print_json
+
+BUILD_EXAMPLES = """Build llama.cpp (commit 0c1e570 from the llama-cpp-python 0.3.36 sdist) into the dspark cache.
+
+\b
+Examples:
+  dspark engine build                          # CPU build, reused on the next call
+  dspark engine build --backend cuda --cuda-arch 90 --jobs 16
+  dspark engine build --source ~/src/llama.cpp # your own checkout
+"""
+
+
+def build(
+    backend: Annotated[str, typer.Option("--backend", "-b", help="cpu or cuda.")] = "cpu",
+    cuda_arch: Annotated[str, typer.Option("--cuda-arch", help="CUDA architecture(s), e.g. 90 for H100/H200.")] = "90",
+    source: Annotated[Optional[Path], typer.Option("--source", help="Build this llama.cpp checkout instead.")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs (default: all cores).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build exists.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), TextColumn("{task.fields[line]}"), console=err, transient=True,
+                  disable=json_out) as progress:
+        task = progress.add_task(f"building llama.cpp ({backend})", total=100, line="")
+
+        def on_progress(pct: float, line: str) -> None:
+            fields = {"line": line[-60:]}
+            if pct >= 0:
+                progress.update(task, completed=pct, **fields)
+            else:
+                progress.update(task, **fields)
+
+        eng, record, reused = core.build_engine(backend=backend, cuda_arch=cuda_arch, source=source, jobs=jobs,
+                                               force=force, on_progress=on_progress)
+    if json_out:
+        print_json({"server": eng.server, "reused": reused, **record.__dict__})
+        return
+    what = "reused cached build" if reused else f"built in {record.build_seconds:.0f} s"
+    out.print(f"{what}: {eng.server}")
+    out.print(f"commit {record.commit}, backend {record.backend}" + (f", sm{record.cuda_arch}" if record.cuda_arch else ""))
+
+
+def path(llama_bin: LlamaBinOpt = None) -> None:
+    """Print the llama-server binary dspark would use.
+
+    \b
+    Examples:
+      dspark engine path
+      DSPARK_LLAMA_BIN=/opt/llama.cpp/build/bin dspark engine path
+    """
+    eng = core.resolve_engine(llama_bin)
+    out.print(str(eng.server))
+
+
+def register(app: typer.Typer) -> None:
+    sub = typer.Typer(help="Build or locate the llama.cpp engine.", no_args_is_help=True)
+    sub.command("build", help=BUILD_EXAMPLES)(build)
+    sub.command("path")(path)
+    app.add_typer(sub, name="engine")

@@ -1,0 +1,52 @@
+"""Where dspark keeps things, and the user's config file (TOML)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from dsparkcli.errors import UsageError
+
+
+def cache_dir() -> Path:
+    """User cache root (engine builds, sources, hash cache). ``DSPARK_CACHE_DIR`` overrides."""
+    env = os.environ.get("DSPARK_CACHE_DIR")
+    return Path(env) if env else Path(platformdirs.user_cache_dir("dspark"))
+
+
+def config_dir() -> Path:
+    env = os.environ.get("DSPARK_CONFIG_DIR")
+    return Path(env) if env else Path(platformdirs.user_config_dir("dspark"))
+
+
+def config_path() -> Path:
+    return config_dir() / "config.toml"
+
+
+def user_models_path() -> Path:
+    """User registry entries, same schema as the repo's models.toml."""
+    return config_dir() / "models.toml"
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    llama_bin: str | None = None  # [engine] llama_bin: a llama-server binary or the folder holding it
+
+
+def load_config(path: Path | None = None) -> UserConfig:
+    path = path or config_path()
+    if not path.is_file():
+        return UserConfig()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"config file {path} is not valid TOML: {e}") from e
+    engine = data.get("engine", {})
+    llama_bin = engine.get("llama_bin") if isinstance(engine, dict) else None
+    if llama_bin is not None and not isinstance(llama_bin, str):
+        raise UsageError(f"config file {path}: [engine] llama_bin must be a string")
+    return UserConfig(llama_bin=llama_bin)

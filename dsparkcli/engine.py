@@ -1,0 +1,376 @@
+"""Locate or build llama.cpp, and ask the binary what it can do.
+
+The engine is the llama.cpp tree vendored in the PyPI sdist of llama-cpp-python (pinned below), or a
+user's checkout. Builds live under ``<cache>/engine/<commit>-<backend>[-sm<arch>]`` and carry an
+``engine.json`` marker written only after a successful build, so an interrupted build is redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dsparkcli import config
+from dsparkcli.errors import EngineBuildError, EngineCapabilityError, EngineNotFoundError, UsageError
+
+SDIST_PACKAGE = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+PINNED_COMMIT = "0c1e570"
+BUILD_TARGETS = ("llama-server", "llama-cli", "llama-quantize", "llama-gguf-split")
+BACKENDS = ("cpu", "cuda")
+
+BUILD_HINT = "build one with: dspark engine build (add --backend cuda on a GPU machine)"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    spec_types: tuple[str, ...]
+    draft_dspark: bool
+    mmproj: bool
+    spec_synth_len: bool
+    spec_draft_p_min: bool
+
+
+@dataclass(frozen=True)
+class Engine:
+    server: Path  # llama-server
+    bin_dir: Path
+    source: str  # where it was found: flag | env | config | cache | path
+    version: str = ""
+    commit: str = ""
+    backend: str = ""  # cpu | cuda | "" when unknown
+
+    def tool(self, name: str) -> Path:
+        """Another binary of the same build (llama-quantize, llama-cli, ...)."""
+        path = self.bin_dir / name
+        if not path.is_file():
+            raise EngineCapabilityError(f"{name} not found next to {self.server}", hint=BUILD_HINT)
+        return path
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    commit: str
+    backend: str
+    cuda_arch: str
+    source_dir: str
+    bin_dir: str
+    targets: list[str] = field(default_factory=list)
+    build_seconds: float = 0.0
+    built_at: str = ""
+
+
+# ------------------------------------------------------------------ probing a binary
+
+
+def _run_probe(server: Path, *args: str, timeout: float = 30.0) -> str:
+    try:
+        proc = subprocess.run(
+            [str(server), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            errors="replace",
+        )
+    except FileNotFoundError as e:
+        raise EngineNotFoundError(f"llama-server not found: {server}", hint=BUILD_HINT) from e
+    except PermissionError as e:
+        raise EngineNotFoundError(f"llama-server is not executable: {server}") from e
+    except OSError as e:  # e.g. exec format error: a binary for another machine
+        raise EngineNotFoundError(f"cannot execute {server}: {e.strerror or e}") from e
+    except subprocess.TimeoutExpired as e:
+        raise EngineNotFoundError(f"{server} {' '.join(args)} did not answer within {timeout:.0f} s") from e
+    return proc.stdout + proc.stderr
+
+
+_VERSION_RE = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s*\S+,\s*commit\s*(?P<commit>[0-9a-fA-F]+)\)")
+
+
+def parse_version(text: str) -> tuple[str, str]:
+    """(version, commit) from ``llama-server --version`` output; ("", "") if absent."""
+    m = _VERSION_RE.search(text)
+    return (m.group("version"), m.group("commit")) if m else ("", "")
+
+
+def parse_capabilities(help_text: str) -> Capabilities:
+    """Read what the binary supports from its ``--help``; nothing is assumed from the version."""
+    spec_types: tuple[str, ...] = ()
+    for line in help_text.splitlines():
+        if "--spec-type" in line:
+            # the value list follows on the same line or the next few: collect comma lists of names
+            idx = help_text.index(line)
+            window = help_text[idx : idx + 800]
+            m = re.search(r"((?:[a-z0-9]+(?:-[a-z0-9]+)*,){2,}[a-z0-9]+(?:-[a-z0-9]+)*)", window)
+            if m:
+                spec_types = tuple(m.group(1).split(","))
+            break
+    return Capabilities(
+        spec_types=spec_types,
+        draft_dspark="draft-dspark" in spec_types,
+        mmproj=re.search(r"(^|\s)--mmproj[\s,]", help_text, re.M) is not None,
+        spec_synth_len="--spec-synth-len" in help_text,
+        spec_draft_p_min="--spec-draft-p-min" in help_text,
+    )
+
+
+def capabilities(engine: Engine) -> Capabilities:
+    return parse_capabilities(_run_probe(engine.server, "--help"))
+
+
+def require_dspark(engine: Engine) -> Capabilities:
+    caps = capabilities(engine)
+    if not caps.draft_dspark:
+        raise EngineCapabilityError(
+            f"{engine.server} has no 'draft-dspark' in --spec-type (found: {','.join(caps.spec_types) or 'none'})",
+            hint=BUILD_HINT,
+        )
+    return caps
+
+
+def list_devices(engine: Engine) -> list[str]:
+    """Device lines from ``llama-server --list-devices`` (empty on a CPU-only build)."""
+    text = _run_probe(engine.server, "--list-devices")
+    devices: list[str] = []
+    seen_header = False
+    for line in text.splitlines():
+        if line.strip().startswith("Available devices"):
+            seen_header = True
+            continue
+        if seen_header and line.startswith(" ") and ":" in line:
+            devices.append(line.strip())
+    return devices
+
+
+def describe(engine: Engine) -> Engine:
+    """The same engine with version, commit and backend filled in from the binary itself."""
+    version, commit = parse_version(_run_probe(engine.server, "--version"))
+    backend = engine.backend
+    if not backend:
+        libs = {p.name for p in engine.bin_dir.glob("libggml-*.so*")}
+        backend = "cuda" if any("cuda" in n for n in libs) else "cpu"
+    return Engine(engine.server, engine.bin_dir, engine.source, version, commit, backend)
+
+
+# ------------------------------------------------------------------ resolution
+
+
+def _as_server(path_text: str, source: str) -> Engine:
+    path = Path(path_text).expanduser()
+    if path.is_dir():
+        for candidate in (path / "llama-server", path / "bin" / "llama-server", path / "build" / "bin" / "llama-server"):
+            if candidate.is_file():
+                path = candidate
+                break
+        else:
+            raise EngineNotFoundError(f"no llama-server in {path} (from {source})", hint=BUILD_HINT)
+    if not path.is_file():
+        raise EngineNotFoundError(f"llama-server not found: {path} (from {source})", hint=BUILD_HINT)
+    if not os.access(path, os.X_OK):
+        raise EngineNotFoundError(f"llama-server is not executable: {path} (from {source})")
+    return Engine(server=path.resolve(), bin_dir=path.resolve().parent, source=source)
+
+
+def engine_root() -> Path:
+    return config.cache_dir() / "engine"
+
+
+def build_key(commit: str, backend: str, cuda_arch: str = "") -> str:
+    return f"{commit}-{backend}" + (f"-sm{cuda_arch}" if backend == "cuda" and cuda_arch else "")
+
+
+def cached_builds() -> list[tuple[Path, BuildRecord]]:
+    """Complete builds in the cache, newest first."""
+    found = []
+    root = engine_root()
+    if not root.is_dir():
+        return []
+    for marker in root.glob("*/engine.json"):
+        try:
+            data = json.loads(marker.read_text())
+            record = BuildRecord(**data)
+        except (OSError, ValueError, TypeError):
+            continue
+        if (Path(record.bin_dir) / "llama-server").is_file():
+            found.append((marker, record))
+    found.sort(key=lambda item: item[0].stat().st_mtime, reverse=True)
+    return found
+
+
+def resolve_engine(llama_bin: str | None = None, *, backend: str | None = None) -> Engine:
+    """Find llama-server: ``--llama-bin``/``DSPARK_LLAMA_BIN``, config file, cache, PATH."""
+    if llama_bin:
+        return _as_server(llama_bin, "--llama-bin")
+    env = os.environ.get("DSPARK_LLAMA_BIN")
+    if env:
+        return _as_server(env, "DSPARK_LLAMA_BIN")
+    cfg = config.load_config()
+    if cfg.llama_bin:
+        return _as_server(cfg.llama_bin, f"config {config.config_path()}")
+    builds = cached_builds()
+    if backend:
+        builds = [b for b in builds if b[1].backend == backend]
+    else:
+        # a GPU build wins over a CPU one when both are cached
+        builds.sort(key=lambda b: b[1].backend != "cuda")
+    if builds:
+        _, record = builds[0]
+        server = Path(record.bin_dir) / "llama-server"
+        return Engine(server=server, bin_dir=server.parent, source="cache", commit=record.commit, backend=record.backend)
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return _as_server(on_path, "PATH")
+    raise EngineNotFoundError("no llama.cpp engine found (no --llama-bin, DSPARK_LLAMA_BIN, config, cache or PATH)", hint=BUILD_HINT)
+
+
+# ------------------------------------------------------------------ building
+
+ProgressFn = Callable[[float, str], None]
+
+
+def _sdist_dir() -> Path:
+    return config.cache_dir() / "src"
+
+
+def vendored_source(*, on_line: ProgressFn | None = None) -> Path:
+    """The llama.cpp tree from the pinned sdist, downloaded with pip once and kept in the cache."""
+    src_root = _sdist_dir()
+    tree = src_root / f"llama_cpp_python-{SDIST_VERSION}" / "vendor" / "llama.cpp"
+    if (tree / "CMakeLists.txt").is_file():
+        return tree
+    src_root.mkdir(parents=True, exist_ok=True)
+    archive = next(src_root.glob(f"llama_cpp_python-{SDIST_VERSION}.tar.gz"), None)
+    if archive is None:
+        if on_line:
+            on_line(0.0, f"downloading {SDIST_PACKAGE}=={SDIST_VERSION} sdist with pip")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", str(src_root)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        archive = next(src_root.glob(f"llama_cpp_python-{SDIST_VERSION}.tar.gz"), None)
+        if proc.returncode != 0 or archive is None:
+            last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise EngineBuildError(f"pip could not download {SDIST_PACKAGE}=={SDIST_VERSION}: {last[0]}",
+                                   hint="check network access to PyPI, or pass --source DIR")
+    if on_line:
+        on_line(0.0, f"extracting {archive.name}")
+    staging = src_root / ".extract"
+    shutil.rmtree(staging, ignore_errors=True)
+    with tarfile.open(archive) as tf:
+        tf.extractall(staging, filter="data")
+    shutil.rmtree(src_root / f"llama_cpp_python-{SDIST_VERSION}", ignore_errors=True)
+    (staging / f"llama_cpp_python-{SDIST_VERSION}").rename(src_root / f"llama_cpp_python-{SDIST_VERSION}")
+    shutil.rmtree(staging, ignore_errors=True)
+    return tree
+
+
+def source_commit(source: Path) -> str:
+    """Short commit of a llama.cpp tree: git if it is a checkout, else the pinned one for the sdist."""
+    try:
+        proc = subprocess.run(["git", "-C", str(source), "rev-parse", "--short=7", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if f"llama_cpp_python-{SDIST_VERSION}" in str(source):
+        return PINNED_COMMIT
+    return "src" + hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
+
+
+_PCT_RE = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def cmake_configure_args(source: Path, build_dir: Path, backend: str, cuda_arch: str) -> list[str]:
+    args = ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"]
+    # a generator is fixed at the first configure; naming another one later fails, so only pick it then
+    if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").is_file():
+        args += ["-G", "Ninja"]
+    if backend == "cuda":
+        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+    return args
+
+
+def build_engine(
+    *,
+    backend: str = "cpu",
+    cuda_arch: str = "90",
+    source: Path | None = None,
+    jobs: int | None = None,
+    force: bool = False,
+    on_progress: ProgressFn | None = None,
+) -> tuple[Engine, BuildRecord, bool]:
+    """Build (or reuse) llama.cpp. Returns (engine, record, reused)."""
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if shutil.which("cmake") is None:
+        raise EngineBuildError("cmake not found on PATH", hint="install cmake (apt-get install cmake or pip install cmake)")
+    if source is not None:
+        source = source.expanduser().resolve()
+        if not (source / "CMakeLists.txt").is_file():
+            raise UsageError(f"--source {source} is not a llama.cpp tree (no CMakeLists.txt)")
+    else:
+        source = vendored_source(on_line=on_progress)
+    commit = source_commit(source)
+    key = build_key(commit, backend, cuda_arch)
+    root = engine_root() / key
+    marker = root / "engine.json"
+    bin_dir = root / "build" / "bin"
+    if marker.is_file() and not force and (bin_dir / "llama-server").is_file():
+        record = BuildRecord(**json.loads(marker.read_text()))
+        if record.source_dir == str(source):
+            return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
+    root.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    jobs = jobs or os.cpu_count() or 2
+    log_path = root / "build.log"
+    started = time.monotonic()
+    steps = [
+        cmake_configure_args(source, root / "build", backend, cuda_arch),
+        ["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(jobs), "--target", *BUILD_TARGETS],
+    ]
+    with open(log_path, "w", encoding="utf-8") as log:
+        for i, cmd in enumerate(steps):
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    errors="replace", stdin=subprocess.DEVNULL)
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(line)
+                    m = _PCT_RE.match(line) or re.match(r"^\[(\d+)/(\d+)\]", line)
+                    if on_progress:
+                        if m and m.lastindex == 2:
+                            pct = 100.0 * int(m.group(1)) / max(1, int(m.group(2)))
+                        elif m:
+                            pct = float(m.group(1))
+                        else:
+                            pct = -1.0
+                        on_progress(pct if i == 1 else -1.0, line.rstrip())
+                rc = proc.wait()
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            if rc != 0:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:]
+                raise EngineBuildError(f"{'configure' if i == 0 else 'build'} failed (rc {rc}): {tail[0] if tail else ''}",
+                                       hint=f"full log: {log_path}")
+    record = BuildRecord(commit=commit, backend=backend, cuda_arch=cuda_arch if backend == "cuda" else "",
+                         source_dir=str(source), bin_dir=str(bin_dir), targets=list(BUILD_TARGETS),
+                         build_seconds=round(time.monotonic() - started, 1),
+                         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    marker.write_text(json.dumps(asdict(record), indent=2))
+    return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False

@@ -1,0 +1,363 @@
+"""LlamaServer: the only owner of llama-server subprocesses, and a small client for its HTTP API.
+
+A server is started on a free loopback port, waited for through ``/health``, logged to a file, and
+always stopped: SIGTERM, then SIGKILL after a grace period (llama-server hangs on SIGTERM during a
+non-streaming request), on normal exit, on exceptions and, through PR_SET_PDEATHSIG, even when the
+Python process itself is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dsparkcli import config
+from dsparkcli.engine import Engine
+from dsparkcli.errors import ServerError, UsageError
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything that becomes llama-server's argv. ``None`` leaves llama.cpp's default."""
+
+    model: Path
+    draft: Path | None = None
+    mmproj: Path | None = None
+    spec_type: str | None = None  # defaults to draft-dspark when a draft is given
+    n_max: int | None = None  # --spec-draft-n-max
+    n_min: int | None = None  # --spec-draft-n-min
+    p_min: float | None = None  # --spec-draft-p-min
+    synth_len: float | None = None  # --spec-synth-len (synthetic acceptance: benchmarking only)
+    ngl: str | int | None = None  # -ngl
+    ngld: str | int | None = None  # -ngld
+    flash_attn: str | None = None  # -fa on|off|auto
+    ctx: int | None = None  # -c
+    n_parallel: int = 1  # -np
+    threads: int | None = None  # -t
+    metrics: bool = True
+    host: str = DEFAULT_HOST
+    port: int = 0  # 0: pick a free one
+    api_key: str | None = None  # passed through the environment, never argv or logs
+    jinja: bool = False
+    extra_args: tuple[str, ...] = ()
+
+    def argv(self, server: Path, port: int) -> list[str]:
+        args = [str(server), "--host", self.host, "--port", str(port), "-m", str(self.model), "-np", str(self.n_parallel)]
+        if self.mmproj is not None:
+            args += ["--mmproj", str(self.mmproj)]
+        if self.draft is not None:
+            args += ["-md", str(self.draft), "--spec-type", self.spec_type or "draft-dspark"]
+        elif self.spec_type:
+            args += ["--spec-type", self.spec_type]
+        for flag, value in (
+            ("--spec-draft-n-max", self.n_max),
+            ("--spec-draft-n-min", self.n_min),
+            ("--spec-draft-p-min", self.p_min),
+            ("--spec-synth-len", self.synth_len),
+            ("-ngl", self.ngl),
+            ("-ngld", self.ngld),
+            ("-fa", self.flash_attn),
+            ("-c", self.ctx),
+            ("-t", self.threads),
+        ):
+            if value is not None:
+                args += [flag, str(value)]
+        if self.metrics:
+            args.append("--metrics")
+        if self.jinja:
+            args.append("--jinja")
+        args += list(self.extra_args)
+        return args
+
+
+# ------------------------------------------------------------------ log classification
+
+_LOAD_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("missing-file", re.compile(r"failed to open GGUF file|No such file or directory"), "a model file is missing"),
+    ("bad-gguf", re.compile(r"invalid magic|failed to read (magic|header|key)|gguf_init_from_file.*failed|tensor data is not within"),
+     "a model file is not a valid GGUF"),
+    ("out-of-memory", re.compile(r"out of memory|cudaMalloc failed|failed to allocate|unable to allocate|ErrorOutOfDeviceMemory", re.I),
+     "not enough memory to load the model"),
+    ("unsupported-arch", re.compile(r"unknown model architecture|layer input tensor is null|target_layer_ids_n"),
+     "the model architecture is not supported for this use"),
+    ("port", re.compile(r"couldn't bind|Address already in use|bind\(\) failed", re.I), "the port is already in use"),
+    ("crash", re.compile(r"GGML_ASSERT|Segmentation fault|terminate called"), "llama-server crashed"),
+)
+
+
+def classify_log(text: str) -> tuple[str, str]:
+    """(kind, summary) of why a server died, from its log."""
+    for kind, pattern, summary in _LOAD_FAILURES:
+        if pattern.search(text):
+            return kind, summary
+    return "error", "llama-server exited"
+
+
+def _key_line(text: str) -> str:
+    """The most telling log line: an assert, an error, or the last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for pattern in (r"GGML_ASSERT|error:|failed to open GGUF|invalid magic|exception|couldn't bind",):
+        for ln in lines:
+            if re.search(pattern, ln) and "this warning is normal" not in ln:
+                return ln[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+# ------------------------------------------------------------------ HTTP client
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {name or name{labels}: value}; comments skipped."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            values[name.strip()] = float(value)
+        except ValueError:
+            continue
+    return values
+
+
+class ServerClient:
+    """HTTP calls to a running llama-server (ours or the user's ``--server URL``)."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=5.0))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _raise_for(self, resp: httpx.Response, what: str) -> None:
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("error", {}).get("message", "") or resp.text
+            except ValueError:
+                detail = resp.text
+            hint = "check --api-key" if resp.status_code == 401 else None
+            raise ServerError(f"{what} failed with HTTP {resp.status_code}: {' '.join(str(detail).split())[:300]}",
+                              kind="http", hint=hint)
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kw)
+        except httpx.TransportError as e:
+            raise ServerError(f"cannot reach llama-server at {self.base_url}{path}: {e.__class__.__name__}: {e}",
+                              kind="crash") from e
+
+    def health(self) -> int:
+        return self._request("GET", "/health").status_code
+
+    def props(self) -> dict[str, Any]:
+        resp = self._request("GET", "/props")
+        self._raise_for(resp, "GET /props")
+        return resp.json()
+
+    def completion(self, payload: dict[str, Any]) -> dict[str, Any]:
+        resp = self._request("POST", "/completion", json=payload)
+        self._raise_for(resp, "POST /completion")
+        return resp.json()
+
+    def chat(self, payload: dict[str, Any]) -> dict[str, Any]:
+        resp = self._request("POST", "/v1/chat/completions", json={**payload, "stream": False})
+        self._raise_for(resp, "POST /v1/chat/completions")
+        return resp.json()
+
+    def chat_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Yield each streamed chunk (parsed SSE ``data:`` lines) until ``[DONE]``."""
+        body = {**payload, "stream": True}
+        try:
+            with self._http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    self._raise_for(resp, "POST /v1/chat/completions")
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise ServerError(f"llama-server error: {chunk['error']}", kind="http")
+                    yield chunk
+        except httpx.TransportError as e:
+            raise ServerError(f"connection to llama-server lost during generation: {e.__class__.__name__}",
+                              kind="crash") from e
+
+    def tokenize(self, text: str) -> list[int]:
+        resp = self._request("POST", "/tokenize", json={"content": text})
+        self._raise_for(resp, "POST /tokenize")
+        return list(resp.json()["tokens"])
+
+    def metrics(self) -> dict[str, float]:
+        resp = self._request("GET", "/metrics")
+        self._raise_for(resp, "GET /metrics")
+        return parse_metrics(resp.text)
+
+
+# ------------------------------------------------------------------ the process
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphan even if dspark is SIGKILLed
+    except OSError:
+        pass
+    os.setpgrp()  # own process group: a terminal's Ctrl-C reaches dspark, which stops us in order
+
+
+@dataclass
+class LlamaServer:
+    """Context manager around one llama-server process.
+
+    >>> with LlamaServer(engine, ServerConfig(model=Path("t.gguf"), draft=Path("d.gguf"), n_max=5)) as srv:
+    ...     srv.client.completion({"prompt": "hi", "n_predict": 8})
+    """
+
+    engine: Engine
+    config: ServerConfig
+    startup_timeout: float = 300.0
+    stop_grace: float = 5.0
+    log_dir: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    port: int = field(default=0, init=False)
+    log_path: Path | None = field(default=None, init=False)
+    client: ServerClient | None = field(default=None, init=False)  # type: ignore[assignment]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def argv(self) -> list[str]:
+        return self.config.argv(self.engine.server, self.port)
+
+    def _check_files(self) -> None:
+        for label, path in (("target", self.config.model), ("draft", self.config.draft), ("mmproj", self.config.mmproj)):
+            if path is not None and not Path(path).is_file():
+                raise UsageError(f"{label} model not found: {path}")
+
+    def log_tail(self, n: int = 30) -> str:
+        if not self.log_path or not self.log_path.is_file():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+        return "\n".join(text.splitlines()[-n:])
+
+    def start(self) -> LlamaServer:
+        self._check_files()
+        if self.log_dir is None:  # kept after the run: the user's evidence when something failed
+            self.log_dir = config.cache_dir() / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        explicit_port = self.config.port != 0
+        for attempt in range(1 if explicit_port else 3):
+            self.port = self.config.port or free_port(self.config.host)
+            self.log_path = self.log_dir / f"llama-server-{self.port}.log"
+            env = {**os.environ, **self.env}
+            if self.config.api_key:
+                env["LLAMA_API_KEY"] = self.config.api_key
+            with open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(
+                    self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, preexec_fn=_die_with_parent,
+                )
+            self.client = ServerClient(self.url, api_key=self.config.api_key)
+            try:
+                self._wait_healthy()
+                return self
+            except ServerError as e:
+                self.stop()
+                if e.kind == "port" and not explicit_port and attempt < 2:
+                    continue  # lost the race for a free port: take another
+                raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _wait_healthy(self) -> None:
+        assert self.process is not None and self.client is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            rc = self.process.poll()
+            if rc is not None:
+                raise self._died(rc, during="start")
+            with contextlib.suppress(ServerError):
+                if self.client.health() == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ServerError(f"llama-server not healthy after {self.startup_timeout:.0f} s",
+                                  kind="timeout", log_tail=self.log_tail(), hint=f"log: {self.log_path}")
+            time.sleep(0.05)
+
+    def _died(self, rc: int, *, during: str) -> ServerError:
+        tail = self.log_tail(60)
+        kind, summary = classify_log(tail)
+        how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+        return ServerError(f"llama-server failed during {during} ({how}): {summary}: {_key_line(tail)}",
+                           kind=kind, log_tail=tail, hint=f"log: {self.log_path}")
+
+    def check_alive(self) -> None:
+        """Raise a typed ServerError if the process has died (e.g. after a failed request)."""
+        if self.process is not None:
+            rc = self.process.poll()
+            if rc is not None:
+                raise self._died(rc, during="generation")
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after the grace period. Returns the exit code. Idempotent."""
+        proc = self.process
+        if self.client is not None:
+            self.client.close()
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
