@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from typing import Annotated, Optional
 
-import click
 import typer
+from typer.exceptions import TyperException
 
 from dsparkcli import __version__
 from dsparkcli.cli import _errors
@@ -65,18 +66,24 @@ def _register_all() -> None:
 _register_all()
 
 
+def _terminate(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C, so every LlamaServer context manager stops its child in order
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point. Returns the exit code (also via SystemExit)."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         result = app(args=argv, standalone_mode=False)
         code = result if isinstance(result, int) else 0
-    except click.exceptions.Abort:
+    except typer.Exit as e:
+        code = e.exit_code
+    except typer.Abort:
         code = _errors.report(KeyboardInterrupt())
-    except click.exceptions.Exit as e:
-        code = e.exit_code
-    except click.ClickException as e:
-        e.show()
-        code = e.exit_code
+    except TyperException as e:  # click's usage errors: they print themselves, exit 2
+        e.show()  # type: ignore[attr-defined]
+        code = getattr(e, "exit_code", 2)
     except BaseException as e:  # noqa: BLE001 - the table decides what is expected; the rest re-raises
         if isinstance(e, SystemExit):
             raise

@@ -27,6 +27,8 @@ def doctor(llama_bin: LlamaBinOpt = None, json_out: JsonOpt = False) -> None:
         print_json(report)
     else:
         table = Table(show_header=False, box=None)
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
         table.add_row("llama-server", report.server)
         table.add_row("found via", report.found_via)
         table.add_row("version", f"{report.version or '?'} (commit {report.commit or '?'})")

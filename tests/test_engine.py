@@ -1,0 +1,147 @@
+"""Engine resolution, capability probing and doctor, against the real llama.cpp build."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from dsparkcli import engine as engine_mod
+from dsparkcli.errors import EngineNotFoundError
+
+HELP_WITHOUT_DSPARK = """----- common params -----
+-h,    --help, --usage                  print usage and exit
+--spec-type none,draft-simple,draft-eagle3,ngram-simple
+                                        comma-separated list of types of speculative decoding to use
+-mm,   --mmproj FILE                    path to a multimodal projector file
+"""
+
+
+def test_capabilities_of_the_real_binary(engine):
+    caps = engine_mod.capabilities(engine)
+    assert caps.draft_dspark
+    assert "draft-dflash" in caps.spec_types and "none" in caps.spec_types
+    assert caps.mmproj and caps.spec_synth_len and caps.spec_draft_p_min
+
+
+def test_version_and_commit_read_from_the_binary(engine):
+    assert engine.commit == engine_mod.PINNED_COMMIT
+    assert engine.version.startswith("0.5.0")
+    assert engine.backend == "cpu"
+
+
+def test_parse_capabilities_without_dspark():
+    caps = engine_mod.parse_capabilities(HELP_WITHOUT_DSPARK)
+    assert caps.spec_types == ("none", "draft-simple", "draft-eagle3", "ngram-simple")
+    assert not caps.draft_dspark
+    assert caps.mmproj
+    assert not caps.spec_synth_len
+
+
+def test_parse_version_line():
+    assert engine_mod.parse_version("version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU") == (
+        "0.5.0-dev", "0c1e570")
+    assert engine_mod.parse_version("garbage") == ("", "")
+
+
+def test_resolution_order_flag_beats_env(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_LLAMA_BIN", str(tmp_path / "nowhere"))
+    found = engine_mod.resolve_engine(str(engine.bin_dir))
+    assert found.server == engine.server and found.source == "--llama-bin"
+    with pytest.raises(EngineNotFoundError, match="nowhere"):
+        engine_mod.resolve_engine()
+
+
+def test_resolution_from_config_file(engine, tmp_path, monkeypatch):
+    monkeypatch.delenv("DSPARK_LLAMA_BIN", raising=False)
+    monkeypatch.setenv("DSPARK_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "config.toml").write_text(f'[engine]\nllama_bin = "{engine.server}"\n')
+    found = engine_mod.resolve_engine()
+    assert found.server == engine.server and found.source.startswith("config")
+
+
+def test_resolution_falls_back_to_path(engine, tmp_path, monkeypatch):
+    monkeypatch.delenv("DSPARK_LLAMA_BIN", raising=False)
+    monkeypatch.setenv("DSPARK_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", f"{engine.bin_dir}{os.pathsep}/usr/bin")
+    assert engine_mod.resolve_engine().source == "PATH"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(EngineNotFoundError, match="dspark engine build"):
+        engine_mod.resolve_engine()
+
+
+def test_second_build_call_reuses_the_cache(engine):
+    # make test already built it: a second call must not compile (it returns within seconds)
+    eng, record, reused = engine_mod.build_engine(backend="cpu")
+    assert reused
+    assert eng.server == engine.server
+    assert record.commit == "0c1e570" and record.backend == "cpu"
+    assert set(record.targets) >= {"llama-server", "llama-cli", "llama-quantize", "llama-gguf-split"}
+    for name in record.targets:
+        assert (eng.bin_dir / name).is_file()
+
+
+def test_doctor_json_reports_dspark(cli, engine):
+    proc = cli("doctor", "--json", "--llama-bin", str(engine.server))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    assert report["capabilities"]["draft_dspark"] is True
+    assert report["commit"] == "0c1e570"
+    assert report["backend"] == "cpu"
+    assert report["devices"] == []
+
+
+def test_doctor_missing_binary_is_one_line(cli, tmp_path):
+    proc = cli("doctor", "--llama-bin", str(tmp_path / "llama-server"))
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dspark: error: llama-server not found")
+    assert "Traceback" not in proc.stderr
+
+
+def test_doctor_refuses_a_binary_without_dspark(cli, engine, tmp_path):
+    # a real llama.cpp binary that is not a DSpark-capable server: llama-quantize answers --help
+    # with its own usage and no --spec-type at all
+    fake_dir = tmp_path / "bin"
+    fake_dir.mkdir()
+    (fake_dir / "llama-server").symlink_to(engine.tool("llama-quantize"))
+    proc = cli("doctor", "--llama-bin", str(fake_dir))
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "cannot run DSpark drafts" in lines[0] and "dspark engine build" in lines[0]
+
+
+def test_non_executable_binary_is_refused(cli, tmp_path):
+    script = tmp_path / "llama-server"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    proc = cli("doctor", "--llama-bin", str(script))
+    assert proc.returncode == 3 and "not executable" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_every_command_help_has_examples(cli):
+    from dsparkcli.cli.app import COMMAND_MODULES
+
+    for name in COMMAND_MODULES:
+        args = [name, "build", "--help"] if name == "engine" else [name, "--help"]
+        proc = cli(*args)
+        assert proc.returncode == 0, (name, proc.stderr)
+        assert "Examples:" in proc.stdout, name
+
+
+def test_version_flag(cli):
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("dspark ")
+
+
+def test_unknown_option_is_a_usage_error(cli):
+    proc = cli("doctor", "--no-such-flag")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
