@@ -11,10 +11,12 @@ import typer
 from typer.exceptions import TyperException
 
 from dsparkcli import __version__
-from dsparkcli.cli import _errors
+from dsparkcli.cli import _common, _errors
 
 # Each module defines ``register(app)``. Keep this list in the order `--help` should show.
 COMMAND_MODULES = (
+    "run",
+    "serve",
     "doctor",
     "engine",
 )
@@ -74,8 +76,13 @@ def _terminate(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point. Returns the exit code (also via SystemExit)."""
     signal.signal(signal.SIGTERM, _terminate)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" in args:  # everything after `--` goes to llama-server untouched (run, serve, bench)
+        cut = args.index("--")
+        _common.PASSTHROUGH[:] = args[cut + 1 :]
+        args = args[:cut]
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=args, standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except typer.Exit as e:
         code = e.exit_code

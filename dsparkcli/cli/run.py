@@ -1,0 +1,100 @@
+"""`dspark run [IMAGE...] PROMPT`: one question, streamed, with the acceptance statistics."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dsparkcli import runner
+from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, passthrough_args
+from dsparkcli.cli._output import err, print_json
+from dsparkcli.errors import UsageError
+
+HELP = """Answer a prompt (optionally about images) with DSpark speculative decoding.
+
+The last argument is the prompt; arguments before it are images. Starts llama-server with the
+target, its vision projector and the DSpark draft, streams the answer to stdout and prints one
+line of statistics to stderr. Arguments after `--` go to llama-server verbatim.
+
+\b
+Examples:
+  dspark run photo.png "What is in this picture?"
+  dspark run "Write a haiku about GPUs" --max-tokens 64
+  dspark run chart.png "Summarise the trend" --budget 7 --json
+  dspark run --target t.gguf --draft d.gguf --mmproj mm.gguf img.png "Describe it"
+  dspark run photo.png "Describe" --no-draft            # plain decoding, same greedy text
+  dspark run photo.png "Describe" --server http://127.0.0.1:8080   # reuse `dspark serve`
+  dspark run photo.png "Describe" -- -ngl 99 -fa on     # extra llama-server flags
+"""
+
+
+def format_stats(result: runner.RunResult) -> str:
+    parts = [f"decode {result.decode_tok_s:.1f} tok/s", f"prompt {result.prompt_tok_s:.1f} tok/s",
+             f"{result.n_tokens} tokens"]
+    acc = result.acceptance
+    if acc is None:
+        parts.append("no draft")
+    else:
+        rate = f"{100 * acc.rate:.1f} %" if acc.rate is not None else "n/a"
+        mean = f"{acc.mean_len:.2f}" if acc.mean_len is not None else "n/a (server without --metrics)"
+        parts += [f"budget {result.budget}" if result.budget else "budget ?", f"drafted {acc.drafted}",
+                  f"accepted {acc.accepted} ({rate})", f"mean acceptance length {mean}"]
+    return " | ".join(parts)
+
+
+def run(
+    args: Annotated[list[str], typer.Argument(metavar="[IMAGE]... PROMPT", help="Images, then the prompt.", show_default=False)],
+    image: Annotated[Optional[list[Path]], typer.Option("--image", "-i", help="An image (repeatable).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Pair name from models.toml.")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help="Target GGUF: path or hf://repo/file.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="DSpark draft GGUF: path or hf://repo/file.")] = None,
+    mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF: path or hf://.")] = None,
+    draft_key: Annotated[Optional[str], typer.Option("--draft-key", help="Which registry draft (e.g. q8_0).")] = None,
+    budget: Annotated[Optional[int], typer.Option("--budget", "-b", help="--spec-draft-n-max (default: registry, 5).")] = None,
+    no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculative draft.")] = False,
+    p_min: Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 256,
+    temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0 = greedy).")] = 0.0,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Sampling seed.")] = None,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c).")] = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads (-t).")] = None,
+    ngl: Annotated[Optional[str], typer.Option("--ngl", help="GPU layers for target and draft (-ngl/-ngld).")] = None,
+    server: Annotated[Optional[str], typer.Option("--server", help="Use a running server (URL) instead.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="DSPARK_API_KEY", help="Key for --server.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")] = False,
+    llama_bin: LlamaBinOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    prompt, positional_images = args[-1], [Path(a) for a in args[:-1]]
+    images = positional_images + list(image or [])
+
+    def on_text(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def confirm(question: str) -> bool:
+        if not sys.stdin.isatty():
+            raise UsageError(f"{question}: no terminal to ask; pass --yes")
+        return typer.confirm(question, default=False)
+
+    result = runner.run(
+        prompt, images, model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key,
+        budget=budget, no_draft=no_draft, p_min=p_min, max_tokens=max_tokens, temp=temp, seed=seed, ctx=ctx,
+        system=system, extra_args=passthrough_args(), server_url=server, api_key=api_key, llama_bin=llama_bin,
+        threads=threads, ngl=ngl, yes=yes, confirm=confirm, on_text=None if json_out else on_text,
+        on_status=None if json_out else (lambda msg: err.print(f"[dim]{msg}[/dim]")),
+    )
+    if json_out:
+        print_json(result.to_record())
+        return
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    err.print(format_stats(result), markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run", help=HELP)(run)

@@ -1,0 +1,82 @@
+"""`dspark serve [NAME]`: keep one llama-server with the DSpark draft up, OpenAI-compatible."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from typing import Annotated, Optional
+
+import typer
+
+from dsparkcli import engine as engine_mod
+from dsparkcli import runner
+from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, passthrough_args
+from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.errors import UsageError
+from dsparkcli.server import LlamaServer
+
+HELP = """Serve a target + DSpark draft (+ vision projector) until Ctrl-C.
+
+OpenAI-compatible (/v1/chat/completions). Binds 127.0.0.1 unless --host says otherwise; a
+non-loopback host requires --api-key. Ask it with `dspark run --server URL` so a large model is
+loaded once.
+
+\b
+Examples:
+  dspark serve minicpm-v-4.7 --port 8080
+  dspark serve --target t.gguf --draft d.gguf --mmproj mm.gguf --budget 5
+  dspark serve minicpm-v-4.7 --host 0.0.0.0 --api-key "$KEY" -- -ngl 99 -fa on
+"""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    name: Annotated[Optional[str], typer.Argument(help="Pair name from models.toml.")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help="Target GGUF: path or hf://repo/file.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="DSpark draft GGUF: path or hf://.")] = None,
+    mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF: path or hf://.")] = None,
+    draft_key: Annotated[Optional[str], typer.Option("--draft-key", help="Which registry draft.")] = None,
+    budget: Annotated[Optional[int], typer.Option("--budget", "-b", help="--spec-draft-n-max.")] = None,
+    no_draft: Annotated[bool, typer.Option("--no-draft", help="Serve without a draft.")] = False,
+    p_min: Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P.")] = None,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads.")] = None,
+    ngl: Annotated[Optional[str], typer.Option("--ngl", help="GPU layers for target and draft.")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="Port (0 = any free one).")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="DSPARK_API_KEY", help="Require this key.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")] = False,
+    llama_bin: LlamaBinOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    if not _is_loopback(host) and not api_key:
+        raise UsageError(f"--host {host} exposes the server beyond this machine: add --api-key")
+    eng = engine_mod.resolve_engine(llama_bin)
+    cfg, files = runner.prepare_server(model=name, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key,
+                                       budget=budget, no_draft=no_draft, p_min=p_min, ctx=ctx, threads=threads,
+                                       ngl=ngl, extra_args=passthrough_args(), host=host, port=port, api_key=api_key,
+                                       yes=yes)
+    with LlamaServer(eng, cfg) as srv:
+        info = {"url": srv.url, "pid": srv.pid, "log": str(srv.log_path), "target": str(files.target),
+                "draft": str(files.draft) if files.draft else None, "mmproj": str(files.mmproj) if files.mmproj else None,
+                "budget": cfg.n_max}
+        if json_out:
+            print_json(info)
+        else:
+            out.print(f"serving on {srv.url} (pid {srv.pid}, log {srv.log_path})", markup=False)
+            out.print(f"ask it:  dspark run --server {srv.url} IMAGE \"PROMPT\"   (Ctrl-C stops)", markup=False)
+        while True:
+            srv.check_alive()
+            time.sleep(0.5)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve", help=HELP)(serve)
