@@ -1,0 +1,501 @@
+"""Synthetic known-answer target/draft pairs, and an exact predictor of what llama-server reports on them.
+
+Construction (verified with llama.cpp 0c1e570, see docs in the shared reference, §6):
+
+* Target, arch ``llama``: one-hot ``token_embd`` (n_embd >= vocab), every ``attn_output`` and ``ffn_down``
+  zero (each layer adds exactly 0, so the last hidden state is the token's own embedding) and a
+  permutation ``output`` with ``output[g(t), t] = 1``: the greedy next token is ``g(last token)``, with a
+  margin of sqrt(n_embd), whatever came before (images included).
+* Draft, arch ``dflash`` with a DSpark Markov head: ``output_norm = 0`` makes the backbone's logits exactly 0,
+  ``markov_w1 = I`` and ``markov_w2[draft_map[r], r] = 1`` make slot i propose ``draft_map[prev_i]``, where
+  prev_0 is the anchor (the last committed token) and prev_i the previous proposal. ``draft_map`` equals
+  ``g`` except on the "wrong rows", so acceptance is a known, non-trivial quantity.
+* Optional confidence head ``conf_proj`` = ``[0 (n_embd) ; c (vocab)]`` plus bias b: with t_embd = 0,
+  slot i's confidence is ``sigmoid(c[prev_i] + b)``, so ``--spec-draft-p-min`` cuts a block right before
+  the slot whose previous token has a low scripted confidence.
+* Tokenizer model ``test`` in both files: ids are accepted as prompts, text is hashed in 5-byte chunks
+  (``test_tokenize``) and every token detokenizes as its id in lowercase hex (``detokenize``). No token text
+  looks like an end-of-generation marker, so generation never stops early.
+
+The predictor replays llama-server's loop (tools/server/server-context.cpp, common/speculative.cpp):
+the first token comes from prompt processing; then, while budget remains, a block anchored at the last
+token is drafted with ``n_max`` clamped to ``block_size``, cut by ``p_min``, discarded when shorter
+than ``n_min``, then truncated to ``n_predict - n_generated - 1``; the target accepts the longest
+prefix that matches its greedy choice and always adds one token of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dsparkcli.errors import UsageError
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+TARGET_NAME = "target-llama.gguf"
+DRAFT_NAME = "draft-dspark.gguf"
+MMPROJ_NAME = "mmproj-mlp.gguf"
+IMAGE_NAME = "image.png"
+
+TARGET_LAYERS = 2  # the draft taps the inputs of target layers 0 and 1 (layer n_layer would abort)
+FFN_WIDTH = 64  # weights are zero; any non-zero width loads
+HEAD_DIM = 64  # keeps GPU flash-attention kernels usable
+CONTEXT_LENGTH = 4096
+RMS_EPS = 1e-5
+
+# Confidence logits (c[t] + b) drawn from a coarse grid, far from typical p_min values, so float32
+# rounding on the engine side can never flip a comparison: sigmoid(-3, -1, 1, 3) = 0.047, 0.269, 0.731, 0.953.
+CONF_LOGITS = (-3.0, -1.0, 1.0, 3.0)
+CONF_WEIGHTS = (0.1, 0.15, 0.15, 0.6)
+CONF_BIAS = 0.5
+
+# mmproj: 32x32 image, 16x16 patches -> 4 image embeddings, no ViT blocks (clip projector "mlp").
+MMPROJ_IMAGE_SIZE = 32
+MMPROJ_PATCH = 16
+MMPROJ_WIDTH = 32
+MMPROJ_HIDDEN = 64
+
+
+@dataclass(frozen=True)
+class SynthPair:
+    """Paths of one written pair. ``mmproj``/``image`` are None unless written with ``vision=True``."""
+
+    target: Path
+    draft: Path
+    mmproj: Path | None
+    image: Path | None
+    manifest: Path
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a pair was built from: everything the predictor needs, plus provenance."""
+
+    path: Path | None
+    version: int
+    vocab: int
+    n_embd: int
+    block_size: int
+    seed: int
+    accept_rate: float  # requested fraction of correct Markov rows
+    g: tuple[int, ...]  # target: greedy next token after t is g[t]
+    draft_map: tuple[int, ...]  # draft: proposal after t is draft_map[t]
+    wrong_rows: tuple[int, ...]  # sorted t with draft_map[t] != g[t]
+    mask_token_id: int
+    confidence: bool
+    conf_logits: tuple[float, ...] | None  # c[t] + b: slot confidence is sigmoid of this for prev token t
+    vision: bool
+    files: dict[str, dict[str, Any]]  # role -> {"name", "sha256", "bytes"}
+
+    def confidence_of(self, token: int) -> float:
+        if self.conf_logits is None:
+            raise UsageError("this synthetic draft has no confidence head: use p_min 0")
+        return 1.0 / (1.0 + math.exp(-self.conf_logits[token]))
+
+    @property
+    def correct_fraction(self) -> float:
+        """Fraction of Markov rows that agree with the target (the realised accept rate per row)."""
+        return 1.0 - len(self.wrong_rows) / self.vocab
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Exactly what llama-server returns for one greedy request on a synthetic pair."""
+
+    tokens: tuple[int, ...]  # generated token ids (`tokens` with return_tokens)
+    text: str  # generated text (content), as llama-server detokenizes the "test" tokenizer
+    draft_n: int  # timings.draft_n (0 means the server omits the field)
+    draft_n_accepted: int  # timings.draft_n_accepted
+    steps: int  # verification steps (/metrics spec_decode_num_drafts_total)
+    accepted_per_pos: tuple[int, ...]  # /metrics spec_decode_num_accepted_tokens_per_pos_total{position=i}
+    mean_len: float  # 1 + accepted / steps, as in the server's "draft acceptance" log line
+    blocks: tuple[tuple[int, int], ...]  # per verification step: (drafted, accepted)
+    n_max: int  # effective draft size after the block-size clamp
+
+
+# ------------------------------------------------------------------ tokenizer "test"
+
+
+def detokenize(tokens: Sequence[int]) -> str:
+    """llama.cpp's "test" vocab turns every token into its id in lowercase hex (llama-vocab.cpp token_to_piece)."""
+    return "".join(f"{int(t):x}" for t in tokens)
+
+
+def test_tokenize(text: str, vocab: int) -> list[int]:
+    """llama.cpp's "test" tokenizer: 5-byte chunks, hash = hash*31 + byte, id = hash % vocab.
+
+    Applies to one text fragment; with an image in the prompt, each text chunk between media markers is
+    tokenized on its own, so the last prompt token comes from the text after the last marker.
+    """
+    data = text.encode("utf-8")
+    ids = []
+    for start in range(0, len(data), 5):
+        h = 0
+        for byte in data[start:start + 5]:
+            h = (h * 31 + byte) & 0xFFFFFFFFFFFFFFFF
+        ids.append(h % vocab)
+    return ids
+
+
+test_tokenize.__test__ = False  # type: ignore[attr-defined]  # not a pytest test despite the name
+
+
+# ------------------------------------------------------------------ building the maps
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _maps(vocab: int, accept_rate: float, seed: int) -> tuple[list[int], list[int], list[int]]:
+    """g (one cycle through every token, so chains visit the whole vocab), draft_map, wrong rows."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(vocab)
+    g = [0] * vocab
+    for i in range(vocab):
+        g[int(order[i])] = int(order[(i + 1) % vocab])
+    n_wrong = int(round((1.0 - accept_rate) * vocab))
+    wrong = sorted(int(r) for r in rng.choice(vocab, size=n_wrong, replace=False)) if n_wrong else []
+    draft_map = list(g)
+    for r in wrong:  # any other token: offset 1..vocab-1 from the right one
+        draft_map[r] = (g[r] + 1 + int(rng.integers(vocab - 1))) % vocab
+    return g, draft_map, wrong
+
+
+def _conf_logits(vocab: int, seed: int) -> list[float]:
+    rng = np.random.default_rng([seed, 1])  # own stream: adding confidence does not change g or the wrong rows
+    return [float(x) for x in rng.choice(CONF_LOGITS, size=vocab, p=CONF_WEIGHTS)]
+
+
+# ------------------------------------------------------------------ GGUF writing
+
+
+def _tokenizer(writer: Any, vocab: int) -> None:
+    writer.add_tokenizer_model("test")
+    writer.add_token_list([f"t{i}" for i in range(vocab)])  # unique, none looks like an EOG marker
+
+
+def _write(writer: Any) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int]) -> None:
+    import gguf
+
+    n_head = n_embd // HEAD_DIM
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("dspark synthetic target")
+    w.add_context_length(CONTEXT_LENGTH)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(TARGET_LAYERS)
+    w.add_feed_forward_length(FFN_WIDTH)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_freq_base(10000.0)
+    _tokenizer(w, vocab)
+    f32 = np.float32
+    embd = np.zeros((vocab, n_embd), f32)
+    embd[np.arange(vocab), np.arange(vocab)] = 1.0  # one-hot: hidden state = the token itself
+    w.add_tensor("token_embd.weight", embd)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, f32))
+    out = np.zeros((vocab, n_embd), f32)
+    out[np.asarray(g), np.arange(vocab)] = 1.0  # logits peak at g(t)
+    w.add_tensor("output.weight", out)
+    for il in range(TARGET_LAYERS):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, f32))
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):  # attn_output = 0: the layer adds nothing
+            w.add_tensor(p + name + ".weight", np.zeros((n_embd, n_embd), f32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, f32))
+        w.add_tensor(p + "ffn_gate.weight", np.zeros((FFN_WIDTH, n_embd), f32))
+        w.add_tensor(p + "ffn_up.weight", np.zeros((FFN_WIDTH, n_embd), f32))
+        w.add_tensor(p + "ffn_down.weight", np.zeros((n_embd, FFN_WIDTH), f32))  # = 0
+    _write(w)
+
+
+def _write_draft(path: Path, vocab: int, n_embd: int, block_size: int, draft_map: Sequence[int],
+                 conf_logits: Sequence[float] | None) -> None:
+    import gguf
+
+    n_head = n_embd // HEAD_DIM
+    w = gguf.GGUFWriter(str(path), "dflash")
+    w.add_name("dspark synthetic draft")
+    a = "dflash"
+    w.add_uint32(f"{a}.context_length", CONTEXT_LENGTH)
+    w.add_uint32(f"{a}.embedding_length", n_embd)
+    w.add_uint32(f"{a}.block_count", 1)
+    w.add_uint32(f"{a}.feed_forward_length", FFN_WIDTH)
+    w.add_uint32(f"{a}.attention.head_count", n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", n_head)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", RMS_EPS)
+    w.add_array(f"{a}.target_layers", list(range(TARGET_LAYERS)))
+    w.add_uint32(f"{a}.block_size", block_size)
+    w.add_bool(f"{a}.sample_from_anchor", True)
+    w.add_bool(f"{a}.has_confidence_head", conf_logits is not None)
+    _tokenizer(w, vocab)
+    w.add_mask_token_id(vocab - 1)
+    f32 = np.float32
+    nt = TARGET_LAYERS
+    w.add_tensor("fc.weight", np.zeros((n_embd, nt * n_embd), f32))
+    w.add_tensor("enc.output_norm.weight", np.ones(n_embd, f32))
+    w.add_tensor("output_norm.weight", np.zeros(n_embd, f32))  # backbone logits exactly 0
+    p = "blk.0."
+    w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, f32))
+    w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, f32))
+    for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+        w.add_tensor(p + name + ".weight", np.zeros((n_embd, n_embd), f32))
+    w.add_tensor(p + "attn_q_norm.weight", np.ones(HEAD_DIM, f32))
+    w.add_tensor(p + "attn_k_norm.weight", np.ones(HEAD_DIM, f32))
+    w.add_tensor(p + "ffn_gate.weight", np.zeros((FFN_WIDTH, n_embd), f32))
+    w.add_tensor(p + "ffn_up.weight", np.zeros((FFN_WIDTH, n_embd), f32))
+    w.add_tensor(p + "ffn_down.weight", np.zeros((n_embd, FFN_WIDTH), f32))
+    w.add_tensor("markov_w1.weight", np.eye(vocab, dtype=f32))  # rank R = vocab, w1[prev] = one_hot(prev)
+    w2 = np.zeros((vocab, vocab), f32)
+    w2[np.asarray(draft_map), np.arange(vocab)] = 1.0  # bias = one_hot(draft_map[prev])
+    w.add_tensor("markov_w2.weight", w2)
+    if conf_logits is not None:
+        proj = np.zeros((1, n_embd + vocab), f32)  # [t_embd (= 0) ; w1[prev]] -> c[prev]
+        proj[0, n_embd:] = np.asarray(conf_logits, f32) - CONF_BIAS
+        w.add_tensor("conf_proj.weight", proj)
+        w.add_tensor("conf_proj.bias", np.full(1, CONF_BIAS, f32))
+    _write(w)
+
+
+def _write_mmproj(path: Path, n_embd: int, seed: int) -> None:
+    import gguf
+
+    rng = np.random.default_rng([seed, 2])
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_name("dspark synthetic mmproj")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_string("clip.projector_type", "mlp")
+    w.add_uint32("clip.vision.embedding_length", MMPROJ_WIDTH)
+    w.add_uint32("clip.vision.feed_forward_length", MMPROJ_HIDDEN)
+    w.add_uint32("clip.vision.block_count", 0)
+    w.add_uint32("clip.vision.projection_dim", n_embd)
+    w.add_uint32("clip.vision.attention.head_count", 1)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_uint32("clip.vision.image_size", MMPROJ_IMAGE_SIZE)
+    w.add_uint32("clip.vision.patch_size", MMPROJ_PATCH)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_bool("clip.use_gelu", True)
+    f32 = np.float32
+    n_patch = (MMPROJ_IMAGE_SIZE // MMPROJ_PATCH) ** 2
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(f32)
+
+    w.add_tensor("v.patch_embd.weight", rand(MMPROJ_WIDTH, 3, MMPROJ_PATCH, MMPROJ_PATCH))
+    w.add_tensor("v.patch_embd.bias", rand(MMPROJ_WIDTH))
+    w.add_tensor("v.position_embd.weight", rand(n_patch, MMPROJ_WIDTH))
+    w.add_tensor("mm.0.weight", rand(MMPROJ_HIDDEN, MMPROJ_WIDTH))
+    w.add_tensor("mm.0.bias", rand(MMPROJ_HIDDEN))
+    w.add_tensor("mm.2.weight", rand(n_embd, MMPROJ_HIDDEN))  # output width must equal the target's n_embd
+    w.add_tensor("mm.2.bias", rand(n_embd))
+    _write(w)
+
+
+def _write_png(path: Path, seed: int) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng([seed, 3])
+    Image.fromarray(rng.integers(0, 256, size=(40, 48, 3), dtype=np.uint8), "RGB").save(path, format="PNG")
+
+
+def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0, confidence: bool = False,
+               vision: bool = False, seed: int = 0, block_size: int = 8) -> SynthPair:
+    """Write target, draft (and mmproj + PNG with ``vision``) and manifest.json into ``outdir``."""
+    if not 8 <= vocab <= 4096:
+        raise UsageError(f"--vocab must be between 8 and 4096, got {vocab}")
+    if not 0.0 <= accept_rate <= 1.0:
+        raise UsageError(f"--accept-rate must be between 0 and 1, got {accept_rate}")
+    if not 1 <= block_size <= 64:
+        raise UsageError(f"--block-size must be between 1 and 64, got {block_size}")
+    out = Path(outdir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"not a directory: {out}")
+    out.mkdir(parents=True, exist_ok=True)
+
+    n_embd = HEAD_DIM * max(2, math.ceil(vocab / HEAD_DIM))  # one-hot embeddings need n_embd >= vocab
+    g, draft_map, wrong = _maps(vocab, accept_rate, seed)
+    conf = _conf_logits(vocab, seed) if confidence else None
+
+    target, draft = out / TARGET_NAME, out / DRAFT_NAME
+    _write_target(target, vocab, n_embd, g)
+    _write_draft(draft, vocab, n_embd, block_size, draft_map, conf)
+    mmproj = image = None
+    if vision:
+        mmproj, image = out / MMPROJ_NAME, out / IMAGE_NAME
+        _write_mmproj(mmproj, n_embd, seed)
+        _write_png(image, seed)
+
+    files = {role: {"name": p.name, "sha256": _sha256(p), "bytes": p.stat().st_size}
+             for role, p in (("target", target), ("draft", draft), ("mmproj", mmproj), ("image", image)) if p}
+    doc = {
+        "version": MANIFEST_VERSION,
+        "kind": "dspark-synthetic-pair",
+        "vocab": vocab, "n_embd": n_embd, "block_size": block_size, "seed": seed, "accept_rate": accept_rate,
+        "mask_token_id": vocab - 1, "confidence": confidence, "vision": vision,
+        "g": g, "draft_map": draft_map, "wrong_rows": wrong, "conf_logits": conf,
+        "files": files,
+    }
+    manifest = out / MANIFEST_NAME
+    tmp = manifest.with_suffix(".json.tmp")  # a reader never sees half a manifest
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(manifest)
+    return SynthPair(target=target, draft=draft, mmproj=mmproj, image=image, manifest=manifest)
+
+
+# ------------------------------------------------------------------ manifest
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read a manifest.json (or the directory holding one) written by ``write_pair``."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / MANIFEST_NAME
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"manifest not found: {p}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"not a synthetic-pair manifest (bad JSON): {p}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "dspark-synthetic-pair":
+        raise UsageError(f"not a synthetic-pair manifest: {p}")
+    if doc.get("version") != MANIFEST_VERSION:
+        raise UsageError(f"unsupported manifest version {doc.get('version')!r} in {p} (expected {MANIFEST_VERSION})")
+    try:
+        vocab = int(doc["vocab"])
+        g = tuple(int(x) for x in doc["g"])
+        draft_map = tuple(int(x) for x in doc["draft_map"])
+        conf = doc.get("conf_logits")
+        man = Manifest(
+            path=p, version=int(doc["version"]), vocab=vocab, n_embd=int(doc["n_embd"]),
+            block_size=int(doc["block_size"]), seed=int(doc["seed"]), accept_rate=float(doc["accept_rate"]),
+            g=g, draft_map=draft_map, wrong_rows=tuple(int(x) for x in doc["wrong_rows"]),
+            mask_token_id=int(doc["mask_token_id"]), confidence=bool(doc["confidence"]),
+            conf_logits=tuple(float(x) for x in conf) if conf is not None else None,
+            vision=bool(doc.get("vision", False)), files=dict(doc.get("files", {})),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"malformed synthetic-pair manifest {p}: {e.__class__.__name__}: {e}") from None
+    if len(g) != vocab or len(draft_map) != vocab or sorted(g) != list(range(vocab)):
+        raise UsageError(f"malformed synthetic-pair manifest {p}: g is not a permutation of the vocab")
+    if man.conf_logits is not None and len(man.conf_logits) != vocab:
+        raise UsageError(f"malformed synthetic-pair manifest {p}: conf_logits has the wrong length")
+    return man
+
+
+def verify_files(man: Manifest) -> None:
+    """Raise VerificationError if a file next to the manifest is missing or differs from its recorded sha256."""
+    from dsparkcli.errors import VerificationError
+
+    if man.path is None:
+        return
+    for role, rec in man.files.items():
+        f = man.path.parent / rec["name"]
+        if not f.is_file():
+            raise VerificationError(f"synthetic {role} missing: {f}")
+        if _sha256(f) != rec["sha256"]:
+            raise VerificationError(f"synthetic {role} was modified since it was written: {f}")
+
+
+# ------------------------------------------------------------------ the predictor
+
+
+def _draft_block(man: Manifest, anchor: int, n_max: int, n_min: int, p_min: float) -> list[int]:
+    """common_speculative_impl_draft_dflash::draft for anchor-first DSpark, before the budget truncation."""
+    block: list[int] = []
+    prev = anchor
+    for _ in range(n_max):
+        if p_min > 0.0 and man.confidence_of(prev) < p_min:  # slot conf = sigmoid(c[prev] + b)
+            break
+        prev = man.draft_map[prev]
+        block.append(prev)
+    if len(block) < n_min:
+        block = []
+    return block
+
+
+def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predict: int = 32, p_min: float = 0.0,
+                      n_min: int = 0) -> Prediction:
+    """Predict llama-server's greedy output and counters given the prompt's last token.
+
+    The target's next token depends only on the current token and the draft's proposals only on the
+    anchor, so the whole prompt (chat template, images) matters only through its last token.
+    Assumes the slot's context is never filled (prompt + n_predict + n_max + 2 <= context per slot).
+    """
+    if not 0 <= last_token < man.vocab:
+        raise UsageError(f"token {last_token} is outside the synthetic vocab (0..{man.vocab - 1})")
+    if n_max < 1:
+        raise UsageError(f"n_max must be at least 1, got {n_max}")
+    if n_predict < 1:
+        raise UsageError(f"n_predict must be at least 1, got {n_predict}")
+    if n_min < 0:
+        raise UsageError(f"n_min must be >= 0, got {n_min}")
+    if p_min > 0.0 and not man.confidence:
+        # llama-server refuses to start in this case ("DSpark draft has no confidence head")
+        raise UsageError("p_min > 0 needs a draft with a confidence head (write the pair with confidence=True)")
+    n_max_eff = min(n_max, man.block_size)  # speculative.cpp clamps anchor-first DSpark to block_size
+    n_min_eff = min(n_min, man.block_size)
+
+    tokens = [man.g[last_token]]  # sampled from the prompt's last logits
+    per_pos = [0] * n_max_eff
+    blocks: list[tuple[int, int]] = []
+    while len(tokens) < n_predict:
+        anchor = tokens[-1]
+        n_draft_max = n_predict - len(tokens) - 1  # server_slot::get_n_draft_max: n_remaining - 1
+        draft = _draft_block(man, anchor, n_max_eff, n_min_eff, p_min) if n_draft_max > 0 else []
+        draft = draft[:n_draft_max]  # common_speculative_draft: truncate to dp.n_max
+        if not draft:
+            tokens.append(man.g[anchor])  # plain single-token decode, not a verification step
+            continue
+        accepted = 0
+        cur = anchor
+        for proposal in draft:  # sample-and-match: accept while the target's greedy token equals the draft
+            if man.g[cur] != proposal:
+                break
+            accepted += 1
+            cur = proposal
+        emitted = draft[:accepted] + [man.g[cur]]  # plus the target's own token at the first mismatch/end
+        tokens.extend(emitted)
+        blocks.append((len(draft), accepted))
+        for i in range(accepted):
+            per_pos[i] += 1
+    draft_n = sum(d for d, _ in blocks)
+    draft_acc = sum(a for _, a in blocks)
+    steps = len(blocks)
+    return Prediction(
+        tokens=tuple(tokens), text=detokenize(tokens), draft_n=draft_n, draft_n_accepted=draft_acc, steps=steps,
+        accepted_per_pos=tuple(per_pos), mean_len=1.0 + draft_acc / steps if steps else 1.0,
+        blocks=tuple(blocks), n_max=n_max_eff,
+    )
+
+
+def predict(man: Manifest, prompt_tokens: Sequence[int], *, n_max: int = 7, n_predict: int = 32,
+            p_min: float = 0.0, n_min: int = 0) -> Prediction:
+    """Predict llama-server's response to a /completion request with these prompt token ids (temperature 0)."""
+    if len(prompt_tokens) == 0:
+        raise UsageError("the prompt needs at least one token")
+    for t in prompt_tokens:
+        if not 0 <= int(t) < man.vocab:
+            raise UsageError(f"prompt token {t} is outside the synthetic vocab (0..{man.vocab - 1})")
+    return predict_from_last(man, int(prompt_tokens[-1]), n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min)
