@@ -14,7 +14,9 @@ its own typed errors (GatedRepoError, RepositoryNotFoundError, RemoteEntryNotFou
         hub.bytes_served, hub.requests
 
 Fault knobs (all take effect on the next request):
-    hub.gate(repo_id, allowed_tokens=())     401 without a token, 403 with a token not allowed (GatedRepo)
+    hub.gate(repo_id, allowed_tokens=())     file bytes (resolve) answer 401 without a token and 403 with a
+                                             token not allowed (X-Error-Code: GatedRepo); the API stays
+                                             readable, as on the hub
     hub.corrupt(repo_id, path)               serve wrong bytes (same length, same headers)
     hub.cut_next(repo_id, path, offset)      the next GET of that file drops the connection after
                                              the byte at absolute ``offset`` (queue: one per call)
@@ -226,8 +228,6 @@ class _Handler(BaseHTTPRequestHandler):
             status = 404 if self._token() else 401
             self._error(status, "RepoNotFound", "Repository not found", path)
             return None
-        if self._access_denied(found[0], path):
-            return None
         return found
 
     # -- routes ----------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _resolve(self, raw: str, path: str) -> None:
         found = self._resolve_repo(raw, path)
-        if found is None:
+        if found is None or self._access_denied(found[0], path):  # like the hub, only file bytes are gated
             return
         repo_id = found[0]
         rest = raw[raw.index("/resolve/") + len("/resolve/") :]
