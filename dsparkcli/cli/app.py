@@ -17,6 +17,7 @@ from dsparkcli.cli import _common, _errors
 COMMAND_MODULES = (
     "run",
     "serve",
+    "synth",
     "doctor",
     "engine",
 )
