@@ -1,0 +1,248 @@
+"""The model registry: models.toml -> frozen dataclasses.
+
+The canonical file ships as package data (``dsparkcli/data/models.toml``; the repo root's
+``models.toml`` is a symlink to it), so a source checkout and an installed wheel read the same
+bytes. The user's file (``config.user_models_path()``) and any ``extra_paths`` are read after it,
+same schema; a pair defined later replaces an earlier pair of the same name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dsparkcli.config import user_models_path
+from dsparkcli.errors import UsageError
+
+ROLES = ("target", "mmproj", "draft")
+DEFAULT_BUDGET = 5
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census"}
+_PAIR_KEYS = {"description", "budget", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts"}
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One file of a pair: where it lives on the hub and what it must hash to."""
+
+    role: str  # target | mmproj | draft
+    key: str  # the draft key for drafts, else the role
+    repo: str
+    revision: str = "main"
+    filename: str | None = None  # exact path in the repo ...
+    glob: str | None = None  # ... or a pattern resolved against the repo listing
+    size: int | None = None
+    sha256: str | None = None
+    census: dict[str, int] = field(default_factory=dict)  # tensor type name -> count
+
+    @property
+    def pattern(self) -> str:
+        """The filename, or the glob: what to show a user."""
+        return self.filename or self.glob or ""
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    name: str
+    target: ModelFile
+    mmproj: ModelFile | None
+    drafts: dict[str, ModelFile]
+    default_draft: str
+    budget: int = DEFAULT_BUDGET
+    flags: tuple[str, ...] = ()
+    acceptance: dict[str, float] = field(default_factory=dict)  # category -> upstream acceptance length
+    description: str = ""
+    source: Path | None = None  # the models.toml this pair came from
+
+    def draft(self, key: str | None = None) -> ModelFile:
+        """The draft named ``key`` (the default draft when None); UsageError with close matches if unknown."""
+        key = key or self.default_draft
+        if key not in self.drafts:
+            raise UsageError(_unknown("draft", key, self.drafts, f"of {self.name}"))
+        return self.drafts[key]
+
+    def files(self, draft_key: str | None = None) -> dict[str, ModelFile]:
+        """role -> file for one runnable combination (mmproj only if the pair has one)."""
+        chosen = {"target": self.target, "draft": self.draft(draft_key)}
+        if self.mmproj is not None:
+            chosen["mmproj"] = self.mmproj
+        return {role: chosen[role] for role in ROLES if role in chosen}
+
+
+@dataclass(frozen=True)
+class Registry:
+    pairs: dict[str, ModelPair]
+    default: str | None
+    sources: tuple[Path, ...] = ()
+
+    def get(self, name: str | None = None) -> ModelPair:
+        """The pair called ``name`` (the default pair when None); UsageError with close matches if unknown."""
+        name = name or self.default
+        if name is None:
+            raise UsageError("no model named and the registry has no default; `dspark models` lists them")
+        if name not in self.pairs:
+            raise UsageError(_unknown("model", name, self.pairs, "in the registry"))
+        return self.pairs[name]
+
+
+def _unknown(what: str, name: str, known: dict, where: str) -> str:
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    # Prefix matches ("minicpm" -> "minicpm-v-4.7") are what users type; difflib's ratio misses them.
+    close += [k for k in known if k.startswith(name) and k not in close]
+    hint = f"; did you mean {', '.join(close[:3])}?" if close else f"; known: {', '.join(sorted(known)) or 'none'}"
+    tail = " (`dspark models` lists them)" if what == "model" else ""
+    return f"unknown {what} '{name}' {where}{hint}{tail}"
+
+
+def packaged_models_path() -> Path:
+    """The models.toml shipped inside the package."""
+    return Path(str(resources.files("dsparkcli") / "data" / "models.toml"))
+
+
+def load_registry(extra_paths: tuple[Path | str, ...] | list[Path | str] = ()) -> Registry:
+    """Packaged registry, then the user's models.toml if present, then ``extra_paths`` (later wins)."""
+    paths = [packaged_models_path()]
+    user = user_models_path()
+    if user.is_file():
+        paths.append(user)
+    paths.extend(Path(p) for p in extra_paths)
+    pairs: dict[str, ModelPair] = {}
+    default: str | None = None
+    for path in paths:
+        file_default, file_pairs = parse_models_file(path)
+        pairs.update(file_pairs)
+        default = file_default or default
+    if default is not None and default not in pairs:
+        raise UsageError(f"models.toml: default = '{default}' names no pair ({', '.join(sorted(pairs)) or 'none'})")
+    return Registry(pairs=pairs, default=default, sources=tuple(paths))
+
+
+def parse_models_file(path: Path) -> tuple[str | None, dict[str, ModelPair]]:
+    """Read and validate one models.toml; errors name the file and the key."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise UsageError(f"{path}: models file not found") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not valid TOML: {e}") from e
+    v = _Validator(path)
+    default = data.get("default")
+    if default is not None and not isinstance(default, str):
+        v.fail("default", "must be a string naming a pair")
+    unknown = set(data) - {"default", "pairs"}
+    if unknown:
+        v.fail(sorted(unknown)[0], "unknown key (expected 'default' and [pairs.<name>])")
+    raw_pairs = v.table(data.get("pairs", {}), "pairs")
+    pairs = {name: _pair(v, name, v.table(raw, f"pairs.{name}")) for name, raw in raw_pairs.items()}
+    return default, pairs
+
+
+class _Validator:
+    """Raises one-line UsageErrors that name the file and the dotted key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, problem: str) -> None:
+        raise UsageError(f"{self.path}: {key}: {problem}")
+
+    def table(self, value: Any, key: str) -> dict:
+        if not isinstance(value, dict):
+            self.fail(key, "must be a table")
+        return value
+
+    def string(self, table: dict, key: str, where: str, *, required: bool = False) -> str | None:
+        value = table.get(key)
+        if value is None:
+            if required:
+                self.fail(f"{where}.{key}", "missing (required)")
+            return None
+        if not isinstance(value, str) or not value:
+            self.fail(f"{where}.{key}", "must be a non-empty string")
+        return value
+
+    def integer(self, table: dict, key: str, where: str, minimum: int) -> int | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.fail(f"{where}.{key}", f"must be an integer >= {minimum}")
+        return value
+
+
+def _file(v: _Validator, raw: Any, where: str, role: str, key: str) -> ModelFile:
+    table = v.table(raw, where)
+    extra = set(table) - _FILE_KEYS
+    if extra:
+        v.fail(f"{where}.{sorted(extra)[0]}", f"unknown key (expected {', '.join(sorted(_FILE_KEYS))})")
+    repo = v.string(table, "repo", where, required=True)
+    assert repo is not None
+    if repo.count("/") != 1 or repo.startswith("/") or repo.endswith("/"):
+        v.fail(f"{where}.repo", f"'{repo}' is not a hub repo id (owner/name)")
+    filename = v.string(table, "filename", where)
+    glob = v.string(table, "glob", where)
+    if (filename is None) == (glob is None):
+        v.fail(where, "needs exactly one of 'filename' or 'glob'")
+    sha256 = v.string(table, "sha256", where)
+    if sha256 is not None and not _SHA256.fullmatch(sha256):
+        v.fail(f"{where}.sha256", "must be 64 lowercase hex digits")
+    census_raw = v.table(table.get("census", {}), f"{where}.census")
+    census: dict[str, int] = {}
+    for type_name, count in census_raw.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            v.fail(f"{where}.census.{type_name}", "must be a tensor count (integer >= 0)")
+        census[str(type_name)] = count
+    return ModelFile(
+        role=role,
+        key=key,
+        repo=repo,
+        revision=v.string(table, "revision", where) or "main",
+        filename=filename,
+        glob=glob,
+        size=v.integer(table, "size", where, minimum=0),
+        sha256=sha256,
+        census=census,
+    )
+
+
+def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
+    where = f"pairs.{name}"
+    extra = set(table) - _PAIR_KEYS
+    if extra:
+        v.fail(f"{where}.{sorted(extra)[0]}", f"unknown key (expected {', '.join(sorted(_PAIR_KEYS))})")
+    if "target" not in table:
+        v.fail(f"{where}.target", "missing (required)")
+    target = _file(v, table["target"], f"{where}.target", "target", "target")
+    mmproj = _file(v, table["mmproj"], f"{where}.mmproj", "mmproj", "mmproj") if "mmproj" in table else None
+    raw_drafts = v.table(table.get("drafts", {}), f"{where}.drafts")
+    if not raw_drafts:
+        v.fail(f"{where}.drafts", "needs at least one [pairs.<name>.drafts.<key>] table")
+    drafts = {key: _file(v, raw, f"{where}.drafts.{key}", "draft", key) for key, raw in raw_drafts.items()}
+    default_draft = v.string(table, "default_draft", where) or next(iter(drafts))
+    if default_draft not in drafts:
+        v.fail(f"{where}.default_draft", f"'{default_draft}' is not one of the drafts ({', '.join(drafts)})")
+    flags = table.get("flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        v.fail(f"{where}.flags", "must be a list of strings")
+    acceptance: dict[str, float] = {}
+    for category, value in v.table(table.get("acceptance", {}), f"{where}.acceptance").items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+            v.fail(f"{where}.acceptance.{category}", "must be a number >= 1 (tokens per verification step)")
+        acceptance[str(category)] = float(value)
+    return ModelPair(
+        name=name,
+        target=target,
+        mmproj=mmproj,
+        drafts=drafts,
+        default_draft=default_draft,
+        budget=v.integer(table, "budget", where, minimum=1) or DEFAULT_BUDGET,
+        flags=tuple(flags),
+        acceptance=acceptance,
+        description=v.string(table, "description", where) or "",
+        source=v.path,
+    )
