@@ -499,3 +499,16 @@ def predict(man: Manifest, prompt_tokens: Sequence[int], *, n_max: int = 7, n_pr
         if not 0 <= int(t) < man.vocab:
             raise UsageError(f"prompt token {t} is outside the synthetic vocab (0..{man.vocab - 1})")
     return predict_from_last(man, int(prompt_tokens[-1]), n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min)
+
+
+def last_prompt_token(man: Manifest, prompt_text: str, media_marker: str | None = None) -> int:
+    """The last token llama-server gets for a templated text prompt (e.g. from POST /apply-template).
+
+    With images, mtmd tokenizes each text chunk between media markers on its own, so only the text after
+    the last marker counts (``media_marker`` comes from GET /props). Feed the result to predict_from_last.
+    """
+    tail = prompt_text.rsplit(media_marker, 1)[-1] if media_marker else prompt_text
+    ids = test_tokenize(tail, man.vocab)
+    if not ids:
+        raise UsageError("the prompt ends with an image or is empty: llama-server needs text after the last image")
+    return ids[-1]
