@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Annotated
+
 import typer
 from rich.table import Table
 
 from dsparkcli import doctor as core
+from dsparkcli import selftest
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import EngineCapabilityError
@@ -17,14 +21,51 @@ HELP = """Show the llama.cpp engine dspark uses and what it can do.
 Examples:
   dspark doctor
   dspark doctor --json
+  dspark doctor --selftest      # serve a synthetic pair, compare with the exact prediction
   dspark doctor --llama-bin ~/llama.cpp/build/bin/llama-server
 """
 
 
-def doctor(llama_bin: LlamaBinOpt = None, json_out: JsonOpt = False) -> None:
-    report = core.diagnose(llama_bin)
+def _check_line(check: selftest.SelftestCheck) -> str:
+    verdict = "PASS" if check.ok else "FAIL"
+    output = "" if check.name.startswith("/metrics") else f", output {'matches' if check.tokens_match else 'DIFFERS'}"
+    return (f"{verdict}  {check.name} (n_max {check.n_max}, p_min {check.p_min:g}): "
+            f"draft_n {check.observed_draft_n} (predicted {check.expected_draft_n}), "
+            f"accepted {check.observed_accepted} (predicted {check.expected_accepted}){output}"
+            + (f" -- {check.detail}" if check.detail else ""))
+
+
+def _selftest(report: core.DoctorReport, llama_bin: str | None, json_out: bool) -> None:
+    """Run the known-answer selftest; print each check, then PASS or FAIL. FAIL exits non-zero."""
+    if not json_out:
+        out.print("selftest: serving a synthetic known-answer pair with draft-dspark ...")
+    result = selftest.run_selftest(llama_bin, on_check=None if json_out else (lambda c: out.print(_check_line(c))))
+    n_bad = sum(not c.ok for c in result.checks)
     if json_out:
-        print_json(report)
+        print_json({**dataclasses.asdict(report), "selftest": result})
+    elif result.ok:
+        out.print(f"selftest PASS: {len(result.checks)} of {len(result.checks)} checks match the prediction "
+                  f"({result.seconds:.1f} s)")
+    else:
+        out.print(f"selftest FAIL: {n_bad} of {len(result.checks)} checks differ from the prediction "
+                  f"({result.seconds:.1f} s); server logs: {', '.join(result.log_paths)}")
+    if not result.ok:
+        raise EngineCapabilityError(f"DSpark selftest failed: {n_bad} of {len(result.checks)} checks differ from "
+                                    f"the prediction with {report.server}")
+
+
+def doctor(
+    llama_bin: LlamaBinOpt = None,
+    json_out: JsonOpt = False,
+    run_selftest: Annotated[bool, typer.Option(
+        "--selftest", help="Serve a synthetic pair with draft-dspark; check tokens and draft counters against "
+                           "the exact prediction (seconds, no download).")] = False,
+) -> None:
+    report = core.diagnose(llama_bin)
+    combined_json = json_out and run_selftest and report.ok  # one document with the selftest in it, printed later
+    if json_out:
+        if not combined_json:
+            print_json(report)
     else:
         table = Table(show_header=False, box=None)
         table.add_column(style="bold", no_wrap=True)
@@ -45,6 +86,8 @@ def doctor(llama_bin: LlamaBinOpt = None, json_out: JsonOpt = False) -> None:
             out.print(f"warning: {problem}")
     if not report.ok:
         raise EngineCapabilityError(f"{report.server} cannot run DSpark drafts (no draft-dspark)", hint=BUILD_HINT)
+    if run_selftest:
+        _selftest(report, llama_bin, json_out)
 
 
 def register(app: typer.Typer) -> None:

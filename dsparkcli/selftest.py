@@ -1,0 +1,186 @@
+"""`dspark doctor --selftest`: does this llama.cpp run DSpark drafts exactly as predicted?
+
+Writes a synthetic known-answer pair (synth.py) into a temporary directory, serves it with the engine's
+llama-server and ``--spec-type draft-dspark``, and compares output tokens, ``draft_n``,
+``draft_n_accepted`` and the ``/metrics`` counters with synth's prediction. The pair has 30 % wrong
+Markov rows, a confidence head and a vision projector, so partial acceptance, the last block's
+truncation, ``--spec-draft-p-min`` and an image in a chat request are all exercised. No download.
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from dsparkcli import engine as eng_mod
+from dsparkcli import synth
+from dsparkcli.engine import Engine
+from dsparkcli.errors import ServerError
+from dsparkcli.server import LlamaServer, ServerClient, ServerConfig
+
+SEED = 1
+ACCEPT_RATE = 0.7
+BLOCK_SIZE = 8
+CTX = 1024
+METRIC = "llamacpp:spec_decode_num_"
+
+
+@dataclass(frozen=True)
+class SelftestCheck:
+    """One request (or the /metrics scrape) compared with the prediction."""
+
+    name: str
+    n_max: int
+    p_min: float
+    n_predict: int
+    expected_draft_n: int
+    observed_draft_n: int
+    expected_accepted: int
+    observed_accepted: int
+    tokens_match: bool  # token ids (/completion) or text (chat) equal the prediction
+    ok: bool
+    detail: str  # what differed; "" when ok
+
+
+@dataclass(frozen=True)
+class SelftestResult:
+    ok: bool
+    server: str
+    backend: str
+    commit: str
+    seconds: float
+    checks: tuple[SelftestCheck, ...]
+    log_paths: tuple[str, ...]
+
+
+def _timings(resp: dict) -> tuple[int, int]:
+    t = resp.get("timings") or {}
+    return int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0))  # both absent when nothing was drafted
+
+
+def _check(name: str, pred: synth.Prediction, *, n_max: int, p_min: float, n_predict: int, draft_n: int,
+           accepted: int, tokens_match: bool) -> SelftestCheck:
+    diffs = []
+    if not tokens_match:
+        diffs.append("output differs")
+    if draft_n != pred.draft_n:
+        diffs.append(f"draft_n {draft_n} != {pred.draft_n}")
+    if accepted != pred.draft_n_accepted:
+        diffs.append(f"draft_n_accepted {accepted} != {pred.draft_n_accepted}")
+    return SelftestCheck(name=name, n_max=n_max, p_min=p_min, n_predict=n_predict, expected_draft_n=pred.draft_n,
+                         observed_draft_n=draft_n, expected_accepted=pred.draft_n_accepted, observed_accepted=accepted,
+                         tokens_match=tokens_match, ok=not diffs, detail="; ".join(diffs))
+
+
+def _completion(client: ServerClient, man: synth.Manifest, prompt: list[int], *, n_max: int, p_min: float,
+                n_predict: int) -> tuple[SelftestCheck, synth.Prediction]:
+    resp = client.completion({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "return_tokens": True,
+                              "cache_prompt": False})
+    pred = synth.predict(man, prompt, n_max=n_max, p_min=p_min, n_predict=n_predict)
+    draft_n, accepted = _timings(resp)
+    check = _check(f"completion prompt={','.join(map(str, prompt))}", pred, n_max=n_max, p_min=p_min,
+                   n_predict=n_predict, draft_n=draft_n, accepted=accepted,
+                   tokens_match=list(resp.get("tokens", [])) == list(pred.tokens))
+    return check, pred
+
+
+def _apply_template(client: ServerClient, messages: list[dict]) -> str:
+    """The prompt text llama-server builds from chat messages (POST /apply-template)."""
+    try:
+        resp = httpx.post(client.base_url + "/apply-template", json={"messages": messages}, timeout=30.0)
+        resp.raise_for_status()
+        return str(resp.json()["prompt"])
+    except (httpx.HTTPError, KeyError, ValueError) as e:
+        raise ServerError(f"POST /apply-template failed: {e.__class__.__name__}: {e}", kind="http") from e
+
+
+def _chat_image(client: ServerClient, man: synth.Manifest, image: Path, *, n_max: int, p_min: float,
+                n_predict: int) -> tuple[SelftestCheck, synth.Prediction]:
+    url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What is in this image?"}]}]
+    resp = client.chat({"messages": messages, "temperature": 0, "max_tokens": n_predict})
+    # the answer depends on the prompt only through its last token: the text after the image marker
+    marker = client.props().get("media_marker")
+    templated = _apply_template(client, messages)
+    last = synth.last_prompt_token(man, templated, marker)
+    pred = synth.predict_from_last(man, last, n_max=n_max, p_min=p_min, n_predict=n_predict)
+    draft_n, accepted = _timings(resp)
+    text = resp["choices"][0]["message"].get("content") or ""
+    check = _check("chat with image", pred, n_max=n_max, p_min=p_min, n_predict=n_predict, draft_n=draft_n,
+                   accepted=accepted, tokens_match=text == pred.text)
+    return check, pred
+
+
+def _metrics_check(client: ServerClient, preds: list[synth.Prediction], n_max: int) -> SelftestCheck:
+    m = client.metrics()
+    steps = int(m.get(METRIC + "drafts_total", -1))
+    drafted = int(m.get(METRIC + "draft_tokens_total", -1))
+    accepted = int(m.get(METRIC + "accepted_tokens_total", -1))
+    per_pos = tuple(int(m.get(f'{METRIC}accepted_tokens_per_pos_total{{position="{i}"}}', -1))
+                    for i in range(min(n_max, BLOCK_SIZE)))
+    exp_steps = sum(p.steps for p in preds)
+    exp_drafted = sum(p.draft_n for p in preds)
+    exp_accepted = sum(p.draft_n_accepted for p in preds)
+    exp_per_pos = tuple(sum(col) for col in zip(*(p.accepted_per_pos for p in preds)))
+    diffs = []
+    if steps != exp_steps:
+        diffs.append(f"drafts_total {steps} != {exp_steps}")
+    if per_pos != exp_per_pos:
+        diffs.append(f"accepted per pos {list(per_pos)} != {list(exp_per_pos)}")
+    if drafted != exp_drafted:
+        diffs.append(f"draft_tokens_total {drafted} != {exp_drafted}")
+    if accepted != exp_accepted:
+        diffs.append(f"accepted_tokens_total {accepted} != {exp_accepted}")
+    return SelftestCheck(name=f"/metrics after {len(preds)} requests", n_max=n_max, p_min=0.0, n_predict=0,
+                         expected_draft_n=exp_drafted, observed_draft_n=drafted, expected_accepted=exp_accepted,
+                         observed_accepted=accepted, tokens_match=True, ok=not diffs, detail="; ".join(diffs))
+
+
+def run_selftest(llama_bin: str | None = None, *, engine: Engine | None = None, threads: int | None = 2,
+                 on_check: Callable[[SelftestCheck], None] | None = None) -> SelftestResult:
+    """Run the known-answer checks on the engine's llama-server. Raises ServerError if it cannot start."""
+    eng = engine or eng_mod.describe(eng_mod.resolve_engine(llama_bin))
+    start = time.monotonic()
+    checks: list[SelftestCheck] = []
+    logs: list[str] = []
+
+    def record(check: SelftestCheck) -> None:
+        checks.append(check)
+        if on_check:
+            on_check(check)
+
+    with tempfile.TemporaryDirectory(prefix="dspark-selftest-") as tmp:
+        pair = synth.write_pair(tmp, accept_rate=ACCEPT_RATE, confidence=True, vision=True, seed=SEED,
+                                block_size=BLOCK_SIZE)
+        man = synth.load_manifest(pair.manifest)
+
+        # 1. full block, image projector loaded: two /completion prompts, a chat with an image, /metrics
+        cfg = ServerConfig(model=pair.target, draft=pair.draft, mmproj=pair.mmproj, n_max=BLOCK_SIZE, p_min=0.0,
+                           ctx=CTX, threads=threads)
+        with LlamaServer(eng, cfg, startup_timeout=120) as srv:
+            logs.append(str(srv.log_path))
+            preds = []
+            for prompt, n_predict in (([1, 2, 3], 48), ([77], 29)):
+                check, pred = _completion(srv.client, man, prompt, n_max=BLOCK_SIZE, p_min=0.0, n_predict=n_predict)
+                record(check)
+                preds.append(pred)
+            check, pred = _chat_image(srv.client, man, pair.image, n_max=BLOCK_SIZE, p_min=0.0, n_predict=24)
+            record(check)
+            preds.append(pred)
+            record(_metrics_check(srv.client, preds, BLOCK_SIZE))
+
+        # 2. small budget and the confidence head cutting blocks
+        cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=3, p_min=0.5, ctx=CTX, threads=threads)
+        with LlamaServer(eng, cfg, startup_timeout=120) as srv:
+            logs.append(str(srv.log_path))
+            record(_completion(srv.client, man, [1, 2, 3], n_max=3, p_min=0.5, n_predict=32)[0])
+
+    return SelftestResult(ok=all(c.ok for c in checks), server=str(eng.server), backend=eng.backend, commit=eng.commit,
+                          seconds=time.monotonic() - start, checks=tuple(checks), log_paths=tuple(logs))
