@@ -87,14 +87,17 @@ class ServerConfig:
 
 # ------------------------------------------------------------------ log classification
 
+# First match wins: the specific causes before the generic "crash".
 _LOAD_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    ("missing-file", re.compile(r"failed to open GGUF file|No such file or directory"), "a model file is missing"),
-    ("bad-gguf", re.compile(r"invalid magic|failed to read (magic|header|key)|gguf_init_from_file.*failed|tensor data is not within"),
+    ("unsupported-arch", re.compile(r"unknown model architecture|layer input tensor is null|target_layer_ids|"
+                                    r"dflash requires ctx_other to be set(?!.*normal)"),
+     "the model architecture is not supported for this use"),
+    ("missing-file", re.compile(r"failed to open GGUF file"), "a model file is missing"),
+    ("bad-gguf", re.compile(r"invalid magic|failed to read (magic|header|key)|tensor data is not within|"
+                            r"gguf_init_from_file_impl: .*(invalid|failed)"),
      "a model file is not a valid GGUF"),
     ("out-of-memory", re.compile(r"out of memory|cudaMalloc failed|failed to allocate|unable to allocate|ErrorOutOfDeviceMemory", re.I),
      "not enough memory to load the model"),
-    ("unsupported-arch", re.compile(r"unknown model architecture|layer input tensor is null|target_layer_ids_n"),
-     "the model architecture is not supported for this use"),
     ("port", re.compile(r"couldn't bind|Address already in use|bind\(\) failed", re.I), "the port is already in use"),
     ("crash", re.compile(r"GGML_ASSERT|Segmentation fault|terminate called"), "llama-server crashed"),
 )
@@ -202,6 +205,12 @@ class ServerClient:
         except httpx.TransportError as e:
             raise ServerError(f"connection to llama-server lost during generation: {e.__class__.__name__}",
                               kind="crash") from e
+
+    def apply_template(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text the server's chat template makes of these messages."""
+        resp = self._request("POST", "/apply-template", json={"messages": messages})
+        self._raise_for(resp, "POST /apply-template")
+        return str(resp.json()["prompt"])
 
     def tokenize(self, text: str) -> list[int]:
         resp = self._request("POST", "/tokenize", json={"content": text})

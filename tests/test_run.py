@@ -1,0 +1,210 @@
+"""`dspark run` / `dspark serve` with the real llama-server on the synthetic vision pair.
+
+Every number is predicted independently (synth.predict_from_last on the server's own templated
+prompt) and compared exactly with what dspark prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import dsparkcli
+from dsparkcli import runner, synth
+from dsparkcli.server import LlamaServer, ServerConfig
+from tests.chat_oracle import expected_chat
+
+PROMPT = "What is in this image?"
+N = 40
+BUDGET = 5
+
+
+@pytest.fixture(scope="module")
+def vpair(tmp_path_factory):
+    return synth.write_pair(tmp_path_factory.mktemp("vpair"), vocab=128, accept_rate=0.7, vision=True, seed=11)
+
+
+@pytest.fixture(scope="module")
+def expected(engine, vpair):
+    """The prediction for PROMPT + image at BUDGET, read from a server's own chat template."""
+    man = synth.load_manifest(vpair.manifest)
+    img = runner.load_image(vpair.image)
+    cfg = ServerConfig(model=vpair.target, mmproj=vpair.mmproj, threads=2, ctx=1024)
+    with LlamaServer(engine, cfg) as srv:
+        pred = expected_chat(srv.client, man, runner.build_messages(PROMPT, [img]), n_max=BUDGET, n_predict=N)
+    assert pred.draft_n > pred.draft_n_accepted > 0  # accept rate 0.7: a non-trivial case
+    return pred
+
+
+def _args(vpair, *extra: str) -> list[str]:
+    return ["run", str(vpair.image), PROMPT, "--target", str(vpair.target), "--draft", str(vpair.draft),
+            "--mmproj", str(vpair.mmproj), "--max-tokens", str(N), "-t", "2", "--ctx", "1024", *extra]
+
+
+def test_run_streams_the_predicted_text_and_stats(cli, vpair, expected):
+    proc = cli(*_args(vpair, "--budget", str(BUDGET)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == expected.text + "\n"
+    stats = proc.stderr.strip().splitlines()[-1]
+    rate = 100 * expected.draft_n_accepted / expected.draft_n
+    assert f"{N} tokens" in stats
+    assert f"budget {BUDGET}" in stats
+    assert f"drafted {expected.draft_n}" in stats
+    assert f"accepted {expected.draft_n_accepted} ({rate:.1f} %)" in stats
+    assert f"mean acceptance length {expected.mean_len:.2f}" in stats
+    assert "tok/s" in stats
+
+
+def test_run_json_record_is_complete(cli, vpair, expected):
+    proc = cli(*_args(vpair, "--budget", str(BUDGET), "--json"))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(proc.stdout)
+    assert rec["text"] == expected.text
+    assert rec["n_tokens"] == N
+    assert rec["drafted"] == expected.draft_n
+    assert rec["accepted"] == expected.draft_n_accepted
+    assert rec["steps"] == expected.steps
+    assert rec["mean_acceptance_length"] == pytest.approx(expected.mean_len)
+    assert rec["acceptance_rate"] == pytest.approx(expected.draft_n_accepted / expected.draft_n)
+    assert rec["budget"] == BUDGET
+    assert rec["decode_tok_s"] > 0 and rec["prompt_tok_s"] > 0 and rec["prompt_tokens"] > 4
+    assert rec["finish_reason"] == "length"
+    assert set(rec["files"]) == {"target", "draft", "mmproj"}
+    assert "--spec-draft-n-max" in rec["server_argv"]
+
+
+def test_no_draft_gives_the_same_text(cli, vpair, expected):
+    proc = cli(*_args(vpair, "--no-draft", "--json"))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(proc.stdout)
+    assert rec["text"] == expected.text
+    assert rec["drafted"] is None and rec["budget"] is None
+    assert "-md" not in rec["server_argv"]
+
+
+def test_python_api_returns_a_frozen_result(engine, vpair, expected):
+    streamed: list[str] = []
+    result = dsparkcli.run(PROMPT, [vpair.image], target=vpair.target, draft=vpair.draft, mmproj=vpair.mmproj,
+                           budget=BUDGET, max_tokens=N, threads=2, ctx=1024, on_text=streamed.append)
+    assert "".join(streamed) == result.text == expected.text
+    assert result.acceptance.drafted == expected.draft_n
+    assert result.acceptance.accepted == expected.draft_n_accepted
+    assert result.acceptance.mean_len == pytest.approx(expected.mean_len)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.text = "x"  # type: ignore[misc]
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], code: int | None = None) -> str:
+    assert proc.returncode != 0
+    if code is not None:
+        assert proc.returncode == code, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in proc.stderr
+    assert lines[-1].startswith("dspark: error: "), proc.stderr
+    return lines[-1]
+
+
+def test_bad_image_is_one_line(cli, vpair, tmp_path):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(200))
+    msg = _one_line_error(cli("run", str(bad), "hi", "--target", str(vpair.target), "--mmproj", str(vpair.mmproj)), 2)
+    assert "not a readable image" in msg and str(bad) in msg
+
+
+def test_missing_image_and_missing_model(cli, vpair, tmp_path):
+    assert "image not found" in _one_line_error(cli("run", str(tmp_path / "x.png"), "hi", "--target", str(vpair.target)), 2)
+    assert "target model not found" in _one_line_error(cli("run", "hi", "--target", str(tmp_path / "t.gguf")), 2)
+    assert "draft model not found" in _one_line_error(
+        cli("run", "hi", "--target", str(vpair.target), "--draft", str(tmp_path / "d.gguf")), 2)
+
+
+def test_image_without_mmproj_is_refused(cli, vpair):
+    msg = _one_line_error(cli("run", str(vpair.image), "hi", "--target", str(vpair.target)), 2)
+    assert "--mmproj" in msg
+
+
+def test_wrong_pair_is_refused_before_launch(cli, vpair, tmp_path):
+    other = synth.write_pair(tmp_path / "other", vocab=96, seed=2)
+    proc = cli("run", "hi", "--target", str(vpair.target), "--draft", str(other.draft), "-t", "2")
+    msg = _one_line_error(proc, 1)
+    assert "does not fit" in msg
+    assert "GGML_ASSERT" not in proc.stderr
+
+
+def test_server_crash_during_generation_is_one_line(engine, vpair):
+    """Kill llama-server while dspark streams: a typed one-line error, not a hang or a traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "run", "--target", str(vpair.target),
+                             "--draft", str(vpair.draft), "--max-tokens", "30000", "--ctx", "32768", "-t", "1",
+                             "go on"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from tests.test_server import _children_named, _wait_for
+
+    try:
+        server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server")[0]
+        assert proc.stdout.read(8)
+        os.kill(server_pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = proc.stderr.read()
+    assert proc.returncode == 4, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("dspark: error: ") and "llama-server" in last
+    assert "Traceback" not in stderr
+
+
+def test_serve_then_run_against_it(engine, vpair, expected, tmp_path):
+    serve = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(vpair.target),
+                              "--draft", str(vpair.draft), "--mmproj", str(vpair.mmproj), "--budget", str(BUDGET),
+                              "--port", "0", "-t", "2", "--ctx", "1024", "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        info = json.loads("".join(iter(serve.stdout.readline, "}\n")) + "}")
+        assert info["url"].startswith("http://127.0.0.1:") and info["budget"] == BUDGET
+        for _ in range(2):  # the model stays loaded between questions
+            proc = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "run", str(vpair.image), PROMPT,
+                                   "--server", info["url"], "--max-tokens", str(N), "--json"],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            rec = json.loads(proc.stdout)
+            assert rec["text"] == expected.text
+            assert rec["drafted"] == expected.draft_n and rec["accepted"] == expected.draft_n_accepted
+            assert rec["mean_acceptance_length"] == pytest.approx(expected.mean_len)
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=20) == 130
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    pid = info["pid"]
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_serve_refuses_exposed_host_without_key(cli, vpair):
+    msg = _one_line_error(cli("serve", "--target", str(vpair.target), "--host", "0.0.0.0"), 2)
+    assert "--api-key" in msg
+
+
+def test_serve_port_in_use_is_one_line(cli, vpair):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        msg = _one_line_error(cli("serve", "--target", str(vpair.target), "--port", str(port), "-t", "2"), 4)
+    assert "port is already in use" in msg
+
+
+def test_run_server_rejects_per_request_budget(cli, vpair):
+    msg = _one_line_error(cli("run", "hi", "--server", "http://127.0.0.1:9", "--budget", "3"), 2)
+    assert "fixed when a server starts" in msg

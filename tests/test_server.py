@@ -1,0 +1,245 @@
+"""LlamaServer lifecycle with the real llama-server: start, answer, stop, typed load failures, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsparkcli import synth
+from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.server import LlamaServer, ServerConfig, classify_log, parse_metrics
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return synth.write_pair(tmp_path_factory.mktemp("pair"), vocab=128, accept_rate=1.0, seed=3)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purpose, but only if nobody reaps it; check /proc state
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _children_named(parent: int, name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == parent and comm.startswith(name[:15]):
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_server_starts_answers_and_stops(engine, pair, tmp_path):
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=7, threads=2, ctx=1024)
+    with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
+        pid = srv.pid
+        assert srv.url.startswith("http://127.0.0.1:")
+        assert _alive(pid)
+        resp = srv.client.completion({"prompt": [5, 9, 17], "n_predict": 16, "temperature": 0, "return_tokens": True})
+        man = synth.load_manifest(pair.manifest)
+        expected = synth.predict(man, [5, 9, 17], n_max=7, n_predict=16)
+        assert resp["tokens"] == list(expected.tokens)
+        assert resp["timings"]["draft_n"] == expected.draft_n
+        assert resp["timings"]["draft_n_accepted"] == expected.draft_n_accepted
+        metrics = srv.client.metrics()
+        assert metrics["llamacpp:spec_decode_num_drafts_total"] == expected.steps
+        assert "--spec-type" in srv.argv and "draft-dspark" in srv.argv
+        assert srv.log_path.is_file() and "adding speculative implementation 'draft-dspark'" in srv.log_path.read_text()
+    assert not _alive(pid)
+    assert srv.process.returncode == 0  # SIGTERM when idle: clean exit
+
+
+def test_missing_model_is_a_usage_error(engine, tmp_path):
+    with pytest.raises(UsageError, match="target model not found"):
+        LlamaServer(engine, ServerConfig(model=tmp_path / "nope.gguf")).start()
+
+
+def test_bad_gguf_is_typed_with_log_tail(engine, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + os.urandom(4096))
+    with pytest.raises(ServerError) as info:
+        LlamaServer(engine, ServerConfig(model=bad, threads=2), log_dir=tmp_path).start()
+    assert info.value.kind == "bad-gguf"
+    assert "invalid magic" in info.value.log_tail
+    assert "\n" not in str(info.value)
+
+
+def test_wrong_arch_draft_is_typed_not_a_hang(engine, pair, tmp_path):
+    # the llama target used as a DSpark draft makes llama.cpp assert (target_layer_ids_n > 0)
+    cfg = ServerConfig(model=pair.target, draft=pair.target, n_max=3, threads=2, ctx=512)
+    with pytest.raises(ServerError) as info:
+        LlamaServer(engine, cfg, log_dir=tmp_path, startup_timeout=60).start()
+    assert info.value.kind in ("unsupported-arch", "crash")
+    assert "GGML_ASSERT" in info.value.log_tail or "target_layer" in info.value.log_tail
+
+
+def test_port_in_use_is_typed(engine, pair, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ServerError) as info:
+            LlamaServer(engine, ServerConfig(model=pair.target, port=port, threads=2, ctx=512), log_dir=tmp_path).start()
+    assert info.value.kind == "port"
+
+
+def test_stop_escalates_to_sigkill_when_sigterm_hangs(engine, pair, tmp_path):
+    """llama-server hangs on SIGTERM during a non-streaming request: stop() must still end it."""
+    import threading
+
+    cfg = ServerConfig(model=pair.target, threads=1, ctx=32768)
+    srv = LlamaServer(engine, cfg, log_dir=tmp_path, stop_grace=1.0).start()
+    pid = srv.pid
+    errors: list[BaseException] = []
+
+    def long_request():
+        try:
+            srv.client.completion({"prompt": [1], "n_predict": 30000, "temperature": 0, "ignore_eos": True})
+        except BaseException as e:  # noqa: BLE001 - the connection dies with the server
+            errors.append(e)
+
+    t = threading.Thread(target=long_request, daemon=True)
+    t.start()
+    _wait_for(lambda: "slot update_slots" in srv.log_path.read_text() or "prompt processing" in srv.log_path.read_text()
+              or "launch_slot" in srv.log_path.read_text(), 10, "request to start")
+    time.sleep(0.2)
+    started = time.monotonic()
+    rc = srv.stop()
+    assert time.monotonic() - started < 10
+    assert not _alive(pid)
+    assert rc is not None
+    t.join(5)
+
+
+def _run_dspark(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_stream_leaves_no_server(engine, pair, sig):
+    proc = _run_dspark(["run", "--target", str(pair.target), "--draft", str(pair.draft), "--budget", "7",
+                        "--max-tokens", "30000", "--ctx", "32768", "-t", "1", "count forever"])
+    try:
+        server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server child")[0]
+        assert proc.stdout is not None
+        first = proc.stdout.read(8)  # streaming has begun
+        assert len(first) == 8
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130, proc.stderr.read()
+    stderr = proc.stderr.read()
+    assert stderr.strip().splitlines()[-1] == "dspark: error: interrupted"
+    assert "Traceback" not in stderr
+    _wait_for(lambda: not _alive(server_pid), 10, "llama-server to be gone")
+
+
+def test_sigint_during_model_load_leaves_no_server(engine, pair, tmp_path):
+    # a FIFO as extra --mmproj blocks llama-server inside its model load, deterministically
+    fifo = tmp_path / "mmproj.fifo"
+    os.mkfifo(fifo)
+    proc = _run_dspark(["run", "--target", str(pair.target), "-t", "1", "hello", "--", "--mmproj", str(fifo)])
+    try:
+        server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server child")[0]
+        time.sleep(0.5)
+        assert _alive(server_pid)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130
+    _wait_for(lambda: not _alive(server_pid), 10, "llama-server to be gone")
+
+
+def test_sigkill_of_dspark_still_kills_the_server(engine, pair, tmp_path):
+    fifo = tmp_path / "mmproj.fifo"
+    os.mkfifo(fifo)
+    proc = _run_dspark(["run", "--target", str(pair.target), "-t", "1", "hello", "--", "--mmproj", str(fifo)])
+    server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server child")[0]
+    proc.kill()  # no Python cleanup at all: PR_SET_PDEATHSIG must do it
+    proc.wait(timeout=10)
+    _wait_for(lambda: not _alive(server_pid), 10, "llama-server to be gone")
+
+
+def test_classify_log_kinds():
+    assert classify_log("gguf_init_from_file: failed to open GGUF file 'x' (No such file or directory)")[0] == "missing-file"
+    assert classify_log("gguf_init_from_file_impl: invalid magic characters: 'NOPE'")[0] == "bad-gguf"
+    assert classify_log("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000 MiB: cudaMalloc failed: out of memory")[0] == "out-of-memory"
+    assert classify_log("llama_model_load: error loading model: unknown model architecture: 'foo'")[0] == "unsupported-arch"
+    assert classify_log("start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080")[0] == "port"
+    assert classify_log("ggml.c:3354: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed")[0] == "crash"
+
+
+def test_parse_metrics():
+    text = """# HELP llamacpp:spec_decode_num_drafts_total drafts
+llamacpp:spec_decode_num_drafts_total 14
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 14
+"""
+    m = parse_metrics(text)
+    assert m["llamacpp:spec_decode_num_drafts_total"] == 14.0
+    assert m['llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}'] == 14.0
+
+
+def test_argv_from_config():
+    cfg = ServerConfig(model=Path("t.gguf"), draft=Path("d.gguf"), mmproj=Path("m.gguf"), n_max=5, n_min=1,
+                       p_min=0.5, ngl=99, ngld=99, flash_attn="on", ctx=8192, extra_args=("--jinja",))
+    argv = cfg.argv(Path("/bin/llama-server"), 1234)
+    joined = " ".join(argv)
+    assert "--host 127.0.0.1 --port 1234 -m t.gguf" in joined
+    assert "--mmproj m.gguf -md d.gguf --spec-type draft-dspark" in joined
+    for flag in ("--spec-draft-n-max 5", "--spec-draft-n-min 1", "--spec-draft-p-min 0.5", "-ngl 99", "-ngld 99",
+                 "-fa on", "-c 8192", "--metrics"):
+        assert flag in joined
+    assert argv[-1] == "--jinja"
+
+
+def test_api_key_is_not_in_argv_or_log(engine, pair, tmp_path):
+    cfg = ServerConfig(model=pair.target, threads=2, ctx=512, api_key="sk-secret-123")
+    with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
+        assert "sk-secret-123" not in " ".join(srv.argv)
+        assert srv.client.completion({"prompt": [1], "n_predict": 2})["timings"]["predicted_n"] == 2
+        from dsparkcli.server import ServerClient
+
+        anon = ServerClient(srv.url)
+        with pytest.raises(ServerError, match="HTTP 401"):
+            anon.completion({"prompt": [1], "n_predict": 2})
+        anon.close()
+    assert "sk-secret-123" not in srv.log_path.read_text()
