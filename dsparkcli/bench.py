@@ -1,0 +1,502 @@
+"""`dspark bench`: plain decoding vs every draft × budget, on one prompt kit, with identity checks.
+
+One llama-server per configuration (this llama.cpp compiled out per-request draft settings), started
+before timing and warmed up; every prompt × rep runs greedy through ``/completion`` with
+``return_tokens`` so outputs are compared token by token against plain decoding from the same run.
+``/metrics`` is read around each (rep, category) block: its counters give verification steps and
+per-position acceptance, which the per-response ``timings`` lack.
+
+Everything lands in a JSONL file, one line flushed per event, so Ctrl-C keeps what was measured:
+
+* ``prompt``    once per prompt: the templated text that was sent (images by sha256)
+* ``request``   one per config × prompt × rep: timings, output tokens, hashes, identity vs plain
+* ``counters``  one per config × rep × category: /metrics deltas (drafted, accepted, steps, per position)
+* ``summary``   one per config × category (and category ``all``): the figures the report shows
+* ``overhead``  one per run: wall time vs Σ generation time + one load per configuration
+
+Each carries the run's provenance. Summaries are recomputed from the other records by ``summarize``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from dsparkcli import provenance
+from dsparkcli.engine import Engine
+from dsparkcli.errors import BenchError, UsageError
+from dsparkcli.prompts import Prompt, image_base64
+from dsparkcli.server import LlamaServer, ServerClient, ServerConfig
+
+PLAIN = "plain"
+ALL = "all"
+# Pinned so the templated prompts rendered on the first server stay valid on every later one
+# (llama-server otherwise draws a random marker per process).
+MEDIA_MARKER = "<__media__>"
+RESPONSE_FIELDS = ["content", "tokens", "timings", "stop_type", "tokens_evaluated", "truncated"]
+
+_M_DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
+_M_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
+_M_STEPS = "llamacpp:spec_decode_num_drafts_total"
+_M_PER_POS = 'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="'
+
+
+@dataclass(frozen=True)
+class Draft:
+    label: str  # registry key or file stem: names the configuration
+    path: Path
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One server configuration: plain, or one draft at one budget."""
+
+    name: str
+    draft: Draft | None = None
+    budget: int | None = None
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    target: Path
+    drafts: tuple[Draft, ...]
+    budgets: tuple[int, ...]
+    prompts: tuple[Prompt, ...]
+    mmproj: Path | None = None
+    reps: int = 3
+    warmup: int = 1
+    n_predict: int = 256
+    ctx: int | None = 4096
+    p_min: float | None = None
+    synth_len: float | None = None  # llama.cpp's emulated acceptance: every figure is then synthetic
+    ignore_eos: bool = False
+    seed: int = 0
+    threads: int | None = None
+    extra_args: tuple[str, ...] = ()
+    upstream_acceptance: tuple[tuple[str, float], ...] = ()  # (category, upstream acceptance length)
+    model_name: str | None = None
+
+    @property
+    def synthetic(self) -> bool:
+        return self.synth_len is not None
+
+    def arms(self) -> list[Arm]:
+        arms = [Arm(PLAIN)]
+        for d in self.drafts:
+            arms += [Arm(f"{d.label}@{b}", d, b) for b in self.budgets]
+        return arms
+
+    def total_requests(self) -> int:
+        return len(self.arms()) * (self.warmup + len(self.prompts) * self.reps)
+
+    def validate(self) -> None:
+        if not self.drafts:
+            raise UsageError("bench needs at least one draft (--draft or --model)")
+        if not self.budgets:
+            raise UsageError("bench needs at least one --budget")
+        if any(b < 1 for b in self.budgets):
+            raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")
+        if len(set(self.budgets)) != len(self.budgets):
+            raise UsageError("--budget values must be distinct")
+        labels = [d.label for d in self.drafts]
+        if len(set(labels)) != len(labels):
+            raise UsageError(f"two drafts share the label '{next(lb for lb in labels if labels.count(lb) > 1)}'")
+        if self.reps < 1:
+            raise UsageError("--reps must be at least 1")
+        if self.warmup < 0:
+            raise UsageError("--warmup must be >= 0")
+        if self.n_predict < 1:
+            raise UsageError("--n-predict must be at least 1")
+        if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
+            raise UsageError(f"--p-min must be within [0, 1] (got {self.p_min})")
+        if self.synth_len is not None:
+            worst = min(self.budgets)
+            if not 1.0 <= self.synth_len <= worst + 1:
+                raise UsageError(f"--synth-len must be within [1, {worst + 1}] for budget {worst} (got {self.synth_len})")
+        if not self.prompts:
+            raise UsageError("no prompts selected")
+        if self.mmproj is None:
+            vision = [p.id for p in self.prompts if p.has_images]
+            if vision:
+                raise UsageError(f"{len(vision)} prompts have images (e.g. {vision[0]}) but no --mmproj was given",
+                                 hint="pass --mmproj, or --category text")
+
+
+@dataclass(frozen=True)
+class Overhead:
+    wall_s: float  # the whole bench, servers' start and stop included
+    generation_s: float  # Σ server-side prompt + generation time of every request (warm-up included)
+    load_s: float  # Σ time to healthy, one load per configuration
+    ratio: float  # wall / (generation + load)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    run_id: str
+    out: Path
+    summaries: tuple[dict[str, Any], ...]
+    overhead: Overhead
+    synthetic: bool
+
+
+# ------------------------------------------------------------------ statistics (pure)
+
+
+def spread(values: Sequence[float]) -> dict[str, float | None]:
+    """Median, min and max; None for an empty sequence."""
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def speedup(value: float | None, baseline: float | None) -> float | None:
+    if value is None or not baseline:
+        return None
+    return value / baseline
+
+
+def mean_length(accepted: int, steps: int) -> float | None:
+    """Mean acceptance length, vLLM's definition: 1 + accepted / verification steps."""
+    return 1.0 + accepted / steps if steps else None
+
+
+def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | None:
+    """Index of the first token where ``other`` leaves ``reference``; None when identical.
+
+    When one stream is a prefix of the other, the divergence is where the shorter one ends.
+    """
+    for i, (a, b) in enumerate(zip(reference, other)):
+        if a != b:
+            return i
+    if len(reference) != len(other):
+        return min(len(reference), len(other))
+    return None
+
+
+def tokens_sha256(tokens: Sequence[int]) -> str:
+    return hashlib.sha256(",".join(str(int(t)) for t in tokens).encode()).hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def parse_counters(metrics: dict[str, float]) -> dict[str, Any]:
+    """The speculative counters out of parsed /metrics (missing ones read as 0)."""
+    per_pos: dict[int, int] = {}
+    for key, value in metrics.items():
+        if key.startswith(_M_PER_POS):
+            per_pos[int(key[len(_M_PER_POS):].split('"', 1)[0])] = int(value)
+    width = max(per_pos) + 1 if per_pos else 0
+    return {"drafted": int(metrics.get(_M_DRAFTED, 0)), "accepted": int(metrics.get(_M_ACCEPTED, 0)),
+            "steps": int(metrics.get(_M_STEPS, 0)), "accepted_per_pos": [per_pos.get(i, 0) for i in range(width)]}
+
+
+def counters_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    width = max(len(before["accepted_per_pos"]), len(after["accepted_per_pos"]))
+    pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731 - the per-position list grows when first used
+    return {"drafted": after["drafted"] - before["drafted"], "accepted": after["accepted"] - before["accepted"],
+            "steps": after["steps"] - before["steps"],
+            "accepted_per_pos": [a - b for a, b in zip(pad(after["accepted_per_pos"]), pad(before["accepted_per_pos"]))]}
+
+
+def _sum_counters(items: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {"drafted": 0, "accepted": 0, "steps": 0, "accepted_per_pos": []}
+    for c in items:
+        total["drafted"] += c["drafted"]
+        total["accepted"] += c["accepted"]
+        total["steps"] += c["steps"]
+        pp = total["accepted_per_pos"]
+        for i, v in enumerate(c["accepted_per_pos"]):
+            if i < len(pp):
+                pp[i] += v
+            else:
+                pp.append(v)
+    return total
+
+
+def _rep_tok_s(requests: Sequence[dict[str, Any]]) -> list[float]:
+    """Per rep: Σ tokens / Σ generation time over the group's prompts (one "run" of the kit per rep)."""
+    by_rep: dict[int, list[dict[str, Any]]] = {}
+    for r in requests:
+        by_rep.setdefault(r["rep"], []).append(r)
+    values = []
+    for rep in sorted(by_rep):
+        n = sum(r["n_predicted"] for r in by_rep[rep])
+        ms = sum(r["predicted_ms"] for r in by_rep[rep])
+        if ms > 0:
+            values.append(1000.0 * n / ms)
+    return values
+
+
+def _identity(requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per prompt: identical when every rep matched plain; the earliest divergence over reps otherwise."""
+    by_prompt: dict[str, list[dict[str, Any]]] = {}
+    for r in requests:
+        by_prompt.setdefault(r["prompt_id"], []).append(r)
+    divergent = []
+    for pid, reqs in by_prompt.items():
+        firsts = [r["first_divergence"] for r in reqs if r.get("first_divergence") is not None]
+        if firsts or any(r.get("identical_to_plain") is False for r in reqs):
+            worst = min(reqs, key=lambda r: r["first_divergence"] if r.get("first_divergence") is not None else 1 << 30)
+            divergent.append({"prompt_id": pid, "first_divergence": min(firsts) if firsts else None,
+                              "output_sha256": worst["output_sha256"], "plain_sha256": worst.get("plain_sha256")})
+    n = len(by_prompt)
+    return {"identical": n - len(divergent), "prompts": n,
+            "identical_pct": 100.0 * (n - len(divergent)) / n if n else None, "divergent": divergent}
+
+
+def summarize(records: Iterable[dict[str, Any]], upstream: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Summary rows per configuration × category (and ``all``) from request and counters records.
+
+    Pure: the same JSONL always gives the same table. Speedup is the ratio of median tok/s to plain's
+    median tok/s for the same category in the same run.
+    """
+    upstream = upstream or {}
+    requests: list[dict[str, Any]] = []
+    counters: list[dict[str, Any]] = []
+    for rec in records:
+        if rec.get("record") == "request":
+            requests.append(rec)
+        elif rec.get("record") == "counters":
+            counters.append(rec)
+    configs: list[str] = []
+    categories: list[str] = []
+    for r in requests:
+        if r["config"] not in configs:
+            configs.append(r["config"])
+        if r["category"] not in categories:
+            categories.append(r["category"])
+    plain_median: dict[str, float | None] = {}
+    rows: list[dict[str, Any]] = []
+    for config in configs:
+        reqs_c = [r for r in requests if r["config"] == config]
+        first = reqs_c[0]
+        for category in categories + [ALL]:
+            reqs = reqs_c if category == ALL else [r for r in reqs_c if r["category"] == category]
+            if not reqs:
+                continue
+            tok_s = spread(_rep_tok_s(reqs))
+            if config == PLAIN:
+                plain_median[category] = tok_s["median"]
+            row: dict[str, Any] = {
+                "record": "summary", "config": config, "draft": first.get("draft"), "budget": first.get("budget"),
+                "category": category, "synthetic": bool(first.get("synthetic")),
+                "synth_len": first.get("synth_len"),
+                "prompts": len({r["prompt_id"] for r in reqs}), "reps": len({r["rep"] for r in reqs}),
+                "requests": len(reqs), "tokens": sum(r["n_predicted"] for r in reqs),
+                "tok_s": tok_s, "speedup": speedup(tok_s["median"], plain_median.get(category)),
+                "upstream_acceptance_length": upstream.get(category) if category != ALL else None,
+            }
+            if config != PLAIN:
+                cs = [c for c in counters if c["config"] == config and (category == ALL or c["category"] == category)]
+                tot = _sum_counters(cs)
+                row.update({
+                    "drafted": tot["drafted"], "accepted": tot["accepted"], "steps": tot["steps"],
+                    "acceptance_rate": tot["accepted"] / tot["drafted"] if tot["drafted"] else None,
+                    "mean_length": mean_length(tot["accepted"], tot["steps"]),
+                    "accepted_per_pos": tot["accepted_per_pos"],
+                    "acceptance_per_pos": [v / tot["steps"] for v in tot["accepted_per_pos"]] if tot["steps"] else [],
+                    "timings_drafted": sum(r.get("draft_n", 0) for r in reqs),
+                    "timings_accepted": sum(r.get("draft_n_accepted", 0) for r in reqs),
+                    **_identity(reqs),
+                })
+            rows.append(row)
+    return rows
+
+
+def read_jsonl(path: Path, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Records of one run (the last one in the file when ``run_id`` is None)."""
+    records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if run_id is None and records:
+        run_id = records[-1].get("run_id")
+    return [r for r in records if r.get("run_id") == run_id]
+
+
+# ------------------------------------------------------------------ the run
+
+
+def apply_template(client: ServerClient, body: dict[str, Any]) -> str:
+    """POST /apply-template: the chat template's text for ``messages``, media markers in place of images."""
+    # ServerClient has no public method for this endpoint yet; its own request/raise helpers keep the
+    # error handling (ServerError with the server's message) identical to the other calls.
+    resp = client._request("POST", "/apply-template", json=body)
+    client._raise_for(resp, "POST /apply-template")
+    return str(resp.json()["prompt"])
+
+
+def render_prompts(client: ServerClient, prompts: Sequence[Prompt]) -> dict[str, str]:
+    """Each prompt through the target's chat template, with pinned media markers."""
+    rendered = {}
+    for p in prompts:
+        # thinking off, as in the upstream acceptance measurements; templates without the switch ignore it
+        body = {"messages": p.messages(), "chat_template_kwargs": {"enable_thinking": False}}
+        rendered[p.id] = apply_template(client, body)
+    return rendered
+
+
+def _payload(plan: BenchPlan, prompt: Prompt, rendered: str, images_b64: list[str]) -> dict[str, Any]:
+    text: Any = {"prompt_string": rendered, "multimodal_data": images_b64} if images_b64 else rendered
+    return {"prompt": text, "n_predict": plan.n_predict, "temperature": 0.0, "seed": plan.seed,
+            "return_tokens": True, "cache_prompt": False, "ignore_eos": plan.ignore_eos,
+            "response_fields": RESPONSE_FIELDS}
+
+
+class _Writer:
+    """Appends one JSON line per record and flushes it: an interrupted bench keeps every finished line."""
+
+    def __init__(self, fh: TextIO, run_id: str, provenance_block: dict[str, Any]) -> None:
+        self.fh, self.run_id, self.provenance = fh, run_id, provenance_block
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, rec: dict[str, Any]) -> dict[str, Any]:
+        full = {**rec, "run_id": self.run_id, "provenance": self.provenance}
+        self.fh.write(json.dumps(full, separators=(",", ":")) + "\n")
+        self.fh.flush()
+        self.records.append(full)
+        return full
+
+
+def default_out_path(run_id: str) -> Path:
+    from dsparkcli import config
+
+    return config.cache_dir() / "bench" / f"bench-{run_id}.jsonl"
+
+
+def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv: list[str] | None = None,
+              on_request: Callable[[str, str], None] | None = None,
+              on_server: Callable[[Arm, LlamaServer], None] | None = None) -> BenchResult:
+    """Run every configuration of ``plan``; append records to ``out`` (JSONL) as they are measured.
+
+    ``on_request(config, prompt_id)`` is called after each request (warm-up included), for progress.
+    Raises BenchError when a draft configuration drafts nothing over a whole pass of the prompts.
+    """
+    t_wall0 = time.perf_counter()
+    plan.validate()
+    run_id = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    out = Path(out) if out is not None else default_out_path(run_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path | None] = {"target": plan.target, "mmproj": plan.mmproj}
+    files.update({f"draft:{d.label}": d.path for d in plan.drafts})
+    prov = provenance.collect(engine, files, argv=argv, reps=plan.reps, extra={
+        "run_id": run_id, "model": plan.model_name, "n_predict": plan.n_predict, "warmup": plan.warmup,
+        "seed": plan.seed, "ignore_eos": plan.ignore_eos, "p_min": plan.p_min, "synth_len": plan.synth_len,
+        "synthetic": plan.synthetic, "ctx": plan.ctx,
+    })
+    images_b64 = {p.id: [image_base64(i) for i in p.images] for p in plan.prompts}
+    image_sha = {p.id: [provenance.file_facts(i).sha256 for i in p.images] for p in plan.prompts}
+    categories: list[str] = []
+    for p in plan.prompts:
+        if p.category not in categories:
+            categories.append(p.category)
+    upstream = dict(plan.upstream_acceptance)
+
+    generation_s = 0.0
+    load_s = 0.0
+    plain_tokens: dict[tuple[str, int], list[int]] = {}
+    plain_sha: dict[tuple[str, int], str] = {}
+    rendered: dict[str, str] | None = None
+    with open(out, "a", encoding="utf-8") as fh:
+        writer = _Writer(fh, run_id, prov)
+        for arm in plan.arms():
+            is_draft = arm.draft is not None
+            cfg = ServerConfig(
+                model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj,
+                n_max=arm.budget, p_min=plan.p_min if is_draft else None,
+                synth_len=plan.synth_len if is_draft else None, ctx=plan.ctx, threads=plan.threads,
+                extra_args=plan.extra_args,
+            )
+            srv = LlamaServer(engine, cfg, env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
+            t_load0 = time.perf_counter()
+            with srv:
+                arm_load_s = time.perf_counter() - t_load0
+                load_s += arm_load_s
+                if on_server:
+                    on_server(arm, srv)
+                client = srv.client
+                assert client is not None
+                server_argv = srv.argv
+                if rendered is None:  # same target, same template: render once, on the first server
+                    rendered = render_prompts(client, plan.prompts)
+                    for p in plan.prompts:
+                        writer.write({"record": "prompt", "prompt_id": p.id, "category": p.category,
+                                      "rendered": rendered[p.id], "images_sha256": image_sha[p.id],
+                                      "media_marker": MEDIA_MARKER})
+
+                def request(p: Prompt) -> dict[str, Any]:
+                    nonlocal generation_s
+                    resp = client.completion(_payload(plan, p, rendered[p.id], images_b64[p.id]))
+                    t = resp.get("timings") or {}
+                    generation_s += (t.get("prompt_ms", 0.0) + t.get("predicted_ms", 0.0)) / 1000.0
+                    if on_request:
+                        on_request(arm.name, p.id)
+                    return resp
+
+                for i in range(plan.warmup):  # untimed: first-use allocations, caches, page-ins
+                    request(plan.prompts[i % len(plan.prompts)])
+
+                arm_drafted = 0
+                for rep in range(plan.reps):
+                    for category in categories:
+                        before = parse_counters(client.metrics()) if is_draft else None
+                        for p in (q for q in plan.prompts if q.category == category):
+                            resp = request(p)
+                            t = resp.get("timings") or {}
+                            tokens = [int(x) for x in resp.get("tokens") or []]
+                            rec: dict[str, Any] = {
+                                "record": "request", "config": arm.name,
+                                "draft": arm.draft.label if arm.draft else None, "budget": arm.budget,
+                                "synthetic": plan.synthetic, "synth_len": plan.synth_len if is_draft else None,
+                                "category": category, "prompt_id": p.id, "rep": rep,
+                                "prompt_n": int(resp.get("tokens_evaluated", t.get("prompt_n", 0))),
+                                "prompt_ms": t.get("prompt_ms"), "n_predicted": int(t.get("predicted_n", len(tokens))),
+                                "predicted_ms": float(t.get("predicted_ms", 0.0)),
+                                "tok_s": t.get("predicted_per_second"),
+                                "draft_n": int(t.get("draft_n", 0)), "draft_n_accepted": int(t.get("draft_n_accepted", 0)),
+                                "stop_type": resp.get("stop_type"), "truncated": resp.get("truncated"),
+                                "tokens": tokens, "tokens_sha256": tokens_sha256(tokens),
+                                "output_sha256": text_sha256(str(resp.get("content", ""))),
+                                "server_argv": server_argv,
+                            }
+                            key = (p.id, rep)
+                            if arm.name == PLAIN:
+                                plain_tokens[key] = tokens
+                                plain_sha[key] = rec["output_sha256"]
+                            else:
+                                div = first_divergence(plain_tokens[key], tokens)
+                                rec.update({"identical_to_plain": div is None, "first_divergence": div,
+                                            "plain_sha256": plain_sha[key]})
+                            writer.write(rec)
+                        if is_draft:
+                            delta = counters_delta(before, parse_counters(client.metrics()))  # type: ignore[arg-type]
+                            arm_drafted += delta["drafted"]
+                            writer.write({"record": "counters", "config": arm.name, "draft": arm.draft.label,
+                                          "budget": arm.budget, "category": category, "rep": rep, **delta,
+                                          "synthetic": plan.synthetic, "server_argv": server_argv})
+                    if is_draft and arm_drafted == 0:  # a whole pass without one draft: fail now, not in an hour
+                        n = len(plan.prompts) * (rep + 1)
+                        raise BenchError(
+                            f"configuration {arm.name} drafted nothing in {n} requests "
+                            f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
+                            hint=f"server log: {srv.log_path}")
+            for row in summarize(writer.records, upstream):
+                if row["config"] == arm.name:
+                    if row["category"] == ALL:
+                        row["load_s"] = arm_load_s
+                    writer.write(row)
+        wall_s = time.perf_counter() - t_wall0
+        denom = generation_s + load_s
+        overhead = Overhead(wall_s=wall_s, generation_s=generation_s, load_s=load_s,
+                            ratio=wall_s / denom if denom > 0 else float("inf"))
+        writer.write({"record": "overhead", "wall_s": wall_s, "generation_s": generation_s, "load_s": load_s,
+                      "ratio": overhead.ratio, "configurations": len(plan.arms()), "synthetic": plan.synthetic})
+    summaries = tuple(r for r in writer.records if r["record"] == "summary")
+    return BenchResult(run_id=run_id, out=out, summaries=summaries, overhead=overhead, synthetic=plan.synthetic)

@@ -1,0 +1,114 @@
+"""Where a benchmark figure came from: dspark and engine versions, GPU, argv, and the files' sha256.
+
+Hashing a 20 GB target takes minutes, so digests are cached in ``<cache>/hashes.json`` keyed by the
+resolved path and invalidated when the file's mtime or size changes.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dsparkcli import __version__, config
+from dsparkcli.engine import Engine
+
+HASH_CACHE_NAME = "hashes.json"
+_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    path: str
+    size: int
+    sha256: str
+
+
+def hash_cache_path() -> Path:
+    return config.cache_dir() / HASH_CACHE_NAME
+
+
+def _load_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # a missing or damaged cache only costs a re-hash
+
+
+def _save_cache(path: Path, data: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".hashes.", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)  # atomic: concurrent dspark runs never read half a file
+    except OSError:
+        pass  # read-only cache dir: hashing still works, it is just not remembered
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_facts(path: Path, *, cache_path: Path | None = None) -> FileFacts:
+    """Size and sha256 of ``path``; the digest comes from the cache when path, mtime and size match."""
+    resolved = Path(path).expanduser().resolve()
+    st = resolved.stat()
+    cache_path = cache_path or hash_cache_path()
+    cache = _load_cache(cache_path)
+    key = str(resolved)
+    hit = cache.get(key)
+    if isinstance(hit, dict) and hit.get("mtime_ns") == st.st_mtime_ns and hit.get("size") == st.st_size \
+            and isinstance(hit.get("sha256"), str):
+        return FileFacts(path=key, size=st.st_size, sha256=hit["sha256"])
+    digest = sha256_file(resolved)
+    cache = _load_cache(cache_path)  # re-read: another process may have added entries meanwhile
+    cache[key] = {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "sha256": digest}
+    _save_cache(cache_path, cache)
+    return FileFacts(path=key, size=st.st_size, sha256=digest)
+
+
+def gpu_names() -> list[str]:
+    """GPU names from nvidia-smi; empty when there is none (CPU runs say so through this)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        proc = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=15, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode != 0:
+        return []
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+
+def collect(engine: Engine, files: dict[str, Path | None], *, argv: list[str] | None = None,
+            reps: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The provenance block every bench record carries."""
+    facts = {role: asdict(file_facts(p)) for role, p in files.items() if p is not None}
+    gpus = gpu_names()
+    return {
+        "dspark_version": __version__,
+        "engine": {"server": str(engine.server), "version": engine.version, "commit": engine.commit,
+                   "backend": engine.backend},
+        "gpu": ", ".join(gpus) if gpus else "none",
+        "argv": list(sys.argv if argv is None else argv),
+        "files": facts,
+        "reps": reps,
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
