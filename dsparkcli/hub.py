@@ -170,7 +170,12 @@ def fetch(
             raise UsageError(f"{pair.name} needs {format_size(total)} of downloads; pass --yes to go ahead")
         if not confirm(planned):
             raise DsparkError(f"fetch of {pair.name} cancelled; nothing was downloaded")
-    return [_fetch_one(p, pair.name, on_progress) for p in planned]
+    return fetch_planned(planned, pair.name, on_progress=on_progress)
+
+
+def fetch_planned(planned: list[PlannedFile], pair_name: str, *, on_progress: OnProgress | None = None) -> list[FetchedFile]:
+    """Download what ``plan`` found missing and verify every file (present ones too, unless verified before)."""
+    return [_fetch_one(p, pair_name, on_progress) for p in planned]
 
 
 def plan(

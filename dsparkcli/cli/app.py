@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "run",
     "serve",
     "synth",
+    "fetch",
+    "models",
     "doctor",
     "engine",
 )

@@ -1,0 +1,76 @@
+"""`dspark fetch NAME`: download a registry pair (target, mmproj, draft) and verify every byte."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+from dsparkcli import hub
+from dsparkcli.cli._common import JsonOpt
+from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.errors import DsparkError, UsageError
+from dsparkcli.registry import load_registry
+
+HELP = """Download a model pair from the Hugging Face hub and verify it (size and sha256).
+
+Files go to the HF cache (HF_HOME) or to --dir. An interrupted download resumes where it
+stopped on the next run. Asks before downloading more than 1 GB unless --yes. Honours HF_TOKEN
+(gated repos), HF_HUB_OFFLINE and HF_ENDPOINT.
+
+\b
+Examples:
+  dspark fetch minicpm-v-4.7                     # target + mmproj + default draft
+  dspark fetch minicpm-v-4.7 --draft nvfp4a16-q8heads --yes
+  dspark fetch minicpm-v-4.7 --dir ~/models --json
+"""
+
+
+def fetch(
+    name: Annotated[Optional[str], typer.Argument(help="Pair name from `dspark models` (default: the registry's default).")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft key (default: the pair's default draft).")] = None,
+    local_dir: Annotated[Optional[Path], typer.Option("--dir", help="Download into this folder instead of the HF cache.")] = None,
+    revision: Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit for every file of the pair.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before large downloads.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    pair = load_registry().get(name)
+    planned = hub.plan(pair, draft, local_dir=local_dir, revision=revision)
+    if not json_out:
+        for p in planned:
+            state = "present" if p.present else (f"resume at {hub.format_size(p.partial_bytes)}" if p.partial_bytes else "download")
+            err.print(f"  {p.role:<7} {p.filename}  {hub.format_size(p.size)}  {p.repo}  [{state}]")
+    total = sum(p.to_download for p in planned)
+    if total > hub.CONFIRM_ABOVE_BYTES and not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"{pair.name} needs {hub.format_size(total)} of downloads and stdin is not a terminal; pass --yes")
+        if not typer.confirm(f"Download {hub.format_size(total)}?", default=True, err=True):
+            raise DsparkError(f"fetch of {pair.name} cancelled; nothing was downloaded")
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=True, disable=json_out) as progress:
+        tasks: dict[str, int] = {}
+
+        def on_progress(event: hub.Progress) -> None:
+            if event.role not in tasks:
+                verb = "verifying" if event.kind == "verify" else "fetching"
+                tasks[event.role] = progress.add_task(f"{verb} {event.role}", total=event.total or None)
+            progress.update(tasks[event.role], completed=event.done, total=event.total or None)
+
+        try:
+            fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress)
+        except KeyboardInterrupt:
+            err.print("interrupted: the partial download is kept; run the same command to resume")
+            raise
+    if json_out:
+        print_json({"name": pair.name, "files": fetched})
+        return
+    for f in fetched:
+        source = f"sha256 ok ({f.sha256_source})" if f.sha256 else "git blob id ok"
+        out.print(f"{f.role:<7} {f.action:<10} {source}  {f.path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fetch", help=HELP)(fetch)
