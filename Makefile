@@ -19,7 +19,7 @@ engine: install
 	$(BIN)/dspark engine build --backend cpu --jobs $(JOBS)
 
 demo: engine
-	$(BIN)/dspark doctor
+	DSPARK=$(BIN)/dspark scripts/demo.sh
 
 test: engine
 	$(BIN)/python -m pytest -q -p no:cacheprovider
