@@ -1,0 +1,144 @@
+"""models.toml: the packaged facts, user overrides, lookups and one-line validation errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dsparkcli.errors import UsageError
+from dsparkcli.registry import load_registry, packaged_models_path, parse_models_file
+
+REPO = Path(__file__).resolve().parent.parent
+
+MINIMAL = """
+[pairs.tiny.target]
+repo = "o/t"
+filename = "t.gguf"
+[pairs.tiny.drafts.q8]
+repo = "o/d"
+glob = "*Q8_0*.gguf"
+"""
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_CONFIG_DIR", str(tmp_path / "cfg"))
+
+
+def test_packaged_pair_holds_the_upstream_facts():
+    registry = load_registry()
+    assert registry.default == "minicpm-v-4.7"
+    pair = registry.get()
+    assert pair.name == "minicpm-v-4.7" and pair.budget == 5 and pair.default_draft == "q8_0"
+    assert pair.target.repo == "esatapedico/MiniCPM-V-4.7-35B-A3B-NVFP4-GGUF"
+    assert pair.target.filename == "MiniCPM-V-4.7-35B-A3B-NVFP4-MEDIUM.gguf"
+    assert pair.mmproj is not None and pair.mmproj.filename == "mmproj-MiniCPM-V-4.7-35B-A3B.gguf"
+    assert set(pair.drafts) == {"q8_0", "q6_k", "nvfp4a16-q8heads"}
+    assert pair.drafts["q8_0"].glob == "*Q8_0*.gguf" and pair.drafts["q8_0"].filename is None
+    assert pair.drafts["q6_k"].glob == "*Q6_K*.gguf"
+    # Unknown facts stay unknown: no invented sizes or hashes.
+    for f in (pair.target, pair.mmproj, pair.drafts["q8_0"], pair.drafts["q6_k"]):
+        assert f.size is None and f.sha256 is None and f.census == {}
+    nv = pair.drafts["nvfp4a16-q8heads"]
+    assert nv.filename == "dspark-MiniCPM-V-4.7-35B-A3B-NVFP4A16-q8heads.gguf"
+    assert nv.size == 303_989_824
+    assert nv.sha256 == "72dcef2cacb6121e5a8545739eda9c479b01b29778626b9fab31d2f6718b6127"
+    assert nv.census == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1} and sum(nv.census.values()) == 97
+    assert pair.acceptance == {
+        "mmmu": 5.098, "mathvista": 6.126, "charxiv": 5.479, "ocr": 5.407,
+        "math": 6.687, "code": 7.387, "general": 3.501,
+    }  # fmt: skip
+    assert pair.flags[:2] == ("--spec-type", "draft-dspark") and "--spec-draft-n-max" not in pair.flags
+    assert list(pair.files()) == ["target", "mmproj", "draft"]
+    assert pair.files("q6_k")["draft"].key == "q6_k"
+
+
+def test_root_models_toml_is_the_packaged_file():
+    root = REPO / "models.toml"
+    assert root.read_bytes() == packaged_models_path().read_bytes()
+    assert root.resolve() == (REPO / "dsparkcli" / "data" / "models.toml").resolve()
+
+
+def test_user_file_adds_pairs_and_overrides_by_name(tmp_path):
+    user = tmp_path / "cfg" / "models.toml"
+    user.parent.mkdir()
+    user.write_text(
+        'default = "tiny"\n' + MINIMAL
+        + '[pairs."minicpm-v-4.7".target]\nrepo = "me/mine"\nfilename = "x.gguf"\n'
+        + '[pairs."minicpm-v-4.7".drafts.only]\nrepo = "me/mine"\nfilename = "d.gguf"\nsize = 10\n'
+    )  # fmt: skip
+    registry = load_registry()
+    assert registry.default == "tiny"
+    assert set(registry.pairs) == {"minicpm-v-4.7", "tiny"}
+    mine = registry.get("minicpm-v-4.7")
+    assert mine.target.repo == "me/mine" and list(mine.drafts) == ["only"] and mine.mmproj is None
+    assert mine.source == user and mine.budget == 5
+    assert registry.get("tiny").drafts["q8"].glob == "*Q8_0*.gguf"
+
+
+def test_extra_paths_come_last(tmp_path):
+    extra = tmp_path / "extra.toml"
+    extra.write_text(MINIMAL.replace('"o/t"', '"x/y"'))
+    assert load_registry([extra]).get("tiny").target.repo == "x/y"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("minicpm", "did you mean minicpm-v-4.7?"), ("minicpm-v-4.6", "did you mean minicpm-v-4.7?"), ("zzz", "known: minicpm-v-4.7")],
+)
+def test_unknown_name_suggests_close_matches(name, expected):
+    with pytest.raises(UsageError) as e:
+        load_registry().get(name)
+    assert f"unknown model '{name}'" in str(e.value) and expected in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_unknown_draft_suggests_close_matches():
+    with pytest.raises(UsageError, match=r"unknown draft 'q8' of minicpm-v-4.7; did you mean q8_0\?"):
+        load_registry().get().draft("q8")
+
+
+BAD = [
+    ("[pairs.tiny\n", "not valid TOML"),
+    ("[pairs.tiny.drafts.q8]\nrepo = 'o/d'\nfilename = 'd.gguf'\n", "pairs.tiny.target: missing (required)"),
+    (MINIMAL.replace('repo = "o/t"\n', ""), "pairs.tiny.target.repo: missing (required)"),
+    (MINIMAL.replace('"o/t"', '"not-a-repo"'), "pairs.tiny.target.repo: 'not-a-repo' is not a hub repo id"),
+    (MINIMAL + 'sha256 = "72DCEF"\n', "pairs.tiny.drafts.q8.sha256: must be 64 lowercase hex digits"),
+    (MINIMAL + 'sha256 = "' + "g" * 64 + '"\n', "pairs.tiny.drafts.q8.sha256: must be 64 lowercase hex digits"),
+    (MINIMAL + 'filename = "d.gguf"\n', "pairs.tiny.drafts.q8: needs exactly one of 'filename' or 'glob'"),
+    (MINIMAL + "size = -1\n", "pairs.tiny.drafts.q8.size: must be an integer >= 0"),
+    (MINIMAL + "census = { Q8_0 = -3 }\n", "pairs.tiny.drafts.q8.census.Q8_0: must be a tensor count"),
+    (MINIMAL + "sha = 1\n", "pairs.tiny.drafts.q8.sha: unknown key"),
+    ('[pairs.tiny]\ndefault_draft = "q4"\n' + MINIMAL, "pairs.tiny.default_draft: 'q4' is not one of the drafts (q8)"),
+    ("[pairs.tiny]\nbudget = 0\n" + MINIMAL, "pairs.tiny.budget: must be an integer >= 1"),
+    ("[pairs.tiny]\nflags = '-ngl 99'\n" + MINIMAL, "pairs.tiny.flags: must be a list of strings"),
+    ("[pairs.tiny.acceptance]\nmath = 'high'\n" + MINIMAL, "pairs.tiny.acceptance.math: must be a number >= 1"),
+    ('[pairs.tiny.target]\nrepo = "o/t"\nfilename = "t.gguf"\n', "pairs.tiny.drafts: needs at least one"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD)
+def test_validation_names_file_and_key_in_one_line(tmp_path, text, expected):
+    path = tmp_path / "models.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as e:
+        parse_models_file(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: ") and expected in message
+    assert "\n" not in message
+
+
+def test_default_must_name_a_pair(tmp_path):
+    extra = tmp_path / "extra.toml"
+    extra.write_text('default = "nope"\n' + MINIMAL)
+    with pytest.raises(UsageError, match="default = 'nope' names no pair"):
+        load_registry([extra])
+
+
+def test_bad_user_file_fails_every_lookup_with_its_path(tmp_path):
+    user = tmp_path / "cfg" / "models.toml"
+    user.parent.mkdir()
+    user.write_text(MINIMAL + 'sha256 = "abc"\n')
+    with pytest.raises(UsageError, match=rf"^{user}: pairs.tiny.drafts.q8.sha256"):
+        load_registry()
