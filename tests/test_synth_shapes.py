@@ -1,0 +1,131 @@
+"""Full-width synthetic pair: real shapes at scale 1, valid files at small scale, and a real
+llama-server run where the emulated acceptance (--spec-synth-len) shows up in the counters."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsparkcli import synth_shapes as ss
+from dsparkcli.errors import UsageError
+from dsparkcli.server import LlamaServer, ServerConfig
+
+# This CPU reports AMX; llama.cpp's AMX repack path segfaults on these quantised files
+# (ggml_backend_amx_mul_mat, seen for qwen35moe and qwen3moe, Q8_0 and Q4_K), so CPU runs
+# disable repacking. The GPU path never uses AMX.
+CPU_ARGS = ("--no-repack",)
+
+
+def test_scale_one_has_the_real_pairs_shapes() -> None:
+    t, d = ss.shapes_for("minicpm-v-4.7-35b-a3b")
+    # draft: upstream_facts.md (Qwen3DSparkModel)
+    assert (d.n_layer, d.n_embd, d.n_head, d.n_head_kv, d.head_dim, d.n_ff) == (5, 2048, 8, 2, 256, 6144)
+    assert (d.vocab, d.block_size, d.mask_token_id, d.markov_rank) == (248_144, 15, 248_076, 256)
+    assert d.target_layers == (4, 12, 20, 28, 36)  # HF taps 3/11/19/27/35, GGUF writes HF id + 1
+    assert d.confidence_head
+    d_params = sum(s.n_elements for s in ss.draft_tensors(d, "Q8_0"))
+    assert abs(d_params - 389_223_169) / 389_223_169 < 0.001  # the card's parameter count
+    # target: 40 layers, hidden 2048, 35 B total / ~3 B active, vocab 248144
+    assert (t.arch, t.n_layer, t.n_embd, t.vocab, t.n_expert, t.n_expert_used) == ("qwen35moe", 40, 2048, 248_144, 256, 8)
+    specs = ss.target_tensors(t, "Q8_0")
+    pc = ss.param_counts(t, specs)
+    assert 34.0e9 < pc["params_total"] < 35.5e9
+    assert 2.7e9 < pc["params_active"] < 3.3e9
+    assert 36.0e9 < pc["bytes_total"] < 38.0e9  # Q8_0: 34 bytes per 32 weights
+    assert sum(ss.is_recurrent(t, i) for i in range(40)) == 30  # full attention every 4th layer
+    q4 = ss.param_counts(t, ss.target_tensors(t, "Q4_K"))
+    assert 19.0e9 < q4["bytes_total"] < 20.5e9
+
+
+def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="unknown shape"):
+        ss.shapes_for("llama-70b")
+    with pytest.raises(UsageError, match="scale"):
+        ss.shapes_for(scale=0.0)
+    with pytest.raises(UsageError, match="qtype"):
+        ss.write_full_width(tmp_path, qtype="NVFP4", scale=0.05)
+
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory: pytest.TempPathFactory) -> ss.FullWidthPair:
+    return ss.write_full_width(tmp_path_factory.mktemp("fw"), scale=0.05, seed=3)
+
+
+def test_small_pair_files_match_plan_and_manifest(small_pair: ss.FullWidthPair) -> None:
+    import gguf
+
+    man = json.loads(small_pair.manifest.read_text())
+    assert man["synthetic"] is True and man["target_arch"] == "qwen35moe" and "recurrent" in man["target_arch_reason"]
+    t, d = ss.shapes_for(scale=0.05)
+    assert d.target_layers == (1, 2, 4, 6, 7) and t.n_layer == 8 and d.mask_token_id == t.vocab - 68
+    for path, info, specs in ((small_pair.target, man["target"], ss.target_tensors(t, "Q8_0")),
+                              (small_pair.draft, man["draft"], ss.draft_tensors(d, "Q8_0"))):
+        data = path.read_bytes()
+        assert hashlib.sha256(data).hexdigest() == info["sha256"]  # hashed while streaming = hash of the file
+        assert len(data) == info["bytes"]
+        reader = gguf.GGUFReader(path)
+        got = {tn.name: tn for tn in reader.tensors}
+        assert list(got) == [s.name for s in specs]
+        for s in specs:
+            tn = got[s.name]
+            assert tuple(int(x) for x in tn.shape) == s.ne
+            assert tn.tensor_type.name == s.qtype
+        if path == small_pair.draft:
+            assert list(reader.fields["dflash.target_layers"].contents()) == [1, 2, 4, 6, 7]
+            assert reader.fields["tokenizer.ggml.mask_token_id"].contents() == d.mask_token_id
+            assert "token_embd.weight" not in got and "output.weight" not in got  # shared with the target
+    # quantised weights decode to mean 0 and the planned std; norms are 1
+    reader = gguf.GGUFReader(small_pair.target)
+    tensors = {tn.name: tn for tn in reader.tensors}
+    from gguf.quants import dequantize
+
+    w = dequantize(tensors["blk.3.attn_q.weight"].data, tensors["blk.3.attn_q.weight"].tensor_type)
+    assert abs(float(w.std()) - 0.5 / np.sqrt(t.n_embd)) < 0.002 and abs(float(w.mean())) < 1e-3
+    assert np.all(tensors["blk.0.attn_norm.weight"].data == 1.0)
+    assert np.all(tensors["blk.0.ssm_a"].data < 0)  # decays in (0, 1): the recurrent state cannot blow up
+
+
+def test_q4k_blocks_decode_to_planned_std(tmp_path: Path) -> None:
+    import gguf
+    from gguf.quants import dequantize
+
+    spec = ss.TensorSpec("w", (512, 64), "Q4_K", "rand")
+    kv = [("general.architecture", "str", "llama")]
+    ss.write_gguf(tmp_path / "q4k.gguf", kv, [spec])
+    tn = gguf.GGUFReader(tmp_path / "q4k.gguf").tensors[0]
+    w = dequantize(tn.data, tn.tensor_type)
+    assert w.shape == (64, 512)
+    assert abs(float(w.std()) - 0.5 / np.sqrt(512)) < 0.002 and abs(float(w.mean())) < 2e-3
+
+
+def _run(engine, pair: ss.FullWidthPair, tmp_path: Path, *, synth_len: float, n_max: int, n_predict: int) -> tuple[dict, dict]:
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=n_max, synth_len=synth_len, ctx=2048, threads=2,
+                       p_min=0.0, extra_args=CPU_ARGS)
+    with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
+        resp = srv.client.completion({"prompt": list(range(1, 17)), "n_predict": n_predict, "temperature": 0,
+                                      "ignore_eos": True, "seed": 7})
+        metrics = srv.client.metrics()
+    return resp["timings"], metrics
+
+
+def test_real_server_drafts_with_emulated_acceptance(engine, small_pair: ss.FullWidthPair, tmp_path: Path) -> None:
+    # L = 1: every draft rejected, one token per step, so steps == tokens and nothing is accepted
+    timings, m = _run(engine, small_pair, tmp_path, synth_len=1.0, n_max=3, n_predict=48)
+    steps = m["llamacpp:spec_decode_num_drafts_total"]
+    assert timings["predicted_n"] == 48
+    assert timings["draft_n"] > 0 and timings["draft_n_accepted"] == 0
+    assert steps >= 46 and timings["draft_n"] >= 3 * (steps - 1)  # full drafts but the budget-cut last
+
+    # L = 3 at budget 5: mean tokens per step ~ 3 over ~130 steps (sd of one step's length ~1.8)
+    timings, m = _run(engine, small_pair, tmp_path, synth_len=3.0, n_max=5, n_predict=384)
+    steps = m["llamacpp:spec_decode_num_drafts_total"]
+    accepted = timings["draft_n_accepted"]
+    assert m["llamacpp:spec_decode_num_accepted_tokens_total"] == accepted
+    assert timings["draft_n"] >= 5 * (steps - 1) and timings["draft_n"] <= 5 * steps
+    mean_len = 1 + accepted / steps
+    assert abs(mean_len - 3.0) < 0.5, (mean_len, steps, accepted)
+    assert 0.3 < accepted / timings["draft_n"] < 0.5  # (L-1)/n_max = 0.4 when drafts are full
