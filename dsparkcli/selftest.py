@@ -123,8 +123,8 @@ def _metrics_check(client: ServerClient, preds: list[synth.Prediction], n_max: i
     steps = int(m.get(METRIC + "drafts_total", -1))
     drafted = int(m.get(METRIC + "draft_tokens_total", -1))
     accepted = int(m.get(METRIC + "accepted_tokens_total", -1))
-    per_pos = tuple(int(m.get(f'{METRIC}accepted_tokens_per_pos_total{{position="{i}"}}', -1))
-                    for i in range(min(n_max, BLOCK_SIZE)))
+    raw = (m.get(f'{METRIC}accepted_tokens_per_pos_total{{position="{i}"}}') for i in range(min(n_max, BLOCK_SIZE)))
+    per_pos = tuple(None if v is None else int(v) for v in raw)  # None: the server has no such position
     exp_steps = sum(p.steps for p in preds)
     exp_drafted = sum(p.draft_n for p in preds)
     exp_accepted = sum(p.draft_n_accepted for p in preds)
