@@ -236,6 +236,7 @@ class GGUFHeader:
     kv: dict[str, Any]
     kv_types: dict[str, str]
     tensors: tuple[TensorInfo, ...]
+    remote_sha256: str | None = None  # what the hub reports (LFS sha256) for a remote file; never computed here
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.kv.get(key, default)
