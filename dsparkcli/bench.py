@@ -135,6 +135,7 @@ class Overhead:
     wall_s: float  # the whole bench, servers' start and stop included
     generation_s: float  # Σ server-side prompt + generation time of every request (warm-up included)
     load_s: float  # Σ time to healthy, one load per configuration
+    request_s: float  # Σ client-side round trips (generation + the server's untimed work + HTTP)
     ratio: float  # wall / (generation + load)
 
 
@@ -371,7 +372,12 @@ def default_out_path(run_id: str) -> Path:
     return config.cache_dir() / "bench" / f"bench-{run_id}.jsonl"
 
 
-def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv: list[str] | None = None,
+def new_run_id() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+
+
+def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_id: str | None = None,
+              argv: list[str] | None = None,
               on_request: Callable[[str, str], None] | None = None,
               on_server: Callable[[Arm, LlamaServer], None] | None = None) -> BenchResult:
     """Run every configuration of ``plan``; append records to ``out`` (JSONL) as they are measured.
@@ -381,7 +387,7 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv:
     """
     t_wall0 = time.perf_counter()
     plan.validate()
-    run_id = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    run_id = run_id or new_run_id()
     out = Path(out) if out is not None else default_out_path(run_id)
     out.parent.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path | None] = {"target": plan.target, "mmproj": plan.mmproj}
@@ -400,6 +406,7 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv:
     upstream = dict(plan.upstream_acceptance)
 
     generation_s = 0.0
+    request_s = 0.0  # client-side round trips of the same requests: the server's untimed work shows here
     load_s = 0.0
     plain_tokens: dict[tuple[str, int], list[int]] = {}
     plain_sha: dict[tuple[str, int], str] = {}
@@ -432,8 +439,11 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv:
                                       "media_marker": MEDIA_MARKER})
 
                 def request(p: Prompt) -> dict[str, Any]:
-                    nonlocal generation_s
+                    nonlocal generation_s, request_s
+                    t0 = time.perf_counter()
                     resp = client.completion(_payload(plan, p, rendered[p.id], images_b64[p.id]))
+                    resp["_request_ms"] = 1000.0 * (time.perf_counter() - t0)
+                    request_s += resp["_request_ms"] / 1000.0
                     t = resp.get("timings") or {}
                     generation_s += (t.get("prompt_ms", 0.0) + t.get("predicted_ms", 0.0)) / 1000.0
                     if on_request:
@@ -444,9 +454,10 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv:
                     request(plan.prompts[i % len(plan.prompts)])
 
                 arm_drafted = 0
+                # counters only move while a request runs, so each block's "after" is the next one's "before"
+                before = parse_counters(client.metrics()) if is_draft else None
                 for rep in range(plan.reps):
                     for category in categories:
-                        before = parse_counters(client.metrics()) if is_draft else None
                         for p in (q for q in plan.prompts if q.category == category):
                             resp = request(p)
                             t = resp.get("timings") or {}
@@ -457,6 +468,7 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv:
                                 "synthetic": plan.synthetic, "synth_len": plan.synth_len if is_draft else None,
                                 "category": category, "prompt_id": p.id, "rep": rep,
                                 "prompt_n": int(resp.get("tokens_evaluated", t.get("prompt_n", 0))),
+                                "request_ms": resp["_request_ms"],
                                 "prompt_ms": t.get("prompt_ms"), "n_predicted": int(t.get("predicted_n", len(tokens))),
                                 "predicted_ms": float(t.get("predicted_ms", 0.0)),
                                 "tok_s": t.get("predicted_per_second"),
@@ -476,7 +488,9 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv:
                                             "plain_sha256": plain_sha[key]})
                             writer.write(rec)
                         if is_draft:
-                            delta = counters_delta(before, parse_counters(client.metrics()))  # type: ignore[arg-type]
+                            after = parse_counters(client.metrics())
+                            delta = counters_delta(before, after)  # type: ignore[arg-type]
+                            before = after
                             arm_drafted += delta["drafted"]
                             writer.write({"record": "counters", "config": arm.name, "draft": arm.draft.label,
                                           "budget": arm.budget, "category": category, "rep": rep, **delta,
@@ -494,9 +508,10 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, argv:
                     writer.write(row)
         wall_s = time.perf_counter() - t_wall0
         denom = generation_s + load_s
-        overhead = Overhead(wall_s=wall_s, generation_s=generation_s, load_s=load_s,
+        overhead = Overhead(wall_s=wall_s, generation_s=generation_s, load_s=load_s, request_s=request_s,
                             ratio=wall_s / denom if denom > 0 else float("inf"))
         writer.write({"record": "overhead", "wall_s": wall_s, "generation_s": generation_s, "load_s": load_s,
-                      "ratio": overhead.ratio, "configurations": len(plan.arms()), "synthetic": plan.synthetic})
+                      "request_s": request_s, "ratio": overhead.ratio, "configurations": len(plan.arms()),
+                      "requests": plan.total_requests(), "synthetic": plan.synthetic})
     summaries = tuple(r for r in writer.records if r["record"] == "summary")
     return BenchResult(run_id=run_id, out=out, summaries=summaries, overhead=overhead, synthetic=plan.synthetic)

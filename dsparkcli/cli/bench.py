@@ -1,0 +1,220 @@
+"""`dspark bench --budget 5 15`: plain vs every draft × budget on a prompt kit, side by side."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import click
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from typer.core import TyperCommand
+
+from dsparkcli import bench as core
+from dsparkcli import prompts as kit
+from dsparkcli import report
+from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, passthrough_args
+from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.errors import UsageError
+
+HELP = """Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit.
+
+One llama-server per configuration (plain, then every draft x budget), load and warm-up excluded,
+every prompt x rep greedy. Reports per configuration and category: median tok/s (min-max over
+reps), speedup vs plain from the same run, drafted/accepted tokens, acceptance rate, mean acceptance
+length, per-position acceptance, prompts identical to plain (first divergent token) and the
+upstream acceptance length. Every record, with provenance, goes to a JSONL file (--out). A draft
+configuration that drafts nothing is an error. Arguments after `--` go to llama-server.
+
+\b
+Examples:
+  dspark bench --budget 5 15                         # default pair, the built-in 84-prompt kit
+  dspark bench --model minicpm-v-4.7 --draft q8_0 --draft q6_k --budget 5 15 --plot bench.png
+  dspark bench --target t.gguf --draft d.gguf --category text --reps 5 --format md
+  dspark bench --target t.gguf --draft d.gguf --mmproj mm.gguf --prompts my.jsonl --out runs.jsonl
+  dspark bench --budget 7 --synth-len 4 --ignore-eos   # llama.cpp's SYNTHETIC acceptance
+  dspark bench --budget 5 15 -- -ngl 99 -ngld 99 -fa on
+"""
+
+FORMATS = ("table", "json", "csv", "md")
+
+
+class BenchCommand(TyperCommand):
+    """Lets ``--budget 5 15`` mean ``--budget 5 --budget 15`` (click options take one value each)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, expand_multi_values(args, ("--budget", "-b")))
+
+
+def expand_multi_values(args: list[str], flags: tuple[str, ...]) -> list[str]:
+    expanded: list[str] = []
+    i = 0
+    while i < len(args):
+        expanded.append(args[i])
+        if args[i] in flags:
+            j = i + 1
+            first = True
+            while j < len(args) and _is_int(args[j]):
+                if not first:
+                    expanded.append(args[i])
+                expanded.append(args[j])
+                first = False
+                j += 1
+            i = j
+            continue
+        i += 1
+    return expanded
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit() and not text.startswith("--")
+
+
+def _label(path: str, taken: set[str]) -> str:
+    stem = Path(path).name.removesuffix(".gguf") or "draft"
+    label, n = stem, 2
+    while label in taken:
+        label, n = f"{stem}-{n}", n + 1
+    return label
+
+
+def resolve_plan_files(*, model: str | None, target: str | None, drafts: list[str], mmproj: str | None,
+                       yes: bool) -> tuple[Path, Path | None, tuple[core.Draft, ...], dict[str, float], int | None, str | None]:
+    """(target, mmproj, drafts, upstream acceptance, registry budget, pair name) from paths or the registry."""
+    from dsparkcli import runner
+
+    if target is not None:
+        if model is not None:
+            raise UsageError("give either --model or --target, not both")
+        if not drafts:
+            raise UsageError("--target needs at least one --draft")
+        resolved, taken = [], set()
+        t = m = None
+        for d in drafts:
+            files = runner.resolve_files(target=target, draft=d, mmproj=mmproj, yes=yes)
+            t, m = files.target, files.mmproj
+            label = _label(d, taken)
+            taken.add(label)
+            resolved.append(core.Draft(label, files.draft))  # type: ignore[arg-type]
+        return t, m, tuple(resolved), {}, None, None  # type: ignore[return-value]
+    from dsparkcli import registry
+
+    reg = registry.load_registry()
+    name = model or reg.default
+    if name is None:
+        raise UsageError("no --model given and the registry has no default pair; pass --target and --draft")
+    pair = reg.get(name)
+    resolved, taken = [], set()
+    t = m = None
+    for d in drafts or [pair.default_draft]:
+        if d in pair.drafts:
+            files = runner.resolve_files(model=name, draft_key=d, mmproj=mmproj, yes=yes)
+            label = d
+        else:
+            files = runner.resolve_files(model=name, draft=d, mmproj=mmproj, yes=yes)
+            label = _label(d, taken)
+        if files.draft is None:
+            raise UsageError(f"pair {name} has no draft '{d}' (known: {', '.join(pair.drafts)})")
+        taken.add(label)
+        t, m = files.target, files.mmproj
+        resolved.append(core.Draft(label, files.draft))
+    return t, m, tuple(resolved), dict(pair.acceptance), pair.budget, name  # type: ignore[return-value]
+
+
+def render_table(summaries: list[dict[str, Any]]) -> Table:
+    synthetic = report.is_synthetic(summaries)
+    table = Table(title=report.title(summaries), title_style="bold red" if synthetic else "bold")
+    for col in report.COLUMNS:
+        left = col in ("config", "category", "1st divergence")
+        table.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=col in ("config", "category"))
+    last = None
+    for s, row in zip(summaries, report.table_rows(summaries)):
+        if last is not None and s["config"] != last:
+            table.add_section()
+        last = s["config"]
+        table.add_row(*row, style="bold" if s["category"] == core.ALL else None)
+    return table
+
+
+def bench(
+    budget: Annotated[Optional[list[int]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Pair name from models.toml.")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help="Target GGUF: path or hf://repo/file.")] = None,
+    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key (repeatable).")] = None,
+    mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF (needed for image prompts).")] = None,
+    prompts: Annotated[str, typer.Option("--prompts", help="Built-in kit name or a JSONL file (docs/PROMPTS.md).")] = kit.DEFAULT_KIT,
+    category: Annotated[Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision' name groups).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="At most N prompts per category.")] = None,
+    reps: Annotated[int, typer.Option("--reps", min=1, help="Timed repetitions of every prompt.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed requests per configuration.")] = 1,
+    n_predict: Annotated[int, typer.Option("--n-predict", "-n", min=1, help="Tokens to generate per request.")] = 256,
+    ctx: Annotated[int, typer.Option("--ctx", "-c", min=64, help="Context size (-c).")] = 4096,
+    p_min: Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")] = None,
+    synth_len: Annotated[Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length (--spec-synth-len); labels every output.")] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Always generate --n-predict tokens.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Request seed (matters with --synth-len).")] = 0,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads (-t).")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Append JSONL records here (default: the dspark cache).")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, csv or md.")] = "table",
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tok/s and speedup.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")] = False,
+    llama_bin: LlamaBinOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from dsparkcli import engine as engine_mod
+
+    fmt = "json" if json_out else fmt.lower()
+    if fmt not in FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)} (got {fmt})")
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise UsageError(f"--plot writes a PNG: give a .png path (got {plot})")
+    selected = kit.select(kit.load_prompts(prompts), category, limit)
+    eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
+    engine_mod.require_dspark(eng)
+    t, m, drafts, upstream, reg_budget, pair_name = resolve_plan_files(
+        model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
+    plan = core.BenchPlan(
+        target=t, mmproj=m, drafts=drafts, budgets=tuple(budget or [reg_budget or 5]), prompts=selected,
+        reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_min, synth_len=synth_len,
+        ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=passthrough_args(),
+        upstream_acceptance=tuple(upstream.items()), model_name=pair_name,
+    )
+    plan.validate()
+    if plan.synthetic:
+        err.print(f"[bold red]SYNTHETIC acceptance (--spec-synth-len {synth_len:g}): figures emulate a draft[/bold red]")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[where]}"))
+    run_id = core.new_run_id()
+    jsonl = out_path or core.default_out_path(run_id)
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("bench", total=plan.total_requests(), where="")
+
+        def on_request(config: str, prompt_id: str) -> None:
+            progress.update(task, advance=1, where=f"{config} {prompt_id}")
+
+        try:
+            result = core.run_bench(eng, plan, out=jsonl, run_id=run_id, argv=sys.argv, on_request=on_request)
+        except KeyboardInterrupt:
+            err.print(f"interrupted: the records measured so far are in {jsonl}", markup=False)
+            raise
+    summaries = list(result.summaries)
+    overhead = {"wall_s": result.overhead.wall_s, "generation_s": result.overhead.generation_s,
+                "load_s": result.overhead.load_s, "request_s": result.overhead.request_s, "ratio": result.overhead.ratio}
+    if plot is not None:
+        report.plot(summaries, plot)
+    if fmt == "json":
+        print_json(report.to_json_doc(summaries, run_id=result.run_id, out=result.out, overhead=overhead))
+    elif fmt == "csv":
+        sys.stdout.write(report.to_csv(summaries))
+    elif fmt == "md":
+        sys.stdout.write(report.to_markdown(summaries))
+    else:
+        out.print(render_table(summaries))
+    err.print(f"records: {result.out} (run {result.run_id}); overhead {result.overhead.ratio:.3f}x of "
+              f"generation + load" + (f"; plot: {plot}" if plot else ""), markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench", help=HELP, cls=BenchCommand)(bench)

@@ -1,0 +1,183 @@
+"""Render bench summaries: table rows, CSV, Markdown, JSON-ready dicts and a PNG plot.
+
+Input is the ``summary`` records ``dsparkcli.bench`` writes (or ``bench.summarize`` recomputes from a
+JSONL file). A run with ``--spec-synth-len`` is labelled synthetic in every format.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SYNTHETIC_LABEL = "SYNTHETIC acceptance (--spec-synth-len {L}): speeds emulate a draft, outputs are not valid"
+
+COLUMNS = ("config", "category", "tok/s", "min-max", "speedup", "drafted", "accepted", "rate", "mean len",
+           "upstream", "identical", "1st divergence", "accept/pos %")
+CSV_FIELDS = ("synthetic", "synth_len", "config", "draft", "budget", "category", "prompts", "reps", "requests",
+              "tokens", "tok_s_median", "tok_s_min", "tok_s_max", "speedup", "drafted", "accepted", "steps",
+              "acceptance_rate", "mean_length", "upstream_acceptance_length", "identical", "identical_pct",
+              "first_divergences", "acceptance_per_pos")
+
+
+def is_synthetic(summaries: Sequence[dict[str, Any]]) -> bool:
+    return any(s.get("synthetic") for s in summaries)
+
+
+def synth_len_of(summaries: Sequence[dict[str, Any]]) -> float | None:
+    found = next((s.get("synth_len") for s in summaries if s.get("synth_len") is not None), None)
+    if found is None:  # plain-only rows: the run-level setting is in the provenance
+        found = next((s.get("provenance", {}).get("synth_len") for s in summaries if s.get("provenance")), None)
+    return float(found) if found is not None else 0.0
+
+
+def title(summaries: Sequence[dict[str, Any]]) -> str:
+    base = "dspark bench: plain vs draft budgets (greedy; median over reps, min-max)"
+    if is_synthetic(summaries):
+        return f"{base}. " + SYNTHETIC_LABEL.format(L=f"{synth_len_of(summaries):g}")
+    return base
+
+
+def _num(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _tok(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _divergences(s: dict[str, Any], limit: int = 3) -> str:
+    div = s.get("divergent") or []
+    if not div:
+        return "-"
+    parts = [f"{d['prompt_id']}@{d['first_divergence'] if d['first_divergence'] is not None else '?'}" for d in div[:limit]]
+    return ", ".join(parts) + (f" +{len(div) - limit}" if len(div) > limit else "")
+
+
+def _per_pos(s: dict[str, Any]) -> str:
+    values = s.get("acceptance_per_pos") or []
+    return " ".join(f"{100 * v:.0f}" for v in values) if values else "-"
+
+
+def table_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """One row of strings per summary, in COLUMNS order."""
+    rows = []
+    for s in summaries:
+        t = s["tok_s"]
+        plain = s.get("drafted") is None
+        rows.append((
+            s["config"], s["category"], _tok(t["median"]), f"{_tok(t['min'])}-{_tok(t['max'])}",
+            f"{s['speedup']:.2f}x" if s.get("speedup") is not None else "-",
+            "-" if plain else str(s["drafted"]), "-" if plain else str(s["accepted"]),
+            "-" if plain or s.get("acceptance_rate") is None else f"{100 * s['acceptance_rate']:.1f}%",
+            "-" if plain else _num(s.get("mean_length")),
+            _num(s.get("upstream_acceptance_length"), 3),
+            "-" if plain else f"{s['identical']}/{s['prompts']}",
+            "-" if plain else _divergences(s),
+            "-" if plain else _per_pos(s),
+        ))
+    return rows
+
+
+def flat(s: dict[str, Any]) -> dict[str, Any]:
+    """One summary as a flat dict of CSV_FIELDS."""
+    t = s["tok_s"]
+    return {
+        "synthetic": bool(s.get("synthetic")), "synth_len": s.get("synth_len"),
+        "config": s["config"], "draft": s.get("draft"), "budget": s.get("budget"), "category": s["category"],
+        "prompts": s.get("prompts"), "reps": s.get("reps"), "requests": s.get("requests"), "tokens": s.get("tokens"),
+        "tok_s_median": t["median"], "tok_s_min": t["min"], "tok_s_max": t["max"], "speedup": s.get("speedup"),
+        "drafted": s.get("drafted"), "accepted": s.get("accepted"), "steps": s.get("steps"),
+        "acceptance_rate": s.get("acceptance_rate"), "mean_length": s.get("mean_length"),
+        "upstream_acceptance_length": s.get("upstream_acceptance_length"),
+        "identical": s.get("identical"), "identical_pct": s.get("identical_pct"),
+        "first_divergences": ";".join(f"{d['prompt_id']}@{d['first_divergence']}" for d in s.get("divergent") or []),
+        "acceptance_per_pos": " ".join(f"{v:.4f}" for v in s.get("acceptance_per_pos") or []),
+    }
+
+
+def to_csv(summaries: Sequence[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for s in summaries:
+        w.writerow({k: ("" if v is None else v) for k, v in flat(s).items()})
+    return buf.getvalue()
+
+
+def to_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+    lines = [f"**{title(summaries)}**", "", "| " + " | ".join(COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for row in table_rows(summaries):
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json_doc(summaries: Sequence[dict[str, Any]], *, run_id: str, out: Path, overhead: dict[str, Any]) -> dict[str, Any]:
+    """The --json document: summaries without their (repeated) provenance, which is given once."""
+    clean = [{k: v for k, v in s.items() if k not in ("provenance", "run_id")} for s in summaries]
+    prov = summaries[0].get("provenance") if summaries else None
+    synth = is_synthetic(summaries)
+    return {"run_id": run_id, "jsonl": str(out), "synthetic": synth,
+            "synthetic_note": SYNTHETIC_LABEL.format(L=f"{synth_len_of(summaries):g}") if synth else None,
+            "overhead": overhead, "summaries": clean, "provenance": prov}
+
+
+def plot(summaries: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Grouped bars per category: tok/s (median, min-max whiskers) and speedup vs plain, per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    configs: list[str] = []
+    categories: list[str] = []
+    for s in summaries:
+        if s["config"] not in configs:
+            configs.append(s["config"])
+        if s["category"] not in categories:
+            categories.append(s["category"])
+    by = {(s["config"], s["category"]): s for s in summaries}
+    x = np.arange(len(categories))
+    width = 0.8 / max(1, len(configs))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(7.0, 1.3 * len(categories) + 3), 7.5), sharex=True)
+    for i, config in enumerate(configs):
+        med, lo, hi, spd = [], [], [], []
+        for c in categories:
+            s = by.get((config, c))
+            t = s["tok_s"] if s else {"median": None, "min": None, "max": None}
+            m = t["median"] or 0.0
+            med.append(m)
+            lo.append(m - (t["min"] or m))
+            hi.append((t["max"] or m) - m)
+            spd.append((s.get("speedup") or 0.0) if s else 0.0)
+        pos = x - 0.4 + width * (i + 0.5)
+        ax1.bar(pos, med, width, yerr=[lo, hi], capsize=2, label=config, color=f"C{i}")
+        ax2.bar(pos, spd, width, label=config, color=f"C{i}")
+    ax1.set_ylabel("tokens/s (median, min-max)")
+    ax1.legend(fontsize=8, ncol=min(4, len(configs)))
+    ax1.grid(axis="y", alpha=0.3)
+    ax2.axhline(1.0, color="k", lw=0.8)
+    ax2.set_ylabel("speedup vs plain")
+    ax2.set_xticks(x)
+    ax2.set_xticklabels(categories)
+    ax2.grid(axis="y", alpha=0.3)
+    head = "dspark bench: tok/s and speedup per configuration and category"
+    if is_synthetic(summaries):
+        head = f"SYNTHETIC acceptance (--spec-synth-len {synth_len_of(summaries):g})\n" + head
+    fig.suptitle(head, fontsize=10, color="red" if is_synthetic(summaries) else "black")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
