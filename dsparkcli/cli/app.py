@@ -16,6 +16,7 @@ from dsparkcli.cli import _common, _errors
 # Each module defines ``register(app)``. Keep this list in the order `--help` should show.
 COMMAND_MODULES = (
     "run",
+    "bench",
     "serve",
     "synth",
     "fetch",
