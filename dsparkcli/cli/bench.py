@@ -94,6 +94,7 @@ def resolve_plan_files(*, model: str | None, target: str | None, drafts: list[st
         t = m = None
         for d in drafts:
             files = runner.resolve_files(target=target, draft=d, mmproj=mmproj, yes=yes)
+            runner.check_pairing(files)  # one line now, rather than a llama.cpp assert per configuration
             t, m = files.target, files.mmproj
             label = _label(d, taken)
             taken.add(label)
@@ -117,6 +118,7 @@ def resolve_plan_files(*, model: str | None, target: str | None, drafts: list[st
             label = _label(d, taken)
         if files.draft is None:
             raise UsageError(f"pair {name} has no draft '{d}' (known: {', '.join(pair.drafts)})")
+        runner.check_pairing(files)
         taken.add(label)
         t, m = files.target, files.mmproj
         resolved.append(core.Draft(label, files.draft))
