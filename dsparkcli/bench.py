@@ -325,22 +325,12 @@ def read_jsonl(path: Path, run_id: str | None = None) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ the run
 
 
-def apply_template(client: ServerClient, body: dict[str, Any]) -> str:
-    """POST /apply-template: the chat template's text for ``messages``, media markers in place of images."""
-    # ServerClient has no public method for this endpoint yet; its own request/raise helpers keep the
-    # error handling (ServerError with the server's message) identical to the other calls.
-    resp = client._request("POST", "/apply-template", json=body)
-    client._raise_for(resp, "POST /apply-template")
-    return str(resp.json()["prompt"])
-
-
 def render_prompts(client: ServerClient, prompts: Sequence[Prompt]) -> dict[str, str]:
     """Each prompt through the target's chat template, with pinned media markers."""
     rendered = {}
     for p in prompts:
         # thinking off, as in the upstream acceptance measurements; templates without the switch ignore it
-        body = {"messages": p.messages(), "chat_template_kwargs": {"enable_thinking": False}}
-        rendered[p.id] = apply_template(client, body)
+        rendered[p.id] = client.apply_template(p.messages(), chat_template_kwargs={"enable_thinking": False})
     return rendered
 
 

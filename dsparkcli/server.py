@@ -206,9 +206,13 @@ class ServerClient:
             raise ServerError(f"connection to llama-server lost during generation: {e.__class__.__name__}",
                               kind="crash") from e
 
-    def apply_template(self, messages: list[dict[str, Any]]) -> str:
+    def apply_template(self, messages: list[dict[str, Any]],
+                       chat_template_kwargs: dict[str, Any] | None = None) -> str:
         """The prompt text the server's chat template makes of these messages."""
-        resp = self._request("POST", "/apply-template", json={"messages": messages})
+        body: dict[str, Any] = {"messages": messages}
+        if chat_template_kwargs:  # e.g. {"enable_thinking": False}
+            body["chat_template_kwargs"] = chat_template_kwargs
+        resp = self._request("POST", "/apply-template", json=body)
         self._raise_for(resp, "POST /apply-template")
         return str(resp.json()["prompt"])
 
