@@ -705,6 +705,7 @@ class FileReport:
     hash_mb_per_s: float | None = None
     memory: MemoryEstimate | None = None
     expect: ExpectVerdict | None = None
+    mmproj_width: str | None = None  # mmproj only: the width it feeds the text model, and from where
 
 
 @dataclass(frozen=True)
@@ -714,14 +715,21 @@ class InspectReport:
     diff: TensorDiff | None
 
 
-HashProgress = Callable[[str, int, int], Callable[[int], None]]  # (name, total bytes) -> per-chunk callback
+HashProgress = Callable[[str, int], Callable[[int], None]]  # (name, total bytes) -> per-chunk callback
 
 
 def _hash(h: GGUFHeader, progress: HashProgress | None) -> FileHashes:
     if h.name.startswith("hf://"):
         raise UsageError(f"{h.name}: --hash and --against need a local file (remote reads stop at the header)")
-    cb = progress(h.name, h.file_size, 0) if progress else None
+    cb = progress(h.name, h.file_size) if progress else None
     return gguf_census.hash_file(h.name, h, cb)
+
+
+def _mmproj_width_text(h: GGUFHeader) -> str | None:
+    if _role(h) != "mmproj":
+        return None
+    width, how = mmproj_width(h)
+    return f"width {width} from {how}" if width is not None else how
 
 
 def _roles(headers: Sequence[GGUFHeader]) -> dict[str, list[GGUFHeader]]:
@@ -761,6 +769,7 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
             tensor_sha256=fh.tensors if fh else None,
             hash_mb_per_s=(fh.n_bytes / fh.seconds / 1e6) if fh and fh.seconds > 0 else None,
             memory=memory_estimate(h, ctx, kv_type) if ctx else None, expect=verdict,
+            mmproj_width=_mmproj_width_text(h),
         ))
     diff = None
     if other is not None:
