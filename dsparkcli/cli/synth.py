@@ -90,11 +90,9 @@ def synth(
                     "seed": man.seed, "accept_rate": man.accept_rate, "wrong_rows": len(man.wrong_rows),
                     "correct_fraction": man.correct_fraction, "confidence": man.confidence, "files": man.files})
         return
-    table = Table(show_header=False, box=None)
-    for role, rec in man.files.items():
-        table.add_row(role, str(pair.manifest.parent / rec["name"]), f"{rec['bytes'] / 1024:.0f} KiB")
-    table.add_row("manifest", str(pair.manifest), "")
-    out.print(table)
+    for role, rec in man.files.items():  # one line per file, never wrapped: paths stay copyable
+        out.print(f"{role:<9} {pair.manifest.parent / rec['name']}  ({rec['bytes'] / 1024:.0f} KiB)")
+    out.print(f"{'manifest':<9} {pair.manifest}")
     out.print(f"vocab {man.vocab}, block size {man.block_size}, {len(man.wrong_rows)} of {man.vocab} Markov rows wrong "
               f"({100 * man.correct_fraction:.1f} % right), confidence head {'yes' if man.confidence else 'no'}")
     out.print(f"predict: dspark synth-predict {pair.manifest} --prompt-tokens 1,2,3 --n-max 7 --n-predict 32")
