@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "synth",
     "fetch",
     "models",
+    "inspect",
     "doctor",
     "engine",
 )
