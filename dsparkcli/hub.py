@@ -49,6 +49,7 @@ CONFIRM_ABOVE_BYTES = 10**9  # ask before downloading more than 1 GB
 _HASH_BLOCK = 8 * 1024 * 1024  # disk reads when hashing a file (or a resumed prefix)
 _FEED_BLOCK = 1024 * 1024  # network bytes handed to the hashing thread at a time
 _MAX_STALLED_ATTEMPTS = 5  # retries in a row that receive no byte before giving up
+_MAX_ATTEMPTS = 100  # requests for one file in one run, whatever they deliver
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
@@ -124,6 +125,7 @@ class FetchedFile:
     sha256_source: str
     action: str  # downloaded | resumed | verified (was present, hashed now) | present (verified before)
     bytes_downloaded: int
+    bytes_hashed_from_disk: int  # 0 for a fresh download: the hash was computed from the stream
     seconds: float
     hash_wait_seconds: float  # time spent waiting for the hash after the last byte arrived
 
@@ -564,11 +566,15 @@ def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None) -
     t0 = time.monotonic()
     git_size = p.size if p.sha256 is None else None  # non-LFS: verify the git blob id
     expected = p.sha256 or p.git_oid
+    if not p.present and p.commit is not None and expected is not None and (
+        p.path.is_file() or _adopt_blob(p.repo, p.commit, p.filename, expected, p.local_dir)
+    ):  # fetched since planning, e.g. the same file serves two roles
+        p = replace(p, present=True, partial_bytes=0)
     if p.present:
         marker = _read_marker(p.path)
         if marker is not None and expected is not None and expected in (marker.get("sha256"), marker.get("git_oid")):
             emit(Progress("done", p.role, p.filename, p.size or 0, p.size or 0))
-            return _fetched(p, expected, "present", 0, t0, 0.0)
+            return _fetched(p, expected, "present", 0, t0, 0.0, 0)
         if expected is None:
             raise VerificationError(
                 f"{p.path}: no sha256 to check it against offline; fetch {pair_name} once with network access"
@@ -584,7 +590,7 @@ def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None) -
             )
         _write_marker(p.path, p.sha256, p.git_oid)
         emit(Progress("done", p.role, p.filename, total, total))
-        return _fetched(p, expected, "verified", 0, t0, 0.0)
+        return _fetched(p, expected, "verified", 0, t0, 0.0, total)
 
     assert p.commit is not None and p.size is not None and expected is not None
     partial = _partial_path(p.repo, expected, p.filename, p.local_dir)
@@ -593,7 +599,7 @@ def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None) -
     url = hf_hub_url(p.repo, p.filename, revision=p.commit, endpoint=hf_endpoint())
     resumed = p.partial_bytes > 0
     with _hub_errors(p.repo, p.commit, p.filename, pair_name):
-        got, downloaded, hash_wait = _download(url, partial, p, emit, git_size)
+        got, downloaded, hash_wait, from_disk = _download(url, partial, p, emit, git_size)
     if got != expected:
         partial.unlink(missing_ok=True)  # never keep (or resume) bytes that hash wrong
         raise VerificationError(
@@ -608,14 +614,16 @@ def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None) -
     _install(partial, p)
     _write_marker(p.path, p.sha256, p.git_oid)
     emit(Progress("done", p.role, p.filename, p.size, p.size))
-    return _fetched(p, expected, "resumed" if resumed else "downloaded", downloaded, t0, hash_wait)
+    return _fetched(p, expected, "resumed" if resumed else "downloaded", downloaded, t0, hash_wait, from_disk)
 
 
-def _fetched(p: PlannedFile, digest: str, action: str, downloaded: int, t0: float, hash_wait: float) -> FetchedFile:
+def _fetched(
+    p: PlannedFile, digest: str, action: str, downloaded: int, t0: float, hash_wait: float, from_disk: int
+) -> FetchedFile:
     return FetchedFile(
         role=p.role, key=p.key, repo=p.repo, commit=p.commit, filename=p.filename, path=p.path,
         size=p.path.stat().st_size, sha256=digest if p.sha256 else "", sha256_source=p.sha256_source,
-        action=action, bytes_downloaded=downloaded, seconds=round(time.monotonic() - t0, 3),
+        action=action, bytes_downloaded=downloaded, bytes_hashed_from_disk=from_disk, seconds=round(time.monotonic() - t0, 3),
         hash_wait_seconds=round(hash_wait, 4),
     )  # fmt: skip
 
@@ -629,17 +637,20 @@ def _check_space(partial: Path, needed: int, p: PlannedFile) -> None:
         )
 
 
-def _download(url: str, partial: Path, p: PlannedFile, emit: OnProgress, git_size: int | None) -> tuple[str, int, float]:
+def _download(
+    url: str, partial: Path, p: PlannedFile, emit: OnProgress, git_size: int | None
+) -> tuple[str, int, float, int]:
     """Append the missing bytes of ``url`` to ``partial`` (resuming), hashing as they arrive.
 
-    Returns (hex digest of the whole file, bytes received, seconds waited for the hash at the end).
+    Returns (hex digest of the whole file, bytes received, seconds waited for the hash after the last
+    byte, bytes the hash had to read back from disk: only a prefix left by an earlier run).
     A dropped connection resumes at once if it delivered bytes, with backoff if it did not.
     """
     assert p.size is not None
     headers = build_hf_headers()  # HF_TOKEN or the stored login; never logged
     received = 0
     stalled = 0
-    while True:
+    for _attempt in range(_MAX_ATTEMPTS):
         have = partial.stat().st_size if partial.exists() else 0
         if have > p.size:  # not ours to trust: start over
             partial.unlink()
@@ -647,7 +658,7 @@ def _download(url: str, partial: Path, p: PlannedFile, emit: OnProgress, git_siz
         hasher = _Hasher(partial, have, git_size=git_size)
         if have == p.size:  # complete from an earlier run; only the hash is missing
             t = time.monotonic()
-            return hasher.finish(), received, time.monotonic() - t
+            return hasher.finish(), received, time.monotonic() - t, hasher.bytes_from_disk
         emit(Progress("start", p.role, p.filename, have, p.size))
         try:
             _stream(url, headers, partial, have, p, hasher, emit)
@@ -682,7 +693,11 @@ def _download(url: str, partial: Path, p: PlannedFile, emit: OnProgress, git_siz
             raise
         received += p.size - have
         t = time.monotonic()
-        return hasher.finish(), received, time.monotonic() - t
+        return hasher.finish(), received, time.monotonic() - t, hasher.bytes_from_disk
+    raise HubError(
+        f"download of {p.filename} did not complete in {_MAX_ATTEMPTS} requests; the partial file is kept — "
+        "run the same command again to resume"
+    )
 
 
 class _ShortBody(Exception):
@@ -708,15 +723,19 @@ def _stream(url: str, headers: dict, partial: Path, have: int, p: PlannedFile, h
         if have and response.status_code == 200:  # the server ignored Range
             raise _RangeIgnored()
         with open(partial, "ab") as fh:
-            done = reported = have
+            done = have
             for chunk in response.iter_bytes():  # as delivered: an interruption loses nothing written
                 fh.write(chunk)
                 hasher.feed(chunk)
                 received += len(chunk)
                 done += len(chunk)
-                if done - reported >= _FEED_BLOCK or done == p.size:  # a few calls per MB, not per packet
-                    emit(Progress("advance", p.role, p.filename, done, p.size))
-                    reported = done
+                emit(Progress("advance", p.role, p.filename, done, p.size))
+    if have + received > p.size:
+        partial.unlink()
+        raise VerificationError(
+            f"{p.filename}: the hub sent {have + received} bytes, its listing says {p.size}; the download was "
+            "discarded — run the same command again"
+        )
     if have + received != p.size:
         raise _ShortBody(f"{have + received} of {p.size} bytes")
 
