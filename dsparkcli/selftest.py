@@ -16,12 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from dsparkcli import engine as eng_mod
 from dsparkcli import synth
 from dsparkcli.engine import Engine
-from dsparkcli.errors import ServerError
 from dsparkcli.server import LlamaServer, ServerClient, ServerConfig
 
 SEED = 1
@@ -90,16 +87,6 @@ def _completion(client: ServerClient, man: synth.Manifest, prompt: list[int], *,
     return check, pred
 
 
-def _apply_template(client: ServerClient, messages: list[dict]) -> str:
-    """The prompt text llama-server builds from chat messages (POST /apply-template)."""
-    try:
-        resp = httpx.post(client.base_url + "/apply-template", json={"messages": messages}, timeout=30.0)
-        resp.raise_for_status()
-        return str(resp.json()["prompt"])
-    except (httpx.HTTPError, KeyError, ValueError) as e:
-        raise ServerError(f"POST /apply-template failed: {e.__class__.__name__}: {e}", kind="http") from e
-
-
 def _chat_image(client: ServerClient, man: synth.Manifest, image: Path, *, n_max: int, p_min: float,
                 n_predict: int) -> tuple[SelftestCheck, synth.Prediction]:
     url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
@@ -108,7 +95,7 @@ def _chat_image(client: ServerClient, man: synth.Manifest, image: Path, *, n_max
     resp = client.chat({"messages": messages, "temperature": 0, "max_tokens": n_predict})
     # the answer depends on the prompt only through its last token: the text after the image marker
     marker = client.props().get("media_marker")
-    templated = _apply_template(client, messages)
+    templated = client.apply_template(messages)
     last = synth.last_prompt_token(man, templated, marker)
     pred = synth.predict_from_last(man, last, n_max=n_max, p_min=p_min, n_predict=n_predict)
     draft_n, accepted = _timings(resp)

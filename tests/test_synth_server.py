@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dsparkcli import synth
-from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.errors import UsageError
 from dsparkcli.server import LlamaServer, ServerClient, ServerConfig
 
 BLOCK = 8
@@ -165,11 +165,7 @@ def image_messages(image: Path, text: str) -> list[dict]:
 
 
 def templated(client: ServerClient, messages: list[dict]) -> str:
-    import httpx
-
-    resp = httpx.post(client.base_url + "/apply-template", json={"messages": messages}, timeout=30)
-    resp.raise_for_status()
-    return resp.json()["prompt"]
+    return client.apply_template(messages)
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
