@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Prepare `.gpu/` (git-ignored) for a device call: what the offline GPU machine lacks.
+
+The H200 machine has numpy, torch, CMake, Ninja, nvcc 13 and Python 3.12 but no network, and a call
+carries at most 64 MiB of ignored files. This writes:
+
+  .gpu/llama.cpp.tar.gz   the vendored llama.cpp tree (commit 0c1e570) without models/*.gguf*, docs,
+                          media, benches and .git (tools/ui stays: the server target needs it)
+  .gpu/wheels/*.whl       dspark's runtime dependency closure, as cp312 manylinux wheels
+                          (numpy and anything else already on the machine are left out)
+  .gpu/BUNDLE.json        what is in it, with sizes and sha256
+
+Run with the project venv (it reads installed versions from it):
+    .venv/bin/python scripts/pack_gpu_bundle.py            # then carry [".gpu"] in the device call
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tarfile
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TREE = Path("~/.cache/dspark/src/llama_cpp_python-0.3.36/vendor/llama.cpp").expanduser()
+ON_GPU_MACHINE = {"numpy", "torch", "pip", "setuptools", "wheel", "cmake", "ninja"}
+# optional heavy deps used lazily by commands the study does not run (report plots)
+SKIP_BY_DEFAULT = {"matplotlib", "contourpy", "cycler", "fonttools", "kiwisolver", "pyparsing", "python-dateutil", "six"}
+EXCLUDE_DIRS = {".git", "docs", "media", "benches", "__pycache__", ".github", ".devops"}
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dependency_closure(root: str = "dspark", skip: set[str] | None = None) -> dict[str, str]:
+    """{distribution: installed version} reachable from ``root`` (no extras; markers evaluated here)."""
+    from packaging.requirements import Requirement
+
+    skip = {_norm(s) for s in (skip or set())}
+    seen: dict[str, str] = {}
+    todo = [root]
+    env = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    while todo:
+        name = todo.pop()
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            print(f"warning: {name} is not installed here; skipped", file=sys.stderr)
+            continue
+        key = _norm(dist.metadata["Name"])
+        if key in seen:
+            continue
+        seen[key] = dist.version
+        for req_text in dist.requires or []:
+            req = Requirement(req_text)
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue  # extras and other platforms
+            if _norm(req.name) not in skip and _norm(req.name) not in seen:
+                todo.append(req.name)
+    seen.pop(_norm(root), None)
+    return seen
+
+
+def download_wheels(pins: dict[str, str], dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, version in sorted(pins.items()):
+        if any(_norm(p.name.split("-")[0]) == name and f"-{version}-" in p.name for p in dest.glob("*.whl")):
+            continue
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+               "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
+               "--abi", "none"]
+        for plat in PLATFORMS:
+            cmd += ["--platform", plat]
+        cmd += ["--platform", "any", "-d", str(dest), f"{name}=={version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"pip download {name}=={version} failed:\n{proc.stderr.strip()[-800:]}")
+
+
+def _keep(path: Path, tree: Path) -> bool:
+    rel = path.relative_to(tree)
+    if any(part in EXCLUDE_DIRS for part in rel.parts):
+        return False
+    if rel.parts[0] == "models" and ".gguf" in path.name:
+        return False
+    return True
+
+
+def pack_tree(tree: Path, out: Path) -> int:
+    if not (tree / "CMakeLists.txt").is_file():
+        raise SystemExit(f"{tree} is not a llama.cpp tree; build the CPU engine once (dspark engine build) or pass --tree")
+    if not (tree / "tools" / "ui").is_dir():
+        raise SystemExit(f"{tree}/tools/ui is missing: llama-server's build needs it")
+    files = sorted(p for p in tree.rglob("*") if (p.is_file() or p.is_symlink()) and _keep(p, tree))
+    tmp = out.with_suffix(".part")
+    with tarfile.open(tmp, "w:gz", compresslevel=6) as tf:
+        for p in files:
+            tf.add(p, arcname=str(Path("llama.cpp") / p.relative_to(tree)), recursive=False)
+    tmp.replace(out)
+    return len(files)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=REPO / ".gpu")
+    ap.add_argument("--tree", type=Path, default=DEFAULT_TREE, help="llama.cpp source tree to pack")
+    ap.add_argument("--with-plots", action="store_true", help="also ship matplotlib and its dependencies")
+    ap.add_argument("--max-mib", type=float, default=60.0)
+    args = ap.parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+
+    tar_path = out / "llama.cpp.tar.gz"
+    n_files = pack_tree(args.tree.expanduser(), tar_path)
+    skip = set(ON_GPU_MACHINE) | (set() if args.with_plots else SKIP_BY_DEFAULT)
+    pins = dependency_closure("dspark", skip)
+    wheels = out / "wheels"
+    for old in wheels.glob("*.whl"):  # a bundle matches the venv it was made from, nothing else
+        if not any(_norm(old.name.split("-")[0]) == n and f"-{v}-" in old.name for n, v in pins.items()):
+            old.unlink()
+    download_wheels(pins, wheels)
+
+    entries = [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": sha256(p)}
+               for p in [tar_path, *sorted(wheels.glob("*.whl"))]]
+    total = sum(e["bytes"] for e in entries)
+    bundle = {"llama_cpp_tree": str(args.tree), "tree_files": n_files, "pins": pins, "files": entries,
+              "total_bytes": total}
+    (out / "BUNDLE.json").write_text(json.dumps(bundle, indent=2) + "\n")
+    print(f"{tar_path.name}: {tar_path.stat().st_size / 2**20:.1f} MiB ({n_files} files)")
+    print(f"wheels: {len(entries) - 1} ({sum(e['bytes'] for e in entries[1:]) / 2**20:.1f} MiB): "
+          + ", ".join(f"{n}=={v}" for n, v in sorted(pins.items())))
+    print(f"total {total / 2**20:.1f} MiB in {out}")
+    if total > args.max_mib * 2**20:
+        print(f"error: bundle is over {args.max_mib} MiB", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
