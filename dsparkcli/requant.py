@@ -1,0 +1,450 @@
+"""`dspark requant`: change the type of a few tensors (the DSpark heads) and prove nothing else moved.
+
+The recipe is seed 001's, made safe (llama.cpp 0c1e570, tools/quantize/quantize.cpp + src/llama-quant.cpp):
+
+* A per-tensor type map pins every tensor to its current type and sends ``markov_w1``, ``markov_w2`` and
+  ``fc`` to the heads type. Each line is an anchored, escaped regex (``^fc\\.weight$=q8_0``) because
+  llama-quantize lowercases every pattern and ``std::regex_search``-es it, first match wins: a bare
+  ``fc.weight`` would also match ``xfc.weight`` or ``fc_weight``.
+* The positional type must be a *quantised* one (we pass the heads type, or Q8_0 for float heads): the
+  map is only consulted when the positional type's base type is quantised, so ``COPY`` (and ``F32``,
+  ``F16``, ``BF16``) silently ignore it. ``BF16`` is worse than ignoring: every 2-D weight becomes BF16.
+* No ``--allow-requantize``: a pinned tensor's type equals its target, so it is copied verbatim; the flag
+  is only needed to move an already-quantised tensor to another type, and we ask for it explicitly.
+* llama-quantize never converts 1-D tensors (``conf_proj.weight`` {E+R, 1} counts as 1-D), ``*_norm.weight``,
+  names not ending in ``weight`` and a list of special names; a row length that is not a multiple of the
+  target block silently falls back (Q6_K -> Q8_0 -> F16). Both are refused here before anything runs.
+* On failure llama-quantize leaves its partial output behind; we write to a temp file next to OUT and
+  rename only after the per-tensor sha256 verification passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsparkcli import gguf_census
+from dsparkcli.errors import DsparkError, UsageError, VerificationError
+from dsparkcli.gguf_census import GGML_TYPES, Census, FileHashes, GGUFHeader, TensorInfo
+
+HEAD_TENSORS = ("markov_w1.weight", "markov_w2.weight", "fc.weight")
+HEAD_TYPES = ("q8_0", "q6_K", "bf16")
+# Targets a user may ask for: the ones llama-quantize converts to without an importance matrix and that
+# every backend dspark cares about can run. Canonical spelling is gguf-py's (GGMLQuantizationType names).
+TARGET_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0")
+# Positional file types whose base type is quantised (llama_ftype_get_default_type): the map is honoured.
+QUANTISED_FTYPES = {"Q8_0": 7, "Q6_K": 18, "Q5_K": 17, "Q5_1": 9, "Q5_0": 8, "Q4_K": 15, "Q4_1": 3, "Q4_0": 2}
+IGNORING_FTYPES = ("COPY", "F32", "F16", "BF16")  # base type not quantised: --tensor-type-file is ignored
+DEFAULT_POSITIONAL = "Q8_0"
+# Keys llama-quantize sets on every output; any other metadata change is a verification failure.
+KV_SET_BY_QUANTIZE = ("general.file_type", "general.quantization_version")
+PARTIAL_SUFFIX = ".dspark-partial"
+MAP_SUFFIX = ".dspark-types.txt"
+
+# tensor_allows_quantization (llama-quant.cpp): name fragments llama-quantize never converts.
+_NEVER_QUANTISED = (
+    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
+    "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight",
+    "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
+    "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight",
+    "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight", "time_mix_decay_w1.weight",
+    "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight", "attn_rel_b.weight", ".position_embd", "sam.pos_embd",
+    "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
+)
+_NEVER_QUANTISED_EXACT = ("position_embd.weight", "token_types.weight")
+_REGEX_SPECIAL = set("\\^$.|?*+()[]{}")
+
+
+class QuantizeError(DsparkError):
+    """llama-quantize exited non-zero; ``log_tail`` holds the end of its output."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None, log_tail: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.log_tail = log_tail
+
+
+# ------------------------------------------------------------------ types
+
+
+_BY_LOWER = {entry[0].lower(): (tid, entry[0]) for tid, entry in GGML_TYPES.items()}
+
+
+def canonical_type(name: str) -> str:
+    """'q6_k' / 'Q6_K' / 'q6_K' -> 'Q6_K'; UsageError for anything not in TARGET_TYPES."""
+    found = _BY_LOWER.get(name.strip().lower())
+    if found is None or found[1] not in TARGET_TYPES:
+        raise UsageError(f"unsupported tensor type {name!r}; choose one of {', '.join(t.lower() for t in TARGET_TYPES)}")
+    return found[1]
+
+
+def _type_id(name: str) -> int:
+    return _BY_LOWER[name.lower()][0]
+
+
+def _block(name: str) -> tuple[int, int]:
+    _, block, size = GGML_TYPES[_type_id(name)]
+    return block, size
+
+
+def n_dims(shape: Sequence[int]) -> int:
+    """ggml_n_dims: trailing dimensions of 1 do not count ({2304, 1} is 1-D)."""
+    for i in range(len(shape) - 1, 0, -1):
+        if shape[i] > 1:
+            return i + 1
+    return 1
+
+
+def _squeeze(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(shape[:n_dims(shape)]) if shape else (1,)
+
+
+def never_quantised_reason(name: str, shape: Sequence[int]) -> str | None:
+    """Why llama-quantize keeps this tensor in its stored type whatever the map says (None: it converts it)."""
+    if n_dims(shape) < 2:
+        return "1-D tensors"
+    if not name.endswith("weight"):
+        return "tensors whose name does not end in 'weight'"
+    if "_norm.weight" in name:
+        return "norm weights (*_norm.weight)"
+    if name in _NEVER_QUANTISED_EXACT or any(frag in name for frag in _NEVER_QUANTISED):
+        return "this tensor (a name rule in llama-quant.cpp)"
+    return None
+
+
+def fallback_type(target: str, row: int) -> str | None:
+    """tensor_type_fallback: the type llama-quantize silently uses instead of ``target``, None if it fits."""
+    block, _ = _block(target)
+    if row % block == 0:
+        return None
+    if target == "Q6_K" and row % 32 == 0:
+        return "Q8_0"
+    if target in ("Q4_K", "Q5_K") and row % 32 == 0:
+        return {"Q4_K": "Q5_0", "Q5_K": "Q5_1"}[target]
+    return "F16"
+
+
+def map_pattern(name: str) -> str:
+    """An anchored regex matching exactly ``name`` (llama-quantize regex_search-es every pattern)."""
+    return "^" + "".join("\\" + c if c in _REGEX_SPECIAL else c for c in name) + "$"
+
+
+# ------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    shape: tuple[int, ...]  # ggml ne order
+    current: str
+    target: str
+    bytes_before: int
+    bytes_after: int
+    why: str  # "head" | "--tensor" | "pinned"
+
+    @property
+    def changes(self) -> bool:
+        return self.current != self.target
+
+
+@dataclass(frozen=True)
+class Plan:
+    src: Path
+    dst: Path
+    positional: str  # llama-quantize's positional file type
+    allow_requantize: bool
+    tensors: tuple[TensorPlan, ...]
+    census_before: Census
+    census_after: Census  # predicted; file_size is the input's
+    map_path: Path  # written next to OUT while llama-quantize runs, then removed
+    partial_path: Path  # llama-quantize's output, renamed to dst once verified
+    command: tuple[str, ...]
+
+    @property
+    def changes(self) -> tuple[TensorPlan, ...]:
+        return tuple(t for t in self.tensors if t.changes)
+
+    @property
+    def map_lines(self) -> tuple[str, ...]:
+        return type_map_lines(self.tensors)
+
+    @property
+    def predicted_tensor_bytes(self) -> int:
+        return sum(t.bytes_after for t in self.tensors)
+
+
+def type_map_lines(tensors: Sequence[TensorPlan]) -> tuple[str, ...]:
+    """The --tensor-type-file content: one ``^name$=type`` line per tensor, whitespace-separated."""
+    return tuple(f"{map_pattern(t.name)}={t.target.lower()}" for t in tensors)
+
+
+def parse_overrides(specs: Sequence[str]) -> dict[str, str]:
+    """``NAME=TYPE`` strings (``--tensor``) -> {name: canonical type}."""
+    found: dict[str, str] = {}
+    for spec in specs:
+        name, sep, qtype = spec.partition("=")
+        name = name.strip()
+        if not sep or not name or not qtype.strip():
+            raise UsageError(f"--tensor takes NAME=TYPE (e.g. markov_w1.weight=q8_0), got {spec!r}")
+        if name in found:
+            raise UsageError(f"--tensor names {name!r} twice")
+        found[name] = canonical_type(qtype)
+    return found
+
+
+def _pinnable(t: TensorInfo, src: str) -> None:
+    if t.n_bytes is None or t.type_name.lower() not in _BY_LOWER:
+        raise UsageError(f"{src}: tensor {t.name!r} has type {t.type_name}, unknown to dspark; cannot pin it")
+    if t.name != t.name.lower() or any(c.isspace() for c in t.name):
+        # llama-quantize lowercases patterns and splits the map file on whitespace
+        raise UsageError(f"{src}: tensor name {t.name!r} has upper-case letters or spaces; "
+                         "llama-quantize's --tensor-type-file cannot pin it")
+
+
+def _check_change(t: TensorInfo, target: str, allow_requantize: bool, src: str) -> None:
+    reason = never_quantised_reason(t.name, t.shape)
+    if reason is not None:
+        raise UsageError(f"{t.name} {list(t.shape)} stays {t.type_name}: llama-quantize keeps {reason} in their "
+                         f"stored type, so it cannot become {target}")
+    fallback = fallback_type(target, t.shape[0])
+    if fallback is not None:
+        raise UsageError(f"{t.name}: rows of {t.shape[0]} values are not a multiple of the {target} block "
+                         f"({_block(target)[0]}); llama-quantize would silently write {fallback} instead")
+    current_id = t.type_id
+    if current_id not in (0, 1, 30) and not allow_requantize:  # F32, F16, BF16 are not quantised
+        raise UsageError(f"{t.name} is already {t.type_name}: making it {target} requantises quantised data "
+                         "(pass --allow-requantize if that is what you want)")
+
+
+def _paths(dst: Path) -> tuple[Path, Path]:
+    return dst.with_name("." + dst.name + PARTIAL_SUFFIX), dst.with_name("." + dst.name + MAP_SUFFIX)
+
+
+def quantize_command(quantize: str | os.PathLike[str], src: Path, partial: Path, map_path: Path, positional: str,
+                     allow_requantize: bool) -> tuple[str, ...]:
+    flags = ("--allow-requantize",) if allow_requantize else ()
+    return (str(quantize), "--tensor-type-file", str(map_path), *flags, str(src), str(partial), positional)
+
+
+def build_plan(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, heads: str = "q8_0",
+               overrides: Sequence[str] | dict[str, str] = (), allow_requantize: bool = False,
+               positional: str | None = None, force: bool = False, quantize: str | os.PathLike[str] = "llama-quantize",
+               header: GGUFHeader | None = None) -> Plan:
+    """Check everything that can be checked before running llama-quantize, and say exactly what will happen."""
+    src_p, dst_p = Path(src), Path(dst)
+    if not src_p.is_file():
+        raise UsageError(f"input not found: {src_p}")
+    if dst_p.is_dir():
+        raise UsageError(f"output is a directory: {dst_p}")
+    if dst_p.resolve() == src_p.resolve() or (dst_p.exists() and os.path.samefile(src_p, dst_p)):
+        raise UsageError(f"refusing to overwrite the input {src_p}")
+    if dst_p.exists() and not force:
+        raise UsageError(f"output exists: {dst_p} (pass --force to replace it)")
+    if not dst_p.parent.is_dir():
+        raise UsageError(f"output folder does not exist: {dst_p.parent}")
+    if heads.lower() not in {h.lower() for h in HEAD_TYPES}:
+        raise UsageError(f"--heads must be one of {', '.join(HEAD_TYPES)}, got {heads!r}")
+    head_type = canonical_type(heads)
+    wanted = dict(overrides) if isinstance(overrides, dict) else parse_overrides(overrides)
+    wanted = {k: canonical_type(v) for k, v in wanted.items()}
+
+    positional = (positional or (head_type if head_type in QUANTISED_FTYPES else DEFAULT_POSITIONAL)).upper()
+    if positional in IGNORING_FTYPES:
+        raise UsageError(f"positional type {positional} makes llama-quantize ignore --tensor-type-file "
+                         f"(the map applies only on a quantised base type); use one of {', '.join(QUANTISED_FTYPES)}")
+    if positional not in QUANTISED_FTYPES:
+        raise UsageError(f"unsupported positional type {positional}; use one of {', '.join(QUANTISED_FTYPES)}")
+
+    h = header if header is not None else gguf_census.read_header(src_p)
+    by_name = h.tensor_map()
+    for name in HEAD_TENSORS:
+        if name not in by_name:
+            raise UsageError(f"{src_p.name} has no tensor {name}: not a DSpark draft")
+    for name in wanted:
+        if name not in by_name:
+            raise UsageError(f"--tensor {name}: no tensor of that name in {src_p.name}")
+
+    plans: list[TensorPlan] = []
+    for t in h.tensors:
+        _pinnable(t, src_p.name)
+        if t.name in wanted:
+            target, why = wanted[t.name], "--tensor"
+        elif t.name in HEAD_TENSORS:
+            target, why = head_type, "head"
+        else:
+            target, why = t.type_name, "pinned"
+        if target != t.type_name:
+            _check_change(t, target, allow_requantize, src_p.name)
+            block, size = _block(target)
+            after = t.n_elements // block * size
+        else:
+            after = t.n_bytes or 0
+        plans.append(TensorPlan(t.name, t.shape, t.type_name, target, t.n_bytes or 0, after, why))
+    if not any(p.changes for p in plans):
+        raise UsageError(f"nothing to change: every tensor of {src_p.name} already has its planned type")
+
+    predicted = dataclasses.replace(h, tensors=tuple(
+        dataclasses.replace(t, type_id=_type_id(p.target), type_name=p.target, n_bytes=p.bytes_after)
+        for t, p in zip(h.tensors, plans)))
+    partial, map_path = _paths(dst_p)
+    return Plan(
+        src=src_p, dst=dst_p, positional=positional, allow_requantize=allow_requantize, tensors=tuple(plans),
+        census_before=gguf_census.census(h), census_after=gguf_census.census(predicted),
+        map_path=map_path, partial_path=partial,
+        command=quantize_command(quantize, src_p, partial, map_path, positional, allow_requantize),
+    )
+
+
+# ------------------------------------------------------------------ verification
+
+
+@dataclass(frozen=True)
+class Verification:
+    changed: tuple[str, ...]  # as planned: new type, bytes as predicted
+    identical: tuple[str, ...]  # same type, same data sha256
+    respelled: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # identical, shape written differently
+    kv_set: dict[str, Any]  # the keys llama-quantize set (general.file_type, ...)
+    in_sha256: str
+    out_sha256: str
+    seconds: float
+
+
+def verify(plan: Plan, before: GGUFHeader, before_hashes: FileHashes, after: GGUFHeader,
+           after_hashes: FileHashes) -> Verification:
+    """Every planned tensor has its new type and size; every other data region is byte-identical."""
+    problems: list[str] = []
+    planned = {t.name: t for t in plan.tensors}
+    a, b = before.tensor_map(), after.tensor_map()
+    missing = [n for n in a if n not in b]
+    extra = [n for n in b if n not in a]
+    if missing:
+        problems.append(f"missing in output: {', '.join(missing)}")
+    if extra:
+        problems.append(f"not in input: {', '.join(extra)}")
+    changed, identical, respelled = [], [], []
+    for name, x in a.items():
+        y = b.get(name)
+        if y is None:
+            continue
+        p = planned[name]
+        if _squeeze(x.shape) != _squeeze(y.shape):
+            problems.append(f"{name} shape {list(x.shape)} became {list(y.shape)}")
+            continue
+        if p.changes:
+            if y.type_name != p.target:
+                problems.append(f"{name} is {y.type_name}, planned {p.target}")
+            elif y.n_bytes != p.bytes_after:
+                problems.append(f"{name} has {y.n_bytes} bytes, planned {p.bytes_after}")
+            else:
+                changed.append(name)
+        elif y.type_id != x.type_id:
+            problems.append(f"{name} changed type {x.type_name} -> {y.type_name}, planned to stay")
+        elif before_hashes.tensors.get(name) != after_hashes.tensors.get(name):
+            problems.append(f"{name} data changed, planned to be copied verbatim")
+        else:
+            identical.append(name)
+            if tuple(x.shape) != tuple(y.shape):
+                respelled.append((name, tuple(x.shape), tuple(y.shape)))
+    kv_changed = sorted(k for k in set(before.kv) | set(after.kv)
+                        if k not in KV_SET_BY_QUANTIZE and before.kv.get(k) != after.kv.get(k))
+    if kv_changed:
+        problems.append(f"metadata changed: {', '.join(kv_changed[:5])}")
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise VerificationError(f"{after.name}: {'; '.join(problems[:3])}{more}")
+    return Verification(
+        changed=tuple(changed), identical=tuple(identical), respelled=tuple(respelled),
+        kv_set={k: after.kv.get(k) for k in KV_SET_BY_QUANTIZE if k in after.kv},
+        in_sha256=before_hashes.file_sha256, out_sha256=after_hashes.file_sha256,
+        seconds=before_hashes.seconds + after_hashes.seconds,
+    )
+
+
+# ------------------------------------------------------------------ running
+
+
+@dataclass(frozen=True)
+class RequantResult:
+    plan: Plan
+    census_before: Census
+    census_after: Census  # read from the written file
+    verification: Verification
+    size_before: int
+    size_after: int
+    ratio: float  # size_after / size_before
+    quantize_seconds: float
+    log_tail: str
+
+
+def _remove(*paths: Path) -> None:
+    for p in paths:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _error_line(log: str) -> str:
+    m = re.search(r"failed to quantize: (.+)", log)
+    if m:
+        return m.group(1).strip()
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def execute(plan: Plan, *, on_step: Callable[[str], None] | None = None) -> RequantResult:
+    """Run llama-quantize as planned into a temp file, verify it, rename it to OUT. Nothing is left on failure."""
+    step = on_step or (lambda _msg: None)
+    done = False
+    try:
+        plan.map_path.write_text("\n".join(plan.map_lines) + "\n")
+        step(f"llama-quantize: {len(plan.changes)} tensor(s) to change, {len(plan.tensors) - len(plan.changes)} pinned")
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(list(plan.command), capture_output=True, text=True, errors="replace",
+                                  stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise QuantizeError(f"cannot run {plan.command[0]}: {e.strerror or e}") from None
+        seconds = time.perf_counter() - started
+        log = proc.stdout + proc.stderr
+        tail = "\n".join(log.splitlines()[-30:])
+        if proc.returncode != 0:
+            raise QuantizeError(f"llama-quantize failed (exit {proc.returncode}): {_error_line(log)}", log_tail=tail)
+        step("hashing every tensor data region of input and output")
+        before = gguf_census.read_header(plan.src)
+        after = gguf_census.read_header(plan.partial_path)
+        before_h = gguf_census.hash_file(plan.src, before)
+        after_h = gguf_census.hash_file(plan.partial_path, after)
+        verification = verify(plan, before, before_h, after, after_h)
+        with open(plan.partial_path, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(plan.partial_path, plan.dst)
+        done = True
+    finally:
+        _remove(plan.map_path)
+        if not done:
+            _remove(plan.partial_path)
+    size_before, size_after = before.file_size, after.file_size
+    return RequantResult(
+        plan=plan, census_before=gguf_census.census(before),
+        census_after=gguf_census.census(after),
+        verification=verification, size_before=size_before, size_after=size_after,
+        ratio=size_after / size_before if size_before else 0.0, quantize_seconds=seconds, log_tail=tail,
+    )
+
+
+def requant(src: str | os.PathLike[str], dst: str | os.PathLike[str], quantize: str | os.PathLike[str], *,
+            heads: str = "q8_0", overrides: Sequence[str] = (), allow_requantize: bool = False, force: bool = False,
+            on_step: Callable[[str], None] | None = None) -> RequantResult:
+    """Plan, run and verify in one call (the library form of `dspark requant`)."""
+    plan = build_plan(src, dst, heads=heads, overrides=overrides, allow_requantize=allow_requantize, force=force,
+                      quantize=quantize)
+    return execute(plan, on_step=on_step)
