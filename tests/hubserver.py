@@ -21,6 +21,7 @@ Fault knobs (all take effect on the next request):
     hub.cut_next(repo_id, path, offset)      the next GET of that file drops the connection after
                                              the byte at absolute ``offset`` (queue: one per call)
     hub.advertise_size(repo_id, path, n)     claim ``n`` bytes in metadata (X-Linked-Size, listings)
+    hub.throttle_bytes_per_s = n             pace file bodies like a link of that speed (None: full speed)
 Only 127.0.0.1, port 0. Tokens are never recorded: ``requests`` keeps only whether one was sent.
 """
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,6 +79,7 @@ class FakeHub:
         self._sizes: dict[tuple[str, str], int] = {}
         self.requests: list[Request] = []
         self.bytes_served = 0  # body bytes sent for resolve GETs (file content)
+        self.throttle_bytes_per_s: float | None = None
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -397,7 +400,16 @@ class _Handler(BaseHTTPRequestHandler):
         if cut is not None and start <= cut < end:
             body = body[: cut - start + 1]
             self.close_connection = True  # the client sees a short body: a dropped connection
-        self.wfile.write(body)
+        rate = self.fake.throttle_bytes_per_s
+        if rate:
+            started, step = time.monotonic(), 256 * 1024
+            for sent in range(0, len(body), step):
+                self.wfile.write(body[sent : sent + step])
+                ahead = started + (sent + step) / rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+        else:
+            self.wfile.write(body)
         self.wfile.flush()
         with self.fake._lock:
             self.fake.bytes_served += len(body)
