@@ -203,8 +203,15 @@ def plan(
     listings: dict[tuple[str, str], tuple[str, dict[str, _Remote]]] = {}
     planned = []
     for f in files.values():
-        if (f.repo, f.revision) not in listings:
-            listings[(f.repo, f.revision)] = _listing(f.repo, f.revision, f.filename or f.glob or "")
+        try:
+            if (f.repo, f.revision) not in listings:
+                listings[(f.repo, f.revision)] = _listing(f.repo, f.revision, f.filename or f.glob or "")
+        except _Unreachable:
+            # No network (but not declared offline): a cached copy still serves, as in huggingface_hub.
+            if _find_local(f, local) is None:
+                raise
+            planned.append(_plan_offline(f, pair.name, local))
+            continue
         commit, remote_files = listings[(f.repo, f.revision)]
         planned.append(_plan_online(f, commit, remote_files, local))
     return planned
@@ -287,6 +294,8 @@ def _plan_online(f: ModelFile, commit: str, remote: dict[str, _Remote], local: P
         )
     r = remote[matches[0]]
     what = f"{r.path} ({f.repo})"
+    if r.size is None:
+        raise HubError(f"{what}: the hub listing gives no size, so the download cannot be checked")
     if f.size is not None and r.size is not None and f.size != r.size:
         raise VerificationError(
             f"{what}: the registry pins {f.size} bytes but the hub has {r.size}; the repo changed — "
@@ -527,6 +536,10 @@ def hash_file(path: Path, *, git_size: int | None = None, on_block: Callable[[in
 # -- downloading ------------------------------------------------------------------------------------
 
 
+class _Unreachable(HubError):
+    """The hub could not be reached at all (DNS, refused, timeout), as opposed to an HTTP error."""
+
+
 @contextmanager
 def _hub_errors(repo: str, revision: str, what: str, pair_name: str | None = None) -> Iterator[None]:
     """huggingface_hub / network exceptions -> one-line HubError."""
@@ -555,7 +568,7 @@ def _hub_errors(repo: str, revision: str, what: str, pair_name: str | None = Non
         status = e.response.status_code if e.response is not None else "?"
         raise HubError(f"the hub answered HTTP {status} for {what} in {repo}") from None
     except httpx2.HTTPError as e:
-        raise HubError(
+        raise _Unreachable(
             f"cannot reach {endpoint} for {repo} ({type(e).__name__}); check the network, "
             "or set HF_HUB_OFFLINE=1 to use cached files"
         ) from None

@@ -384,3 +384,13 @@ def test_help_has_examples():
     for command in ("fetch", "models"):
         result = run_cli(command, "--help")
         assert result.returncode == 0 and f"  Examples:\n    dspark {command}" in result.stdout
+
+
+def test_unreachable_hub_falls_back_to_the_cache(hub, files, env, monkeypatch):
+    online = core.ensure_files(tiny())
+    with FakeHub() as gone:
+        dead_endpoint = gone.endpoint  # a port that nobody listens on once this block ends
+    monkeypatch.setenv("HF_ENDPOINT", dead_endpoint)
+    assert core.ensure_files(tiny()) == online
+    with pytest.raises(HubError, match=rf"^cannot reach {dead_endpoint} for o/d \(ConnectError\).*HF_HUB_OFFLINE=1"):
+        core.ensure_files(tiny(), "q6")  # not cached: the error says why
