@@ -1,0 +1,285 @@
+"""`dspark bench` with the real llama-server on synthetic pairs whose answers are known exactly.
+
+The expected figures are computed independently of the bench: a separate plain server renders each
+prompt through its chat template, synth.predict_from_last predicts output and counters from the last
+prompt token, and every drafted / accepted / steps / mean-length figure in the JSON must equal the
+sum of those predictions over prompts × reps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dsparkcli import bench, prompts, synth
+from dsparkcli.errors import BenchError
+from dsparkcli.server import LlamaServer, ServerConfig
+from tests.chat_oracle import expected_chat
+
+N = 32
+REPS = 2
+BUDGETS = (3, 7)
+
+
+def _env(engine) -> dict[str, str]:
+    return {"DSPARK_LLAMA_BIN": str(engine.bin_dir)}
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def vpair(tmp_path_factory):
+    return synth.write_pair(tmp_path_factory.mktemp("bench-vpair"), vocab=128, accept_rate=0.7, vision=True, seed=5)
+
+
+@pytest.fixture(scope="module")
+def kit_subset():
+    """One prompt per upstream category: four with images, three text-only."""
+    chosen = prompts.select(prompts.load_prompts(), None, limit=1)
+    assert sorted(p.category for p in chosen) == sorted(prompts.CATEGORIES)
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def predictions(engine, vpair, kit_subset):
+    """(budget, prompt id) -> synth.Prediction, from a plain server's own chat template."""
+    man = synth.load_manifest(vpair.manifest)
+    cfg = ServerConfig(model=vpair.target, mmproj=vpair.mmproj, threads=1, ctx=1024)
+    out = {}
+    with LlamaServer(engine, cfg) as srv:
+        for p in kit_subset:
+            for b in BUDGETS:
+                out[(b, p.id)] = expected_chat(srv.client, man, p.messages(), n_max=b, n_predict=N)
+    # accept rate 0.7: some drafts are partly rejected, so the counts are not trivially n_max per step
+    assert any(pr.draft_n > pr.draft_n_accepted > 0 for pr in out.values())
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench_run(engine, vpair, tmp_path_factory):
+    from tests.conftest import run_cli
+
+    tmp = tmp_path_factory.mktemp("bench-out")
+    out, plot = tmp / "results.jsonl", tmp / "plot.png"
+    proc = run_cli("bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--mmproj", str(vpair.mmproj),
+                   "--budget", *map(str, BUDGETS), "--limit", "1", "--reps", str(REPS), "--warmup", "1",
+                   "-n", str(N), "-t", "1", "--ctx", "1024", "--json", "--out", str(out), "--plot", str(plot),
+                   env=_env(engine), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), _records(out), out, plot
+
+
+def test_every_figure_equals_the_prediction(bench_run, kit_subset, predictions):
+    doc, _, _, _ = bench_run
+    rows = {(s["config"], s["category"]): s for s in doc["summaries"]}
+    assert {c for c, _ in rows} == {"plain", "draft-dspark@3", "draft-dspark@7"}
+    for b in BUDGETS:
+        for category in [p.category for p in kit_subset] + ["all"]:
+            chosen = [p for p in kit_subset if category in ("all", p.category)]
+            preds = [predictions[(b, p.id)] for p in chosen]
+            drafted = REPS * sum(pr.draft_n for pr in preds)
+            accepted = REPS * sum(pr.draft_n_accepted for pr in preds)
+            steps = REPS * sum(pr.steps for pr in preds)
+            width = max(len(pr.accepted_per_pos) for pr in preds)
+            per_pos = [REPS * sum(pr.accepted_per_pos[i] if i < len(pr.accepted_per_pos) else 0 for pr in preds)
+                       for i in range(width)]
+            while per_pos and per_pos[-1] == 0:  # the server lists positions only up to the last one used
+                per_pos.pop()
+            row = rows[(f"draft-dspark@{b}", category)]
+            assert (row["drafted"], row["accepted"], row["steps"]) == (drafted, accepted, steps), (b, category)
+            assert row["timings_drafted"] == drafted and row["timings_accepted"] == accepted
+            assert row["mean_length"] == 1 + accepted / steps
+            assert row["acceptance_rate"] == accepted / drafted
+            assert row["accepted_per_pos"][: len(per_pos)] == per_pos
+            assert all(v == 0 for v in row["accepted_per_pos"][len(per_pos):])
+            assert row["acceptance_per_pos"][: len(per_pos)] == [v / steps for v in per_pos]
+            assert row["identical"] == row["prompts"] == len(chosen) and row["identical_pct"] == 100.0
+            assert row["divergent"] == []
+            assert row["tokens"] == REPS * N * len(chosen)
+            assert row["speedup"] == row["tok_s"]["median"] / rows[("plain", category)]["tok_s"]["median"]
+            assert row["tok_s"]["min"] <= row["tok_s"]["median"] <= row["tok_s"]["max"]
+
+
+def test_every_request_matches_prediction_and_plain(bench_run, kit_subset, predictions):
+    _, records, _, _ = bench_run
+    requests = [r for r in records if r["record"] == "request"]
+    assert len(requests) == 3 * len(kit_subset) * REPS  # warm-up requests are not recorded
+    for r in requests:
+        pred = predictions[(r["budget"] or BUDGETS[0], r["prompt_id"])]
+        assert r["tokens"] == list(pred.tokens), (r["config"], r["prompt_id"])
+        assert r["n_predicted"] == N
+        assert r["output_sha256"] == hashlib.sha256(pred.text.encode()).hexdigest()
+        if r["config"] == "plain":
+            assert r["draft_n"] == 0
+            continue
+        pred = predictions[(r["budget"], r["prompt_id"])]
+        assert (r["draft_n"], r["draft_n_accepted"]) == (pred.draft_n, pred.draft_n_accepted)
+        assert r["identical_to_plain"] is True and r["first_divergence"] is None
+        assert r["plain_sha256"] == r["output_sha256"]
+        assert r["server_argv"][r["server_argv"].index("--spec-draft-n-max") + 1] == str(r["budget"])
+
+
+def test_records_carry_provenance(bench_run, engine, vpair):
+    doc, records, out, _ = bench_run
+    kinds = {r["record"] for r in records}
+    assert kinds == {"prompt", "request", "counters", "summary", "overhead"}
+    sha = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (vpair.target, vpair.draft, vpair.mmproj)}
+    for r in records:
+        prov = r["provenance"]
+        assert r["run_id"] == doc["run_id"] == prov["run_id"]
+        assert prov["engine"]["commit"] == engine.commit and prov["engine"]["backend"] == engine.backend
+        assert prov["engine"]["version"] == engine.version
+        assert prov["reps"] == REPS and prov["n_predict"] == N and prov["synthetic"] is False
+        assert "bench" in prov["argv"] and "--budget" in prov["argv"]
+        assert isinstance(prov["gpu"], str) and prov["gpu"]
+        datetime.fromisoformat(prov["timestamp"])
+        files = prov["files"]
+        assert files["target"]["sha256"] == sha[vpair.target] and files["target"]["size"] == vpair.target.stat().st_size
+        assert files["draft:draft-dspark"]["sha256"] == sha[vpair.draft]
+        assert files["mmproj"]["sha256"] == sha[vpair.mmproj]
+    # the summaries in the JSONL are the ones printed, and summarize() rebuilds them from the raw records
+    printed = [{k: v for k, v in s.items() if k != "load_s"} for s in doc["summaries"]]
+    rebuilt = bench.summarize(bench.read_jsonl(out))
+    assert [{k: v for k, v in s.items()} for s in rebuilt] == printed
+
+
+def test_plot_is_a_png(bench_run):
+    _, _, _, plot = bench_run
+    with Image.open(plot) as im:
+        assert im.format == "PNG" and im.width >= 600 and im.height >= 600
+
+
+def test_a_draft_that_drafts_nothing_is_an_error(cli, engine, tmp_path):
+    """Confidence head + --p-min 1.0: every block is cut before its first slot, so nothing is drafted."""
+    pair = synth.write_pair(tmp_path / "conf", vocab=128, confidence=True, seed=2)
+    out = tmp_path / "r.jsonl"
+    proc = cli("bench", "--target", str(pair.target), "--draft", str(pair.draft), "--budget", "4",
+               "--category", "math", "--limit", "2", "--reps", "2", "-n", "16", "-t", "1", "--ctx", "512",
+               "--p-min", "1.0", "--out", str(out), env=_env(engine), timeout=120)
+    assert proc.returncode == BenchError.exit_code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("dspark: error: configuration draft-dspark@4 drafted nothing in 2 requests")
+    assert "Traceback" not in proc.stderr
+    records = _records(out)
+    # nothing measured is lost, and the failed configuration has no summary row
+    assert [r["config"] for r in records if r["record"] == "request"] == ["plain"] * 4 + ["draft-dspark@4"] * 2
+    assert {r["config"] for r in records if r["record"] == "summary"} == {"plain"}
+
+
+def test_n_min_above_budget_drafts_nothing(engine, tmp_path):
+    """--spec-draft-n-min 8 with budget 3: every 3-token draft is discarded (core API, extra server args)."""
+    pair = synth.write_pair(tmp_path / "p", vocab=128, seed=3)
+    kit = prompts.select(prompts.load_prompts(), ["code"], limit=1)
+    plan = bench.BenchPlan(target=pair.target, drafts=(bench.Draft("d", pair.draft),), budgets=(3,), prompts=kit,
+                           reps=1, warmup=0, n_predict=16, ctx=512, threads=1,
+                           extra_args=("--spec-draft-n-min", "8"))
+    with pytest.raises(BenchError, match=r"^configuration d@3 drafted nothing in 1 requests"):
+        bench.run_bench(engine, plan, out=tmp_path / "r.jsonl")
+
+
+def test_whole_bench_overhead_is_within_15_percent(engine, tmp_path):
+    """wall time <= 1.15 x (Σ server generation time + one load per configuration).
+
+    A 512-token-vocab synthetic pair (about 900 tok/s plain on one CPU thread) over all seven
+    categories, images included: per-request costs are measured against a non-trivial generation.
+    """
+    pair = synth.write_pair(tmp_path / "p512", vocab=512, vision=True, seed=1)
+    kit = prompts.select(prompts.load_prompts(), None, limit=1)
+    plan = bench.BenchPlan(target=pair.target, mmproj=pair.mmproj, drafts=(bench.Draft("d", pair.draft),),
+                           budgets=(3, 7), prompts=kit, reps=2, warmup=1, n_predict=128, ctx=1024, threads=1,
+                           ignore_eos=True)
+    result = bench.run_bench(engine, plan, out=tmp_path / "r.jsonl")
+    ov = result.overhead
+    print(f"overhead: wall {ov.wall_s:.3f} s, generation {ov.generation_s:.3f} s, load {ov.load_s:.3f} s, "
+          f"round trips {ov.request_s:.3f} s, ratio {ov.ratio:.3f}")
+    assert ov.generation_s > 0 and ov.load_s > 0
+    assert ov.request_s >= ov.generation_s  # the server's timings are inside the client's round trips
+    assert ov.ratio == ov.wall_s / (ov.generation_s + ov.load_s)
+    assert ov.ratio <= 1.15
+    record = [r for r in _records(tmp_path / "r.jsonl") if r["record"] == "overhead"]
+    assert len(record) == 1 and record[0]["ratio"] == ov.ratio and record[0]["requests"] == 3 * (1 + 7 * 2)
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv", "md", "table"])
+def test_synth_len_is_labelled_synthetic_in_every_format(cli, engine, vpair, tmp_path, fmt):
+    plot = tmp_path / "p.png"
+    proc = cli("bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3",
+               "--synth-len", "2", "--category", "math", "--limit", "1", "--reps", "1", "-n", "24", "-t", "1",
+               "--ctx", "512", "--format", fmt, "--out", str(tmp_path / "r.jsonl"), "--plot", str(plot),
+               env={**_env(engine), "COLUMNS": "250"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "SYNTHETIC acceptance (--spec-synth-len 2)" in proc.stderr
+    if fmt == "json":
+        doc = json.loads(proc.stdout)
+        assert doc["synthetic"] is True and "SYNTHETIC" in doc["synthetic_note"]
+        assert all(s["synthetic"] is True for s in doc["summaries"])
+    elif fmt == "csv":
+        head, *rows = proc.stdout.strip().splitlines()
+        assert head.split(",")[:2] == ["synthetic", "synth_len"]
+        assert rows and all(r.startswith("True,") for r in rows)
+    else:
+        assert "SYNTHETIC acceptance (--spec-synth-len 2)" in proc.stdout.splitlines()[0]
+    records = _records(tmp_path / "r.jsonl")
+    assert all(r["provenance"]["synthetic"] is True for r in records)
+    assert all(r["synthetic"] is True for r in records if r["record"] in ("request", "counters", "summary"))
+
+
+def test_ctrl_c_stops_servers_and_keeps_the_records(engine, vpair, tmp_path):
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsparkcli.cli.app", "bench", "--target", str(vpair.target), "--draft", str(vpair.draft),
+         "--budget", "3", "5", "7", "--category", "text", "--reps", "50", "-n", "64", "-t", "1", "--ctx", "512",
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **_env(engine)})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if out.is_file() and sum(1 for ln in out.read_text().splitlines() if '"record":"request"' in ln) >= 5:
+                break
+            time.sleep(0.1)
+        servers = _servers_of(vpair.target)
+        assert servers, "no llama-server running for the bench"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted: the records measured so far are in" in stderr and str(out) in stderr
+    assert "Traceback" not in stderr
+    records = _records(out)  # every line is complete JSON
+    assert sum(r["record"] == "request" for r in records) >= 5
+    for pid in servers:
+        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), f"llama-server {pid} still running"
+
+
+def _servers_of(model: Path) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"llama-server") and str(model).encode() in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]) == "Z"
+    except OSError:
+        return True
