@@ -234,6 +234,47 @@ def quantize_command(quantize: str | os.PathLike[str], src: Path, partial: Path,
     return (str(quantize), "--tensor-type-file", str(map_path), *flags, str(src), str(partial), positional)
 
 
+def _head_type(heads: str) -> str:
+    if heads.lower() not in {h.lower() for h in HEAD_TYPES}:
+        raise UsageError(f"--heads must be one of {', '.join(HEAD_TYPES)}, got {heads!r}")
+    return canonical_type(heads)
+
+
+def plan_tensors(h: GGUFHeader, *, heads: str = "q8_0", overrides: Sequence[str] | dict[str, str] = (),
+                 allow_requantize: bool = False) -> tuple[TensorPlan, ...]:
+    """Every tensor with its target type: pinned, head, or --tensor; refuses what llama-quantize would not do."""
+    src = Path(h.name).name
+    head_type = _head_type(heads)
+    wanted = dict(overrides) if isinstance(overrides, dict) else parse_overrides(overrides)
+    wanted = {k: canonical_type(v) for k, v in wanted.items()}
+    by_name = h.tensor_map()
+    for name in HEAD_TENSORS:
+        if name not in by_name:
+            raise UsageError(f"{src} has no tensor {name}: not a DSpark draft")
+    for name in wanted:
+        if name not in by_name:
+            raise UsageError(f"--tensor {name}: no tensor of that name in {src}")
+    plans: list[TensorPlan] = []
+    for t in h.tensors:
+        _pinnable(t, src)
+        if t.name in wanted:
+            target, why = wanted[t.name], "--tensor"
+        elif t.name in HEAD_TENSORS:
+            target, why = head_type, "head"
+        else:
+            target, why = t.type_name, "pinned"
+        if target != t.type_name:
+            _check_change(t, target, allow_requantize, src)
+            block, size = _block(target)
+            after = t.n_elements // block * size
+        else:
+            after = t.n_bytes or 0
+        plans.append(TensorPlan(t.name, t.shape, t.type_name, target, t.n_bytes or 0, after, why))
+    if not any(p.changes for p in plans):
+        raise UsageError(f"nothing to change: every tensor of {src} already has its planned type")
+    return tuple(plans)
+
+
 def build_plan(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, heads: str = "q8_0",
                overrides: Sequence[str] | dict[str, str] = (), allow_requantize: bool = False,
                positional: str | None = None, force: bool = False, quantize: str | os.PathLike[str] = "llama-quantize",
@@ -250,53 +291,22 @@ def build_plan(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, head
         raise UsageError(f"output exists: {dst_p} (pass --force to replace it)")
     if not dst_p.parent.is_dir():
         raise UsageError(f"output folder does not exist: {dst_p.parent}")
-    if heads.lower() not in {h.lower() for h in HEAD_TYPES}:
-        raise UsageError(f"--heads must be one of {', '.join(HEAD_TYPES)}, got {heads!r}")
-    head_type = canonical_type(heads)
-    wanted = dict(overrides) if isinstance(overrides, dict) else parse_overrides(overrides)
-    wanted = {k: canonical_type(v) for k, v in wanted.items()}
-
+    head_type = _head_type(heads)
+    # the heads type names the file type when it can (general.file_type follows it); float heads need Q8_0
     positional = (positional or (head_type if head_type in QUANTISED_FTYPES else DEFAULT_POSITIONAL)).upper()
     if positional in IGNORING_FTYPES:
         raise UsageError(f"positional type {positional} makes llama-quantize ignore --tensor-type-file "
                          f"(the map applies only on a quantised base type); use one of {', '.join(QUANTISED_FTYPES)}")
     if positional not in QUANTISED_FTYPES:
         raise UsageError(f"unsupported positional type {positional}; use one of {', '.join(QUANTISED_FTYPES)}")
-
     h = header if header is not None else gguf_census.read_header(src_p)
-    by_name = h.tensor_map()
-    for name in HEAD_TENSORS:
-        if name not in by_name:
-            raise UsageError(f"{src_p.name} has no tensor {name}: not a DSpark draft")
-    for name in wanted:
-        if name not in by_name:
-            raise UsageError(f"--tensor {name}: no tensor of that name in {src_p.name}")
-
-    plans: list[TensorPlan] = []
-    for t in h.tensors:
-        _pinnable(t, src_p.name)
-        if t.name in wanted:
-            target, why = wanted[t.name], "--tensor"
-        elif t.name in HEAD_TENSORS:
-            target, why = head_type, "head"
-        else:
-            target, why = t.type_name, "pinned"
-        if target != t.type_name:
-            _check_change(t, target, allow_requantize, src_p.name)
-            block, size = _block(target)
-            after = t.n_elements // block * size
-        else:
-            after = t.n_bytes or 0
-        plans.append(TensorPlan(t.name, t.shape, t.type_name, target, t.n_bytes or 0, after, why))
-    if not any(p.changes for p in plans):
-        raise UsageError(f"nothing to change: every tensor of {src_p.name} already has its planned type")
-
+    plans = plan_tensors(h, heads=heads, overrides=overrides, allow_requantize=allow_requantize)
     predicted = dataclasses.replace(h, tensors=tuple(
         dataclasses.replace(t, type_id=_type_id(p.target), type_name=p.target, n_bytes=p.bytes_after)
         for t, p in zip(h.tensors, plans)))
     partial, map_path = _paths(dst_p)
     return Plan(
-        src=src_p, dst=dst_p, positional=positional, allow_requantize=allow_requantize, tensors=tuple(plans),
+        src=src_p, dst=dst_p, positional=positional, allow_requantize=allow_requantize, tensors=plans,
         census_before=gguf_census.census(h), census_after=gguf_census.census(predicted),
         map_path=map_path, partial_path=partial,
         command=quantize_command(quantize, src_p, partial, map_path, positional, allow_requantize),
