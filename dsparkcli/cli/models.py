@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +11,7 @@ import typer
 from dsparkcli import hub
 from dsparkcli.cli._common import JsonOpt
 from dsparkcli.cli._output import out, print_json
-from dsparkcli.registry import load_registry
+from dsparkcli.registry import ModelFile, ModelPair, load_registry
 
 HELP = """List the model pairs dspark knows and what is already downloaded.
 
@@ -61,7 +62,7 @@ def models(local_dir: DirOpt = None, json_out: JsonOpt = False) -> None:
     out.print("* default draft. Fetch with `dspark fetch NAME [--draft KEY]`.")
 
 
-def _files(pair):  # type: ignore[no-untyped-def]
+def _files(pair: ModelPair) -> Iterator[tuple[str, str | None, ModelFile]]:
     yield "target", None, pair.target
     if pair.mmproj is not None:
         yield "mmproj", None, pair.mmproj
