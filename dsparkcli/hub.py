@@ -137,6 +137,52 @@ OnProgress = Callable[[Progress], None]
 # -- public API -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HubLocation:
+    """One file on the hub, as written ``hf://owner/repo[@revision]/path/in/repo.gguf``."""
+
+    repo: str
+    filename: str
+    revision: str
+
+
+def parse_hf_uri(spec: str) -> HubLocation:
+    rest = spec[len("hf://") :] if spec.startswith("hf://") else spec
+    parts = rest.split("/")
+    if len(parts) < 3 or not all(parts):
+        shown = "".join(c if c.isprintable() else "?" for c in spec)[:200]
+        raise UsageError(f"bad hub address '{shown}': expected hf://owner/repo[@revision]/path.gguf")
+    owner, repo_rev, path = parts[0], parts[1], "/".join(parts[2:])
+    repo, _, revision = repo_rev.partition("@")
+    return HubLocation(f"{owner}/{repo}", path, revision or "main")
+
+
+def fetch_ref(
+    spec: str,
+    *,
+    role: str = "file",
+    local_dir: Path | str | None = None,
+    yes: bool = False,
+    confirm: Confirm | None = None,
+    on_progress: OnProgress | None = None,
+) -> Path:
+    """Download (or find cached) one ``hf://`` file, verified against the hub's LFS sha256."""
+    loc = parse_hf_uri(spec)
+    f = ModelFile(role=role, key=role, repo=loc.repo, revision=loc.revision, filename=loc.filename)
+    local = Path(local_dir).expanduser() if local_dir is not None else None
+    if is_offline():
+        planned = [_plan_offline(f, spec, local)]
+    else:
+        commit, remote = _listing(f.repo, f.revision, f.filename or "")
+        planned = [_plan_online(f, commit, remote, local)]
+    if planned[0].to_download > CONFIRM_ABOVE_BYTES and not yes:
+        if confirm is None:
+            raise UsageError(f"{spec} needs {format_size(planned[0].to_download)} of downloads; pass --yes to go ahead")
+        if not confirm(planned):
+            raise DsparkError(f"fetch of {spec} cancelled; nothing was downloaded")
+    return fetch_planned(planned, spec, on_progress=on_progress)[0].path
+
+
 def ensure_files(
     pair: ModelPair,
     draft_key: str | None = None,

@@ -19,6 +19,8 @@ from dsparkcli.engine import Engine
 from dsparkcli.errors import PairingError, ServerError, UsageError
 from dsparkcli.server import LlamaServer, ServerClient, ServerConfig
 
+Confirm = Callable[[list[Any]], bool]  # shown the planned downloads (hub.PlannedFile), answers go/no-go
+
 IMAGE_FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "BMP": "image/bmp", "GIF": "image/gif"}
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 MAX_IMAGE_PIXELS = 8192 * 8192
@@ -146,14 +148,15 @@ class ResolvedFiles:
     budget: int | None  # the registry's default budget, when the files came from the registry
 
 
-def _local_or_ref(value: str | Path | None, role: str, *, yes: bool, confirm: Callable[[str], bool] | None) -> Path | None:
+def _local_or_ref(value: str | Path | None, role: str, *, yes: bool, confirm: Confirm | None,
+                  on_progress: Callable[..., None] | None = None) -> Path | None:
     if value is None:
         return None
     text = str(value)
     if text.startswith("hf://"):
         from dsparkcli import hub
 
-        return hub.fetch_ref(text, yes=yes, confirm=confirm)
+        return hub.fetch_ref(text, role=role, yes=yes, confirm=confirm, on_progress=on_progress)
     path = Path(text).expanduser()
     if not path.is_file():
         raise UsageError(f"{role} model not found: {path}")
@@ -169,7 +172,7 @@ def resolve_files(
     draft_key: str | None = None,
     no_draft: bool = False,
     yes: bool = False,
-    confirm: Callable[[str], bool] | None = None,
+    confirm: Confirm | None = None,
     on_progress: Callable[..., None] | None = None,
 ) -> ResolvedFiles:
     """Local paths and hf:// refs win; otherwise the registry pair (default pair when no --model)."""
@@ -180,15 +183,15 @@ def resolve_files(
         pair = reg.get(model) if model else reg.get(reg.default)
         files = hub.ensure_files(pair, draft_key, yes=yes, confirm=confirm, on_progress=on_progress)
         t = files["target"]
-        d = None if no_draft else (_local_or_ref(draft, "draft", yes=yes, confirm=confirm) or files.get("draft"))
-        m = _local_or_ref(mmproj, "mmproj", yes=yes, confirm=confirm) or files.get("mmproj")
+        d = None if no_draft else (_local_or_ref(draft, "draft", yes=yes, confirm=confirm, on_progress=on_progress) or files.get("draft"))
+        m = _local_or_ref(mmproj, "mmproj", yes=yes, confirm=confirm, on_progress=on_progress) or files.get("mmproj")
         return ResolvedFiles(target=t, draft=d, mmproj=m, budget=pair.budget)
     if model is not None:
         raise UsageError("give either --model or --target, not both")
-    t = _local_or_ref(target, "target", yes=yes, confirm=confirm)
+    t = _local_or_ref(target, "target", yes=yes, confirm=confirm, on_progress=on_progress)
     assert t is not None
-    d = None if no_draft else _local_or_ref(draft, "draft", yes=yes, confirm=confirm)
-    m = _local_or_ref(mmproj, "mmproj", yes=yes, confirm=confirm)
+    d = None if no_draft else _local_or_ref(draft, "draft", yes=yes, confirm=confirm, on_progress=on_progress)
+    m = _local_or_ref(mmproj, "mmproj", yes=yes, confirm=confirm, on_progress=on_progress)
     return ResolvedFiles(target=t, draft=d, mmproj=m, budget=None)
 
 
@@ -331,8 +334,9 @@ def prepare_server(
     port: int = 0,
     api_key: str | None = None,
     yes: bool = False,
-    confirm: Callable[[str], bool] | None = None,
+    confirm: Confirm | None = None,
     need_vision: bool = False,
+    on_progress: Callable[..., None] | None = None,
 ) -> tuple[ServerConfig, ResolvedFiles]:
     """Files resolved and checked, and the llama-server configuration for them (shared by run and serve)."""
     if budget is not None and budget < 1:
@@ -340,7 +344,7 @@ def prepare_server(
     if p_min is not None and not 0.0 <= p_min <= 1.0:
         raise UsageError(f"--p-min must be within [0, 1] (got {p_min})")
     files = resolve_files(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key,
-                          no_draft=no_draft, yes=yes, confirm=confirm)
+                          no_draft=no_draft, yes=yes, confirm=confirm, on_progress=on_progress)
     if need_vision and files.mmproj is None:
         raise UsageError("images given but no --mmproj (the model's vision projector) is known")
     check_pairing(files)
@@ -378,10 +382,11 @@ def run(
     threads: int | None = None,
     ngl: str | int | None = None,
     yes: bool = False,
-    confirm: Callable[[str], bool] | None = None,
+    confirm: Confirm | None = None,
     on_text: Callable[[str], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     on_server: Callable[[LlamaServer], None] | None = None,
+    on_progress: Callable[..., None] | None = None,
 ) -> RunResult:
     """Answer one prompt (with images) through DSpark speculative decoding. Python API of `dspark run`."""
     loaded = [load_image(p) for p in images]
@@ -400,7 +405,8 @@ def run(
     eng = engine or engine_mod.resolve_engine(llama_bin)
     cfg, files = prepare_server(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key,
                                 budget=budget, no_draft=no_draft, p_min=p_min, ctx=ctx, threads=threads, ngl=ngl,
-                                extra_args=extra_args, yes=yes, confirm=confirm, need_vision=bool(loaded))
+                                extra_args=extra_args, yes=yes, confirm=confirm, need_vision=bool(loaded),
+                                on_progress=on_progress)
     n_max = cfg.n_max
     if on_status:
         on_status(f"loading {files.target.name}" + (f" + draft {files.draft.name} (budget {n_max})" if files.draft else ""))

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from dsparkcli import hub
 from dsparkcli.cli._common import JsonOpt
+from dsparkcli.cli._download import download_progress, show_plan
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import DsparkError, UsageError
 from dsparkcli.registry import load_registry
@@ -40,25 +40,14 @@ def fetch(
     pair = load_registry().get(name)
     planned = hub.plan(pair, draft, local_dir=local_dir, revision=revision)
     if not json_out:
-        for p in planned:
-            state = "present" if p.present else (f"resume at {hub.format_size(p.partial_bytes)}" if p.partial_bytes else "download")
-            err.print(f"  {p.role:<7} {p.filename}  {hub.format_size(p.size)}  {p.repo}  [{state}]")
+        show_plan(planned)
     total = sum(p.to_download for p in planned)
     if total > hub.CONFIRM_ABOVE_BYTES and not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"{pair.name} needs {hub.format_size(total)} of downloads and stdin is not a terminal; pass --yes")
         if not typer.confirm(f"Download {hub.format_size(total)}?", default=True, err=True):
             raise DsparkError(f"fetch of {pair.name} cancelled; nothing was downloaded")
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True, disable=json_out) as progress:
-        tasks: dict[str, int] = {}
-
-        def on_progress(event: hub.Progress) -> None:
-            if event.role not in tasks:
-                verb = "verifying" if event.kind == "verify" else "fetching"
-                tasks[event.role] = progress.add_task(f"{verb} {event.role}", total=event.total or None)
-            progress.update(tasks[event.role], completed=event.done, total=event.total or None)
-
+    with download_progress(disable=json_out) as on_progress:
         try:
             fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress)
         except KeyboardInterrupt:

@@ -10,8 +10,8 @@ import typer
 
 from dsparkcli import runner
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, passthrough_args
+from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
-from dsparkcli.errors import UsageError
 
 HELP = """Answer a prompt (optionally about images) with DSpark speculative decoding.
 
@@ -76,18 +76,15 @@ def run(
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    def confirm(question: str) -> bool:
-        if not sys.stdin.isatty():
-            raise UsageError(f"{question}: no terminal to ask; pass --yes")
-        return typer.confirm(question, default=False)
-
-    result = runner.run(
-        prompt, images, model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key,
-        budget=budget, no_draft=no_draft, p_min=p_min, max_tokens=max_tokens, temp=temp, seed=seed, ctx=ctx,
-        system=system, extra_args=passthrough_args(), server_url=server, api_key=api_key, llama_bin=llama_bin,
-        threads=threads, ngl=ngl, yes=yes, confirm=confirm, on_text=None if json_out else on_text,
-        on_status=None if json_out else (lambda msg: err.print(f"[dim]{msg}[/dim]")),
-    )
+    with download_progress(disable=json_out) as on_progress:
+        result = runner.run(
+            prompt, images, model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key,
+            budget=budget, no_draft=no_draft, p_min=p_min, max_tokens=max_tokens, temp=temp, seed=seed, ctx=ctx,
+            system=system, extra_args=passthrough_args(), server_url=server, api_key=api_key, llama_bin=llama_bin,
+            threads=threads, ngl=ngl, yes=yes, confirm=confirm_downloads, on_progress=on_progress,
+            on_text=None if json_out else on_text,
+            on_status=None if json_out else (lambda msg: err.print(f"[dim]{msg}[/dim]")),
+        )
     if json_out:
         print_json(result.to_record())
         return
