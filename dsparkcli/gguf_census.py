@@ -36,7 +36,8 @@ class Limits:
 
     max_header_bytes: int = 256 << 20
     max_string_bytes: int = 64 << 20  # ggml allows 1 GiB; whole tokenizer.json strings are ~30 MB
-    max_array_items_kept: int = 1 << 19  # 524 288: the largest real vocabularies (262 144) fit
+    max_array_items_kept: int = 4096  # scores, merges, token types: hashed and counted, not kept
+    max_tokens_kept: int = 1 << 19  # tokenizer.ggml.tokens is kept for pairing; real vocabularies are <= 262 144
     max_nesting: int = 3
     max_kv: int = 1 << 20
     max_tensors: int = 1 << 20
@@ -287,7 +288,11 @@ class Census:
 # ------------------------------------------------------------------ parsing
 
 
-def _read_value(cur: _Cursor, vtype: int, what: str, depth: int, hasher: Any | None, keep: bool) -> Any:
+TOKENS_KEY = "tokenizer.ggml.tokens"
+
+
+def _read_value(cur: _Cursor, vtype: int, what: str, depth: int, hasher: Any | None, keep: bool,
+                max_items: int | None = None) -> Any:
     if vtype in _SCALARS:
         _, code, size = _SCALARS[vtype]
         raw = cur.take(size, what)
@@ -303,11 +308,12 @@ def _read_value(cur: _Cursor, vtype: int, what: str, depth: int, hasher: Any | N
         # values are data: keep them even if the bytes are not UTF-8 (replacement characters show it)
         return raw.decode("utf-8", errors="replace") if keep else None
     if vtype == T_ARRAY:
-        return _read_array(cur, what, depth + 1, hasher, keep)
+        return _read_array(cur, what, depth + 1, hasher, keep, max_items)
     raise GGUFError(f"{cur.src.name}: {what}: invalid GGUF value type {vtype}")
 
 
-def _read_array(cur: _Cursor, what: str, depth: int, outer: Any | None, keep: bool) -> GGUFArray:
+def _read_array(cur: _Cursor, what: str, depth: int, outer: Any | None, keep: bool,
+                max_items: int | None = None) -> GGUFArray:
     limits = cur.limits
     if depth > limits.max_nesting:
         raise GGUFError(f"{cur.src.name}: {what}: arrays nested deeper than {limits.max_nesting}")
@@ -320,7 +326,7 @@ def _read_array(cur: _Cursor, what: str, depth: int, outer: Any | None, keep: bo
         raise GGUFError(f"{cur.src.name}: {what}: array of {count} {VALUE_TYPE_NAMES[etype]} runs past the end "
                         f"of the file")
     hasher = hashlib.sha256()
-    keep_items = keep and count <= limits.max_array_items_kept
+    keep_items = keep and count <= (limits.max_array_items_kept if max_items is None else max_items)
     items: tuple[Any, ...] | None
     if etype in _SCALARS:
         _, code, size = _SCALARS[etype]
@@ -402,7 +408,8 @@ def _parse(src: ByteSource, limits: Limits) -> GGUFHeader:
         vtype = cur.unpack("i", 4, f"type of {key!r}")
         if vtype not in VALUE_TYPE_NAMES:
             raise GGUFError(f"{src.name}: key {key!r} has invalid GGUF value type {vtype}")
-        kv[key] = _read_value(cur, vtype, f"value of {key!r}", 0, None, True)
+        kv[key] = _read_value(cur, vtype, f"value of {key!r}", 0, None, True,
+                              limits.max_tokens_kept if key == TOKENS_KEY else None)
         kv_types[key] = VALUE_TYPE_NAMES[vtype]
         if isinstance(kv[key], GGUFArray):
             kv_types[key] = f"array[{kv[key].elem_type}]"
