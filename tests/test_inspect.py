@@ -1,0 +1,380 @@
+"""dspark inspect: DSpark structure, pairing verdicts (each mismatch kind), diff, memory, models.toml, hf://.
+
+Pairing verdicts are cross-checked against the real llama-server on synthetic pairs: a pair inspect
+accepts loads, the mmproj it rejects is refused by llama.cpp too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as Q, GGUFWriter
+
+from dsparkcli import gguf_census as gc
+from dsparkcli import inspect as ins
+from dsparkcli import synth
+from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.server import LlamaServer, ServerConfig
+
+from gguf_fixtures import E, HEAD_DIM, N_HEAD_KV, RANK, TAPS, DraftSpec, write_draft, write_mmproj, write_target
+from hubserver import FakeHub
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("inspect")
+    return {
+        "target": write_target(d / "MiniCPM-V-4.7-35B-A3B-NVFP4-MEDIUM.gguf"),
+        "draft": write_draft(d / "dspark-MiniCPM-V-4.7-35B-A3B-NVFP4A16-q8heads.gguf"),
+        "bf16heads": write_draft(d / "dspark-bf16heads.gguf", DraftSpec(heads=Q.BF16, conf_shape=(E + RANK, 1))),
+        "mmproj": write_mmproj(d / "mmproj.gguf"),
+    }
+
+
+# ------------------------------------------------------------------ structure
+
+
+def test_dspark_structure_of_the_draft(files: dict[str, Path]) -> None:
+    s = ins.dspark_structure(gc.read_header(files["draft"]))
+    assert s is not None and s.kind == "dspark"
+    assert (s.block_size, s.target_layers, s.mask_token_id, s.markov_rank) == (15, TAPS, 998, RANK)
+    assert s.confidence_head and s.has_confidence_head_key is True and s.confidence_head_consistent
+    assert s.required_missing == () and s.problems == ()
+    assert s.sample_from_anchor and s.max_spec_draft_n == 15  # anchor-first: the whole block
+    assert s.head_types == {"fc.weight": "Q8_0", "markov_w1.weight": "Q8_0", "markov_w2.weight": "Q8_0",
+                            "conf_proj.weight": "BF16"}
+    assert s.kv_bytes_per_token == 5 * 2 * N_HEAD_KV * HEAD_DIM * 2
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    (DraftSpec(sample_from_anchor=False), {"max_spec_draft_n": 14, "problems": ()}),
+    (DraftSpec(has_confidence_head=False), {"confidence_head_consistent": False}),
+    (DraftSpec(with_conf_proj=False, has_confidence_head=None), {"confidence_head_consistent": False}),
+    (DraftSpec(with_conf_proj=False, has_confidence_head=False), {"confidence_head_consistent": True, "problems": ()}),
+    (DraftSpec(drop=("blk.3.attn_k_norm.weight", "fc.weight")),
+     {"required_missing": ("fc.weight", "blk.3.attn_k_norm.weight")}),
+    (DraftSpec(block_size=None), {"block_size": None, "max_spec_draft_n": None}),
+])
+def test_structure_variants(tmp_path: Path, spec: DraftSpec, expected: dict) -> None:
+    s = ins.dspark_structure(gc.read_header(write_draft(tmp_path / "d.gguf", spec)))
+    for key, value in expected.items():
+        assert getattr(s, key) == value, key
+    if "problems" not in expected:
+        assert len(s.problems) == 1  # each variant breaks exactly one thing
+
+
+def test_kv_bytes_per_token_of_the_real_draft_dimensions(tmp_path: Path) -> None:
+    """MiniCPM-V-4.7 DSpark: 5 layers, 8 heads / 2 KV heads, head dim 256 -> 10 240 bytes per token (f16)."""
+    w = GGUFWriter(tmp_path / "real-dims.gguf", "dflash")
+    for key, value in (("block_count", 5), ("embedding_length", 2048), ("attention.head_count", 8),
+                       ("attention.head_count_kv", 2), ("attention.key_length", 256), ("block_size", 15)):
+        w.add_uint32(f"dflash.{key}", value)
+    w.write_header_to_file(tmp_path / "real-dims.gguf")
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    h = gc.read_header(tmp_path / "real-dims.gguf")
+    assert ins.dspark_structure(h).kv_bytes_per_token == 10_240
+    m = ins.memory_estimate(h, 8192)
+    assert m.kv.bytes_per_token == 10_240 and m.kv_bytes == 10_240 * 8192
+    assert m.kv.formula == "5 layers x 2 x 2 kv heads x 256 head dim x 2 B = 10240 B"
+
+
+# ------------------------------------------------------------------ pairing
+
+
+def test_matching_pair_with_mmproj_is_compatible(files: dict[str, Path]) -> None:
+    v = ins.check_pair(files["target"], files["draft"], files["mmproj"])
+    assert v.ok and v.reasons == ()
+    assert {c.name for c in v.checks} == {"target role", "target exposes layer inputs", "draft arch", "vocab", "BOS",
+                                           "EOS", "hidden size", "taps", "draft structure", "mmproj width"}
+    assert all(c.ok for c in v.checks)
+
+
+MISMATCHES = {
+    "vocab count": ({"vocab": 999}, {}, "vocab", "target has 1000 tokens, draft 999"),
+    "vocab strings": ({"token_swap": (5, 7)}, {}, "vocab", "first difference at id 5: tok5 vs tok7"),
+    "BOS": ({"bos": 0}, {}, "BOS", "target 1, draft 0"),
+    "EOS": ({"eos": None}, {}, "EOS", "target 2, draft unset"),
+    "hidden size": ({"embd": 128}, {}, "hidden size", "target 256, draft 128"),
+    "taps": ({"taps": (4, 12, 20, 28, 40)}, {}, "taps", "[40] out of range (must be < 40)"),
+    "taps few layers": ({}, {"n_layer": 36}, "taps", "[36] out of range (must be < 36)"),
+    "target arch": ({}, {"arch": "qwen2"}, "target exposes layer inputs", "qwen2 does not fill t_layer_inp"),
+}
+
+
+@pytest.mark.parametrize("kind", list(MISMATCHES))
+def test_each_mismatch_kind_fails_exactly_its_check(tmp_path: Path, kind: str) -> None:
+    draft_kw, target_kw, check, detail = MISMATCHES[kind]
+    draft = write_draft(tmp_path / "d.gguf", DraftSpec(**draft_kw))
+    target = write_target(tmp_path / "t.gguf", **target_kw)
+    v = ins.check_pair(target, draft)
+    assert not v.ok
+    failed = [c for c in v.checks if c.ok is False]
+    assert [c.name for c in failed] == [check], v.reasons
+    assert detail in failed[0].detail
+    assert v.reasons == (f"{check}: {failed[0].detail}",)
+
+
+def test_last_layer_tap_allowed_only_for_archs_that_expose_it(tmp_path: Path) -> None:
+    draft = write_draft(tmp_path / "d.gguf", DraftSpec(taps=(4, 40)))
+    assert ins.check_pair(write_target(tmp_path / "n.gguf", arch="nemotron_h"), draft).ok
+    assert not ins.check_pair(write_target(tmp_path / "q.gguf", arch="qwen3"), draft).ok
+
+
+def test_mmproj_width_mismatch(tmp_path: Path, files: dict[str, Path]) -> None:
+    v = ins.check_pair(files["target"], files["draft"], write_mmproj(tmp_path / "m.gguf", out_width=512))
+    assert [c.name for c in v.checks if c.ok is False] == ["mmproj width"]
+    assert "512 from mm.2.weight ne[1] (mlp), target 256" in v.reasons[0]
+
+
+def test_mmproj_of_unknown_projector_is_unchecked_not_failed(tmp_path: Path, files: dict[str, Path]) -> None:
+    v = ins.check_pair(files["target"], None, write_mmproj(tmp_path / "m.gguf", projector="fancy\x1b[2J"))
+    (width,) = [c for c in v.checks if c.name == "mmproj width"]
+    assert width.ok is None and "\\x1b[2J" in width.detail and "\x1b" not in width.detail
+    assert v.ok
+
+
+def test_draft_given_as_target_is_refused(files: dict[str, Path]) -> None:
+    v = ins.check_pair(files["draft"], files["draft"])
+    assert not v.ok and "target role: arch dflash is not a text model" in v.reasons
+
+
+def test_synthetic_pair_verdict_agrees_with_the_real_llama_server(tmp_path: Path, engine) -> None:
+    """The pair inspect accepts loads in llama-server; the mmproj inspect rejects is refused by llama.cpp."""
+    good = synth.write_pair(tmp_path / "a", vocab=128, vision=True, seed=1)
+    other = synth.write_pair(tmp_path / "b", vocab=200, vision=True, seed=2)  # n_embd 256 instead of 128
+    v = ins.check_pair(good.target, good.draft, good.mmproj)
+    assert v.ok, v.reasons
+    s = ins.dspark_structure(gc.read_header(good.draft))
+    assert s.kind == "dspark" and s.block_size == 8 and s.mask_token_id == 127 and s.max_spec_draft_n == 8
+    cfg = ServerConfig(model=good.target, draft=good.draft, mmproj=good.mmproj, n_max=7, ctx=512, threads=1)
+    with LlamaServer(engine, cfg) as srv:
+        out = srv.client.completion({"prompt": [1, 2, 3], "n_predict": 8, "temperature": 0})
+        assert out["timings"]["draft_n"] > 0
+
+    bad = ins.check_pair(good.target, good.draft, other.mmproj)
+    assert [c.name for c in bad.checks if c.ok is False] == ["mmproj width"]
+    assert "256 from mm.2.weight ne[1] (mlp), target 128" in bad.reasons[0]
+    with pytest.raises(ServerError) as info:
+        with LlamaServer(engine, ServerConfig(model=good.target, mmproj=other.mmproj, ctx=512, threads=1)):
+            pass
+    assert "mismatch between text model" in info.value.log_tail
+
+
+# ------------------------------------------------------------------ diff
+
+
+def test_heads_requantised_pair_is_94_of_97_identical(files: dict[str, Path]) -> None:
+    a, b = gc.read_header(files["bf16heads"]), gc.read_header(files["draft"])
+    d = ins.diff_tensors(a, gc.hash_file(files["bf16heads"], a), b, gc.hash_file(files["draft"], b))
+    assert len(d.identical) == 94 and (d.n_a, d.n_b) == (97, 97)
+    assert d.summary == "94/97 identical, 3 changed, 0 only in A, 0 only in B"
+    assert {c.name: (c.a_type, c.b_type) for c in d.changed} == {
+        "fc.weight": ("BF16", "Q8_0"), "markov_w1.weight": ("BF16", "Q8_0"), "markov_w2.weight": ("BF16", "Q8_0")}
+    fc = next(c for c in d.changed if c.name == "fc.weight")
+    assert (fc.a_bytes, fc.b_bytes) == (len(TAPS) * E * E * 2, len(TAPS) * E * E // 32 * 34)
+    assert d.respelled == (("conf_proj.weight", (E + RANK, 1), (E + RANK,)),)
+    assert d.only_a == () and d.only_b == ()
+
+
+def test_diff_reports_tensors_only_in_one_file(tmp_path: Path, files: dict[str, Path]) -> None:
+    c = write_draft(tmp_path / "noconf.gguf", DraftSpec(with_conf_proj=False, has_confidence_head=False))
+    a, b = gc.read_header(files["draft"]), gc.read_header(c)
+    d = ins.diff_tensors(a, gc.hash_file(files["draft"], a), b, gc.hash_file(c, b))
+    assert set(d.only_a) == {"conf_proj.weight", "conf_proj.bias"} and d.only_b == ()
+    assert len(d.identical) == 95 and d.changed == ()
+
+
+# ------------------------------------------------------------------ memory
+
+
+def test_memory_estimate_of_a_hybrid_target(files: dict[str, Path]) -> None:
+    h = gc.read_header(files["target"])
+    m = ins.memory_estimate(h, 4096)
+    # 40 blocks, full attention every 4th -> 10 KV layers x 2 x 2 heads x 64 x 2 bytes
+    assert m.kv.n_kv_layers == 10 and m.kv.bytes_per_token == 10 * 2 * 2 * 64 * 2
+    assert m.kv_bytes == 5120 * 4096
+    assert m.weights_bytes == gc.census(h).tensor_bytes and m.total_bytes == m.weights_bytes + m.kv_bytes
+    assert any("every 4th layer" in n for n in m.kv.notes)
+    q8 = ins.memory_estimate(h, 4096, kv_type="q8_0")
+    assert q8.kv.bytes_per_token == int(10 * 2 * 2 * 64 * 34 / 32)
+    with pytest.raises(UsageError):
+        ins.memory_estimate(h, 0)
+
+
+# ------------------------------------------------------------------ models.toml expectations
+
+
+@pytest.fixture
+def user_registry(tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    draft = files["draft"]
+    conf = tmp_path / "config"
+    conf.mkdir()
+    sha = gc.hash_file(draft).file_sha256
+    (conf / "models.toml").write_text(f"""
+[pairs.testpair]
+description = "fixture pair"
+[pairs.testpair.target]
+repo = "org/target"
+filename = "{files['target'].name}"
+[pairs.testpair.drafts.q8heads]
+repo = "org/draft"
+filename = "{draft.name}"
+size = {draft.stat().st_size}
+sha256 = "{sha}"
+census = {{ NVFP4 = 35, Q8_0 = 3, F32 = 58, BF16 = 1 }}
+[pairs.testpair.drafts.wrong]
+repo = "org/draft"
+filename = "other.gguf"
+size = 123
+census = {{ Q8_0 = 97 }}
+""")
+    monkeypatch.setenv("DSPARK_CONFIG_DIR", str(conf))
+    return conf
+
+
+def test_expect_matches_pinned_size_census_and_sha256(user_registry: Path, files: dict[str, Path]) -> None:
+    r = ins.inspect_files([str(files["draft"])], expect="testpair")
+    e = r.files[0].expect
+    assert e.ok and e.key == "q8heads"
+    assert {c.name: c.ok for c in e.checks} == {"size": True, "census": True, "sha256": True}
+    assert r.files[0].file_sha256 is not None  # a pinned sha256 makes inspect hash the file
+
+
+def test_expect_reports_each_mismatch(user_registry: Path, files: dict[str, Path]) -> None:
+    e = ins.inspect_files([str(files["draft"])], expect="testpair:wrong").files[0].expect
+    assert not e.ok
+    assert {c.name: c.ok for c in e.checks} == {"size": False, "census": False, "sha256": None}
+    census = next(c for c in e.checks if c.name == "census")
+    assert census.expected == {"Q8_0": 97} and census.actual == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1}
+
+
+def test_expect_unknown_file_is_a_usage_error(user_registry: Path, files: dict[str, Path]) -> None:
+    with pytest.raises(UsageError, match="matches none of testpair's files"):
+        ins.inspect_files([str(files["mmproj"])], expect="testpair")
+
+
+def test_packaged_registry_pins_the_real_draft_census() -> None:
+    from dsparkcli import registry
+
+    mf = ins.find_expected("minicpm-v-4.7", "dspark-MiniCPM-V-4.7-35B-A3B-NVFP4A16-q8heads.gguf")
+    assert mf.key == "nvfp4a16-q8heads" and mf.size == 303_989_824
+    assert registry.load_registry().get("minicpm-v-4.7").drafts["nvfp4a16-q8heads"].census == mf.census
+
+
+# ------------------------------------------------------------------ text safety
+
+
+def test_printable_escapes_terminal_controls() -> None:
+    assert ins.printable("a\x1b[31mb\nc\u202ed\x00") == "a\\x1b[31mb\\x0ac\\u202ed\\x00"
+    assert ins.printable("x" * 300, 10) == "xxxxxxxxxx… (+290 chars)"
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def test_cli_pair_compatible_exit_0_and_json(cli, files: dict[str, Path]) -> None:
+    r = cli("inspect", str(files["target"]), str(files["draft"]), str(files["mmproj"]), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["pairing"]["ok"] is True
+    draft = doc["files"][1]
+    assert {row["type_name"]: row["count"] for row in draft["census"]["rows"]} == {"NVFP4": 35, "Q8_0": 3, "F32": 58,
+                                                                                    "BF16": 1}
+    assert draft["structure"]["max_spec_draft_n"] == 15 and len(draft["tensors"]) == 97
+    assert draft["metadata"]["tokenizer.ggml.tokens"]["count"] == 1000
+
+
+def test_cli_pair_incompatible_exit_1_one_line(cli, tmp_path: Path, files: dict[str, Path]) -> None:
+    bad = write_draft(tmp_path / "bad.gguf", DraftSpec(embd=128))
+    r = cli("inspect", str(files["target"]), str(bad))
+    assert r.returncode == 1
+    assert "hidden size" in r.stdout and "NOT compatible" in r.stdout
+    assert r.stderr == "dspark: error: not a compatible pair: hidden size: target 256, draft 128\n"
+
+
+def test_cli_table_census_line_and_against(cli, files: dict[str, Path]) -> None:
+    r = cli("inspect", str(files["bf16heads"]), "--against", str(files["draft"]), "-c", "8192")
+    assert r.returncode == 0, r.stderr
+    assert "97 tensors = 35 NVFP4 + 4 BF16 + 58 F32\n" in r.stdout  # by bytes, largest first
+    assert "94/97 identical, 3 changed, 0 only in A, 0 only in B" in r.stdout
+    assert "same data, shape spelled (320, 1) vs (320): conf_proj.weight" in r.stdout
+    assert "5 layers x 2 x 2 kv heads x 64 head dim x 2 B = 2560 B" in r.stdout
+
+
+def test_cli_escapes_hostile_metadata(cli, tmp_path: Path) -> None:
+    evil = write_draft(tmp_path / "evil.gguf", DraftSpec(name="pwn\x1b]0;owned\x07\x1b[2J", chat_template="x"))
+    r = cli("inspect", str(evil))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert "pwn\\x1b]0;owned\\x07\\x1b[2J" in r.stdout
+
+
+def test_cli_malformed_and_missing_files_exit_2(cli, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF\x03\x00\x00\x00" + (1 << 62).to_bytes(8, "little") + bytes(8))
+    r = cli("inspect", str(junk))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("dspark: error: ") and "implausible tensor count" in r.stderr
+    assert r.stderr.count("\n") == 1
+    r = cli("inspect", str(tmp_path / "nope.gguf"))
+    assert r.returncode == 2 and r.stderr.startswith("dspark: error: file not found")
+
+
+def test_cli_expect_mismatch_exits_6(cli, user_registry: Path, files: dict[str, Path]) -> None:
+    env = {"DSPARK_CONFIG_DIR": str(user_registry)}
+    r = cli("inspect", str(files["draft"]), "--expect", "testpair", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "matches" in r.stdout
+    r = cli("inspect", str(files["draft"]), "--expect", "testpair:wrong", env=env)
+    assert r.returncode == 6 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("dspark: error: ") and "(size, census)" in r.stderr
+
+
+def test_cli_help_has_examples(cli) -> None:
+    r = cli("inspect", "--help")
+    assert r.returncode == 0 and "Examples:" in r.stdout and "--against" in r.stdout and "hf://" in r.stdout
+
+
+# ------------------------------------------------------------------ hf:// through HTTP range requests
+
+
+def test_hf_header_only_read_counts_bytes_served(tmp_path: Path) -> None:
+    big_target = write_target(tmp_path / "t.gguf", vocab=60_000)  # ~1 MB header: the window has to grow
+    data = big_target.read_bytes()
+    padded = data + bytes(32 << 20)  # 32 MB of trailing bytes that must never be fetched
+    with FakeHub() as hub:
+        hub.add_file("org/repo", "sub/t.gguf", padded)
+        h = ins.read_gguf("hf://org/repo/sub/t.gguf", endpoint=hub.endpoint)
+        local = gc.read_header(big_target)
+        assert [t.name for t in h.tensors] == [t.name for t in local.tensors]
+        assert h.kv["tokenizer.ggml.tokens"].sha256 == local.kv["tokenizer.ggml.tokens"].sha256
+        assert h.file_size == len(padded) and h.remote_sha256 == hashlib.sha256(padded).hexdigest()
+        ranged = [r for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
+        assert ranged and all(r.range and r.range.startswith("bytes=") for r in ranged)
+        assert hub.bytes_served < 2 * local.header_bytes + (64 << 10)  # header only, never the 32 MB
+        assert local.header_bytes > 512 << 10
+        print(f"hf:// header {local.header_bytes} B, served {hub.bytes_served} B in {len(ranged)} range GETs "
+              f"of a {len(padded)} B file")
+
+
+def test_hf_pairing_and_cli(files: dict[str, Path], cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    with FakeHub() as hub:
+        hub.add_file("org/target", "t.gguf", files["target"].read_bytes())
+        hub.add_file("org/draft", "d.gguf", files["draft"].read_bytes(), revision="v1")
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        v = ins.check_pair("hf://org/target/t.gguf", "hf://org/draft@v1/d.gguf")
+        assert v.ok, v.reasons
+        r = cli("inspect", "hf://org/target/t.gguf", "hf://org/draft@v1/d.gguf", "--json",
+                env={"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"})
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["pairing"]["ok"] and doc["files"][1]["census"]["n_tensors"] == 97
+        r = cli("inspect", "hf://org/draft/missing.gguf", env={"HF_ENDPOINT": hub.endpoint})
+        assert r.returncode == 5 and r.stderr.startswith("dspark: error: ") and "Traceback" not in r.stderr
+        r = cli("inspect", "hf://org/draft@v1/d.gguf", "--hash", env={"HF_ENDPOINT": hub.endpoint})
+        assert r.returncode == 2 and "need a local file" in r.stderr
