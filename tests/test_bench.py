@@ -283,3 +283,63 @@ def _is_zombie(pid: int) -> bool:
         return (Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]) == "Z"
     except OSError:
         return True
+
+
+REGISTRY = """
+[pairs.synthpair]
+default_draft = "good"
+budget = 4
+[pairs.synthpair.acceptance]
+ocr = 5.407
+math = 6.687
+[pairs.synthpair.target]
+repo = "o/t"
+filename = "target-llama.gguf"
+[pairs.synthpair.mmproj]
+repo = "o/t"
+filename = "mmproj-mlp.gguf"
+[pairs.synthpair.drafts.good]
+repo = "o/d"
+filename = "good/draft-dspark.gguf"
+[pairs.synthpair.drafts.half]
+repo = "o/d"
+filename = "half/draft-dspark.gguf"
+"""
+
+
+def test_model_from_the_registry_fetches_and_labels_drafts(cli, engine, tmp_path):
+    """--model NAME: files come through the real huggingface_hub client (FakeHub); drafts are named by key."""
+    from hubserver import FakeHub
+
+    good = synth.write_pair(tmp_path / "good", vocab=128, vision=True, accept_rate=1.0, seed=9)
+    half = synth.write_pair(tmp_path / "half", vocab=128, vision=True, accept_rate=0.5, seed=9)
+    assert good.target.read_bytes() == half.target.read_bytes()  # one target, two drafts
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "models.toml").write_text(REGISTRY)
+    with FakeHub() as hub:
+        hub.add_file("o/t", "target-llama.gguf", good.target.read_bytes())
+        hub.add_file("o/t", "mmproj-mlp.gguf", good.mmproj.read_bytes())
+        hub.add_file("o/d", "good/draft-dspark.gguf", good.draft.read_bytes())
+        hub.add_file("o/d", "half/draft-dspark.gguf", half.draft.read_bytes())
+        env = {**_env(engine), "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"),
+               "DSPARK_CONFIG_DIR": str(cfg), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+               "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0"}
+        proc = cli("bench", "--model", "synthpair", "--draft", "good", "--draft", "half", "--category", "ocr",
+                   "--category", "math", "--limit", "1", "--reps", "1", "-n", "24", "-t", "1", "--ctx", "512",
+                   "--yes", "--json", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    rows = {(s["config"], s["category"]): s for s in doc["summaries"]}
+    assert {c for c, _ in rows} == {"plain", "good@4", "half@4"}  # registry budget when --budget is left out
+    for config in ("plain", "good@4", "half@4"):
+        assert rows[(config, "ocr")]["upstream_acceptance_length"] == 5.407
+        assert rows[(config, "math")]["upstream_acceptance_length"] == 6.687
+        assert rows[(config, "all")]["upstream_acceptance_length"] is None
+    assert rows[("good@4", "all")]["acceptance_rate"] == 1.0
+    assert rows[("half@4", "all")]["acceptance_rate"] < 1.0
+    assert rows[("good@4", "all")]["identical"] == rows[("half@4", "all")]["identical"] == 2
+    files = doc["provenance"]["files"]
+    assert files["draft:good"]["sha256"] == hashlib.sha256(good.draft.read_bytes()).hexdigest()
+    assert files["draft:half"]["sha256"] == hashlib.sha256(half.draft.read_bytes()).hexdigest()
+    assert doc["provenance"]["model"] == "synthpair"
