@@ -419,7 +419,7 @@ def execute(plan: Plan, *, on_step: Callable[[str], None] | None = None) -> Requ
         step(f"llama-quantize: {len(plan.changes)} tensor(s) to change, {len(plan.tensors) - len(plan.changes)} pinned")
         started = time.perf_counter()
         try:
-            proc = subprocess.run(list(plan.command), capture_output=True, text=True, errors="replace",
+            proc = subprocess.run(list(plan.command), check=False, capture_output=True, text=True, errors="replace",
                                   stdin=subprocess.DEVNULL)
         except OSError as e:
             raise QuantizeError(f"cannot run {plan.command[0]}: {e.strerror or e}") from None

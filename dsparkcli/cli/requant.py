@@ -53,7 +53,7 @@ def _plan_json(plan: core.Plan) -> dict[str, Any]:
 def _print_plan(plan: core.Plan) -> None:
     out.print(f"plan: {plan.src} -> {plan.dst}")
     for t in plan.changes:
-        out.print(f"  {t.name:<24} {str(list(t.shape)):<14} {t.current:>5} -> {t.target:<5} "
+        out.print(f"  {t.name:<24} {list(t.shape)!s:<14} {t.current:>5} -> {t.target:<5} "
                   f"{t.bytes_before:>12,} -> {t.bytes_after:,} B  ({t.why})")
     out.print(f"  {len(plan.tensors) - len(plan.changes)} other tensor(s) pinned to their current type")
     out.print(f"census before: {_census_line(plan.census_before)}")
