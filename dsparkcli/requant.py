@@ -33,6 +33,7 @@ from typing import Any
 from dsparkcli import gguf_census
 from dsparkcli.errors import DsparkError, UsageError, VerificationError
 from dsparkcli.gguf_census import GGML_TYPES, Census, FileHashes, GGUFHeader, TensorInfo
+from dsparkcli.inspect import diff_tensors  # the same comparison rule as `dspark inspect --against`
 
 HEAD_TENSORS = ("markov_w1.weight", "markov_w2.weight", "fc.weight")
 HEAD_TYPES = ("q8_0", "q6_K", "bf16")
@@ -329,40 +330,40 @@ class Verification:
 
 def verify(plan: Plan, before: GGUFHeader, before_hashes: FileHashes, after: GGUFHeader,
            after_hashes: FileHashes) -> Verification:
-    """Every planned tensor has its new type and size; every other data region is byte-identical."""
+    """Every planned tensor has its new type and size; every other data region is byte-identical.
+
+    The per-tensor comparison is inspect's diff (sha256 of each data region); this adds what the plan expects.
+    """
+    diff = diff_tensors(before, before_hashes, after, after_hashes)
     problems: list[str] = []
-    planned = {t.name: t for t in plan.tensors}
-    a, b = before.tensor_map(), after.tensor_map()
-    missing = [n for n in a if n not in b]
-    extra = [n for n in b if n not in a]
-    if missing:
-        problems.append(f"missing in output: {', '.join(missing)}")
-    if extra:
-        problems.append(f"not in input: {', '.join(extra)}")
-    changed, identical, respelled = [], [], []
-    for name, x in a.items():
-        y = b.get(name)
-        if y is None:
-            continue
-        p = planned[name]
-        if _squeeze(x.shape) != _squeeze(y.shape):
-            problems.append(f"{name} shape {list(x.shape)} became {list(y.shape)}")
-            continue
-        if p.changes:
-            if y.type_name != p.target:
-                problems.append(f"{name} is {y.type_name}, planned {p.target}")
-            elif y.n_bytes != p.bytes_after:
-                problems.append(f"{name} has {y.n_bytes} bytes, planned {p.bytes_after}")
+    if diff.only_a:
+        problems.append(f"missing in output: {', '.join(diff.only_a)}")
+    if diff.only_b:
+        problems.append(f"not in input: {', '.join(diff.only_b)}")
+    same = set(diff.identical)
+    moved = {c.name: c for c in diff.changed}
+    changed, identical = [], []
+    for p in plan.tensors:
+        if p.name in same:
+            if p.changes:  # e.g. positional COPY: llama-quantize exits 0 and copies the tensor untouched
+                problems.append(f"{p.name} is {p.current}, planned {p.target}")
             else:
-                changed.append(name)
-        elif y.type_id != x.type_id:
-            problems.append(f"{name} changed type {x.type_name} -> {y.type_name}, planned to stay")
-        elif before_hashes.tensors.get(name) != after_hashes.tensors.get(name):
-            problems.append(f"{name} data changed, planned to be copied verbatim")
+                identical.append(p.name)
+            continue
+        c = moved.get(p.name)
+        if c is None:
+            continue  # reported above as missing
+        if _squeeze(c.a_shape) != _squeeze(c.b_shape):
+            problems.append(f"{p.name} shape {list(c.a_shape)} became {list(c.b_shape)}")
+        elif not p.changes:
+            what = f"type {c.a_type} -> {c.b_type}" if c.a_type != c.b_type else "data"
+            problems.append(f"{p.name} changed ({what}), planned to be copied verbatim")
+        elif c.b_type != p.target:
+            problems.append(f"{p.name} is {c.b_type}, planned {p.target}")
+        elif c.b_bytes != p.bytes_after:
+            problems.append(f"{p.name} has {c.b_bytes} bytes, planned {p.bytes_after}")
         else:
-            identical.append(name)
-            if tuple(x.shape) != tuple(y.shape):
-                respelled.append((name, tuple(x.shape), tuple(y.shape)))
+            changed.append(p.name)
     kv_changed = sorted(k for k in set(before.kv) | set(after.kv)
                         if k not in KV_SET_BY_QUANTIZE and before.kv.get(k) != after.kv.get(k))
     if kv_changed:
@@ -371,7 +372,7 @@ def verify(plan: Plan, before: GGUFHeader, before_hashes: FileHashes, after: GGU
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise VerificationError(f"{after.name}: {'; '.join(problems[:3])}{more}")
     return Verification(
-        changed=tuple(changed), identical=tuple(identical), respelled=tuple(respelled),
+        changed=tuple(changed), identical=tuple(identical), respelled=tuple(diff.respelled),
         kv_set={k: after.kv.get(k) for k in KV_SET_BY_QUANTIZE if k in after.kv},
         in_sha256=before_hashes.file_sha256, out_sha256=after_hashes.file_sha256,
         seconds=before_hashes.seconds + after_hashes.seconds,
