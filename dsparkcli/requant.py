@@ -33,7 +33,9 @@ from typing import Any
 from dsparkcli import gguf_census
 from dsparkcli.errors import DsparkError, UsageError, VerificationError
 from dsparkcli.gguf_census import GGML_TYPES, Census, FileHashes, GGUFHeader, TensorInfo
-from dsparkcli.inspect import diff_tensors  # the same comparison rule as `dspark inspect --against`
+from dsparkcli.inspect import (
+    diff_tensors,  # the same comparison rule as `dspark inspect --against`
+)
 
 HEAD_TENSORS = ("markov_w1.weight", "markov_w2.weight", "fc.weight")
 HEAD_TYPES = ("q8_0", "q6_K", "bf16")
