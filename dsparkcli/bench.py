@@ -366,10 +366,121 @@ def new_run_id() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
 
 
+@dataclass
+class _Totals:
+    """Running sums for the overhead record."""
+
+    generation_s: float = 0.0  # server-side prompt + generation time (timings)
+    request_s: float = 0.0  # client-side round trips of the same requests
+    load_s: float = 0.0  # time to healthy, per configuration
+
+
+@dataclass
+class _RunState:
+    """What later configurations need from earlier ones: plain outputs and the rendered prompts."""
+
+    rendered: dict[str, str] | None = None
+    plain_tokens: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    plain_sha: dict[tuple[str, int], str] = field(default_factory=dict)
+
+
+def _timed_completion(client: ServerClient, payload: dict[str, Any], totals: _Totals) -> tuple[dict[str, Any], float]:
+    t0 = time.perf_counter()
+    resp = client.completion(payload)
+    request_ms = 1000.0 * (time.perf_counter() - t0)
+    t = resp.get("timings") or {}
+    totals.request_s += request_ms / 1000.0
+    totals.generation_s += (t.get("prompt_ms", 0.0) + t.get("predicted_ms", 0.0)) / 1000.0
+    return resp, request_ms
+
+
+def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[str, Any], request_ms: float,
+                    server_argv: list[str], state: _RunState) -> dict[str, Any]:
+    t = resp.get("timings") or {}
+    tokens = [int(x) for x in resp.get("tokens") or []]
+    rec: dict[str, Any] = {
+        "record": "request", "config": arm.name, "draft": arm.draft.label if arm.draft else None,
+        "budget": arm.budget, "synthetic": plan.synthetic, "synth_len": plan.synth_len if arm.draft else None,
+        "category": p.category, "prompt_id": p.id, "rep": rep,
+        "prompt_n": int(resp.get("tokens_evaluated", t.get("prompt_n", 0))), "prompt_ms": t.get("prompt_ms"),
+        "n_predicted": int(t.get("predicted_n", len(tokens))), "predicted_ms": float(t.get("predicted_ms", 0.0)),
+        "tok_s": t.get("predicted_per_second"), "request_ms": request_ms,
+        "draft_n": int(t.get("draft_n", 0)), "draft_n_accepted": int(t.get("draft_n_accepted", 0)),  # absent: 0
+        "stop_type": resp.get("stop_type"), "truncated": resp.get("truncated"),
+        "tokens": tokens, "tokens_sha256": tokens_sha256(tokens),
+        "output_sha256": text_sha256(str(resp.get("content", ""))), "server_argv": server_argv,
+    }
+    key = (p.id, rep)
+    if arm.draft is None:
+        state.plain_tokens[key] = tokens
+        state.plain_sha[key] = rec["output_sha256"]
+    else:
+        div = first_divergence(state.plain_tokens[key], tokens)
+        rec.update({"identical_to_plain": div is None, "first_divergence": div, "plain_sha256": state.plain_sha[key]})
+    return rec
+
+
+def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: _RunState, totals: _Totals,
+             images_b64: dict[str, list[str]], image_sha: dict[str, list[str]], categories: list[str],
+             on_request: Callable[[str, str], None] | None) -> float:
+    """One configuration: start its server, warm up, run every rep × category × prompt. Returns load seconds."""
+    is_draft = arm.draft is not None
+    cfg = ServerConfig(
+        model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj, n_max=arm.budget,
+        p_min=plan.p_min if is_draft else None, synth_len=plan.synth_len if is_draft else None, ctx=plan.ctx,
+        threads=plan.threads, extra_args=plan.extra_args,
+    )
+    srv = LlamaServer(engine, cfg, env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
+    t_load0 = time.perf_counter()
+    with srv:
+        load_s = time.perf_counter() - t_load0
+        totals.load_s += load_s
+        client = srv.client
+        assert client is not None
+        server_argv = srv.argv
+        if state.rendered is None:  # same target, same template: render once, on the first server
+            state.rendered = render_prompts(client, plan.prompts)
+            for p in plan.prompts:
+                writer.write({"record": "prompt", "prompt_id": p.id, "category": p.category,
+                              "rendered": state.rendered[p.id], "images_sha256": image_sha[p.id],
+                              "media_marker": MEDIA_MARKER})
+        rendered = state.rendered
+
+        def request(p: Prompt) -> tuple[dict[str, Any], float]:
+            result = _timed_completion(client, _payload(plan, p, rendered[p.id], images_b64[p.id]), totals)
+            if on_request:
+                on_request(arm.name, p.id)
+            return result
+
+        for i in range(plan.warmup):  # untimed: first-use allocations, caches, page-ins
+            request(plan.prompts[i % len(plan.prompts)])
+
+        drafted = 0
+        # counters only move while a request runs, so each block's "after" is the next one's "before"
+        before = parse_counters(client.metrics()) if is_draft else None
+        for rep in range(plan.reps):
+            for category in categories:
+                for p in (q for q in plan.prompts if q.category == category):
+                    resp, request_ms = request(p)
+                    writer.write(_request_record(plan, arm, p, rep, resp, request_ms, server_argv, state))
+                if before is not None:
+                    after = parse_counters(client.metrics())
+                    delta = counters_delta(before, after)
+                    before = after
+                    drafted += delta["drafted"]
+                    writer.write({"record": "counters", "config": arm.name, "draft": arm.draft.label,  # type: ignore[union-attr]
+                                  "budget": arm.budget, "category": category, "rep": rep, **delta,
+                                  "synthetic": plan.synthetic, "server_argv": server_argv})
+            if is_draft and drafted == 0:  # a whole pass without one draft: fail now, not in an hour
+                raise BenchError(
+                    f"configuration {arm.name} drafted nothing in {len(plan.prompts) * (rep + 1)} requests "
+                    f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
+                    hint=f"server log: {srv.log_path}")
+    return load_s
+
+
 def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_id: str | None = None,
-              argv: list[str] | None = None,
-              on_request: Callable[[str, str], None] | None = None,
-              on_server: Callable[[Arm, LlamaServer], None] | None = None) -> BenchResult:
+              argv: list[str] | None = None, on_request: Callable[[str, str], None] | None = None) -> BenchResult:
     """Run every configuration of ``plan``; append records to ``out`` (JSONL) as they are measured.
 
     ``on_request(config, prompt_id)`` is called after each request (warm-up included), for progress.
@@ -389,119 +500,25 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     })
     images_b64 = {p.id: [image_base64(i) for i in p.images] for p in plan.prompts}
     image_sha = {p.id: [provenance.file_facts(i).sha256 for i in p.images] for p in plan.prompts}
-    categories: list[str] = []
-    for p in plan.prompts:
-        if p.category not in categories:
-            categories.append(p.category)
+    categories = list(dict.fromkeys(p.category for p in plan.prompts))  # kit order
     upstream = dict(plan.upstream_acceptance)
-
-    generation_s = 0.0
-    request_s = 0.0  # client-side round trips of the same requests: the server's untimed work shows here
-    load_s = 0.0
-    plain_tokens: dict[tuple[str, int], list[int]] = {}
-    plain_sha: dict[tuple[str, int], str] = {}
-    rendered: dict[str, str] | None = None
+    totals, state = _Totals(), _RunState()
     with open(out, "a", encoding="utf-8") as fh:
         writer = _Writer(fh, run_id, prov)
         for arm in plan.arms():
-            is_draft = arm.draft is not None
-            cfg = ServerConfig(
-                model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj,
-                n_max=arm.budget, p_min=plan.p_min if is_draft else None,
-                synth_len=plan.synth_len if is_draft else None, ctx=plan.ctx, threads=plan.threads,
-                extra_args=plan.extra_args,
-            )
-            srv = LlamaServer(engine, cfg, env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
-            t_load0 = time.perf_counter()
-            with srv:
-                arm_load_s = time.perf_counter() - t_load0
-                load_s += arm_load_s
-                if on_server:
-                    on_server(arm, srv)
-                client = srv.client
-                assert client is not None
-                server_argv = srv.argv
-                if rendered is None:  # same target, same template: render once, on the first server
-                    rendered = render_prompts(client, plan.prompts)
-                    for p in plan.prompts:
-                        writer.write({"record": "prompt", "prompt_id": p.id, "category": p.category,
-                                      "rendered": rendered[p.id], "images_sha256": image_sha[p.id],
-                                      "media_marker": MEDIA_MARKER})
-
-                def request(p: Prompt) -> dict[str, Any]:
-                    nonlocal generation_s, request_s
-                    t0 = time.perf_counter()
-                    resp = client.completion(_payload(plan, p, rendered[p.id], images_b64[p.id]))
-                    resp["_request_ms"] = 1000.0 * (time.perf_counter() - t0)
-                    request_s += resp["_request_ms"] / 1000.0
-                    t = resp.get("timings") or {}
-                    generation_s += (t.get("prompt_ms", 0.0) + t.get("predicted_ms", 0.0)) / 1000.0
-                    if on_request:
-                        on_request(arm.name, p.id)
-                    return resp
-
-                for i in range(plan.warmup):  # untimed: first-use allocations, caches, page-ins
-                    request(plan.prompts[i % len(plan.prompts)])
-
-                arm_drafted = 0
-                # counters only move while a request runs, so each block's "after" is the next one's "before"
-                before = parse_counters(client.metrics()) if is_draft else None
-                for rep in range(plan.reps):
-                    for category in categories:
-                        for p in (q for q in plan.prompts if q.category == category):
-                            resp = request(p)
-                            t = resp.get("timings") or {}
-                            tokens = [int(x) for x in resp.get("tokens") or []]
-                            rec: dict[str, Any] = {
-                                "record": "request", "config": arm.name,
-                                "draft": arm.draft.label if arm.draft else None, "budget": arm.budget,
-                                "synthetic": plan.synthetic, "synth_len": plan.synth_len if is_draft else None,
-                                "category": category, "prompt_id": p.id, "rep": rep,
-                                "prompt_n": int(resp.get("tokens_evaluated", t.get("prompt_n", 0))),
-                                "request_ms": resp["_request_ms"],
-                                "prompt_ms": t.get("prompt_ms"), "n_predicted": int(t.get("predicted_n", len(tokens))),
-                                "predicted_ms": float(t.get("predicted_ms", 0.0)),
-                                "tok_s": t.get("predicted_per_second"),
-                                "draft_n": int(t.get("draft_n", 0)), "draft_n_accepted": int(t.get("draft_n_accepted", 0)),
-                                "stop_type": resp.get("stop_type"), "truncated": resp.get("truncated"),
-                                "tokens": tokens, "tokens_sha256": tokens_sha256(tokens),
-                                "output_sha256": text_sha256(str(resp.get("content", ""))),
-                                "server_argv": server_argv,
-                            }
-                            key = (p.id, rep)
-                            if arm.name == PLAIN:
-                                plain_tokens[key] = tokens
-                                plain_sha[key] = rec["output_sha256"]
-                            else:
-                                div = first_divergence(plain_tokens[key], tokens)
-                                rec.update({"identical_to_plain": div is None, "first_divergence": div,
-                                            "plain_sha256": plain_sha[key]})
-                            writer.write(rec)
-                        if is_draft:
-                            after = parse_counters(client.metrics())
-                            delta = counters_delta(before, after)  # type: ignore[arg-type]
-                            before = after
-                            arm_drafted += delta["drafted"]
-                            writer.write({"record": "counters", "config": arm.name, "draft": arm.draft.label,
-                                          "budget": arm.budget, "category": category, "rep": rep, **delta,
-                                          "synthetic": plan.synthetic, "server_argv": server_argv})
-                    if is_draft and arm_drafted == 0:  # a whole pass without one draft: fail now, not in an hour
-                        n = len(plan.prompts) * (rep + 1)
-                        raise BenchError(
-                            f"configuration {arm.name} drafted nothing in {n} requests "
-                            f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
-                            hint=f"server log: {srv.log_path}")
+            load_s = _run_arm(engine, plan, arm, writer, state, totals, images_b64, image_sha, categories, on_request)
             for row in summarize(writer.records, upstream):
                 if row["config"] == arm.name:
                     if row["category"] == ALL:
-                        row["load_s"] = arm_load_s
+                        row["load_s"] = load_s
                     writer.write(row)
         wall_s = time.perf_counter() - t_wall0
-        denom = generation_s + load_s
-        overhead = Overhead(wall_s=wall_s, generation_s=generation_s, load_s=load_s, request_s=request_s,
-                            ratio=wall_s / denom if denom > 0 else float("inf"))
-        writer.write({"record": "overhead", "wall_s": wall_s, "generation_s": generation_s, "load_s": load_s,
-                      "request_s": request_s, "ratio": overhead.ratio, "configurations": len(plan.arms()),
-                      "requests": plan.total_requests(), "synthetic": plan.synthetic})
+        denom = totals.generation_s + totals.load_s
+        overhead = Overhead(wall_s=wall_s, generation_s=totals.generation_s, load_s=totals.load_s,
+                            request_s=totals.request_s, ratio=wall_s / denom if denom > 0 else float("inf"))
+        writer.write({"record": "overhead", "wall_s": wall_s, "generation_s": totals.generation_s,
+                      "load_s": totals.load_s, "request_s": totals.request_s, "ratio": overhead.ratio,
+                      "configurations": len(plan.arms()), "requests": plan.total_requests(),
+                      "synthetic": plan.synthetic})
     summaries = tuple(r for r in writer.records if r["record"] == "summary")
     return BenchResult(run_id=run_id, out=out, summaries=summaries, overhead=overhead, synthetic=plan.synthetic)
