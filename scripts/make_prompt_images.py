@@ -175,7 +175,7 @@ def mmmu_timeline(p: Path) -> None:
     ax = fig.add_axes([0.25, 0.15, 0.7, 0.75])
     eras = [("Bronze Age (region A)", -3300, -1200), ("Iron Age (region A)", -1200, -550),
             ("Classical period", -550, 330), ("Late antiquity", 250, 650), ("Early medieval", 500, 1000)]
-    for i, (name, a, b) in enumerate(eras):
+    for i, (_, a, b) in enumerate(eras):
         ax.barh(i, b - a, left=a, color=f"C{i}")
     ax.set_yticks(range(len(eras)))
     ax.set_yticklabels([e[0] for e in eras], fontsize=8)

@@ -57,7 +57,7 @@ def test_synthetic_runs_are_labelled_everywhere(tmp_path):
     synth = [dict(r, synthetic=True, synth_len=None if r["config"] == "plain" else 3.0) for r in ROWS]
     label = "SYNTHETIC acceptance (--spec-synth-len 3)"
     assert label in report.title(synth)
-    assert report.to_markdown(synth).startswith(f"**dspark bench") and label in report.to_markdown(synth).splitlines()[0]
+    assert report.to_markdown(synth).startswith("**dspark bench") and label in report.to_markdown(synth).splitlines()[0]
     assert all(r["synthetic"] == "True" and r["synth_len"] in ("", "3.0") for r in csv.DictReader(io.StringIO(report.to_csv(synth))))
     doc = report.to_json_doc(synth, run_id="r1", out=Path("x.jsonl"), overhead={"ratio": 1.01})
     assert doc["synthetic"] is True and label in doc["synthetic_note"]
