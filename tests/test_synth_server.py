@@ -113,6 +113,19 @@ def test_budget_above_block_size_is_clamped_like_the_server(engine, pairs, logs)
         assert spec_metrics(srv.client, BLOCK) == expected_metrics([pred])  # positions 0..7, no position 8
 
 
+def test_no_token_ends_generation(engine, pairs, logs):
+    # 260 tokens walk g's single cycle through all 128 ids twice (mask id 127 included): no early stop
+    pair = pairs[1.0]
+    man = synth.load_manifest(pair.manifest)
+    with serve(engine, pair, logs, n_max=BLOCK) as srv:
+        resp = complete(srv.client, [0], 260)
+    pred = synth.predict(man, [0], n_max=BLOCK, n_predict=260)
+    assert len(set(pred.tokens)) == 128
+    assert resp["tokens"] == list(pred.tokens)
+    assert resp["stop_type"] == "limit"
+    assert observed(resp) == (pred.draft_n, pred.draft_n_accepted)
+
+
 # ------------------------------------------------------------------ confidence head
 
 
