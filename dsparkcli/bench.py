@@ -38,6 +38,7 @@ from dsparkcli.server import LlamaServer, ServerClient, ServerConfig
 
 PLAIN = "plain"
 ALL = "all"
+DEFAULT_BUDGET = 5  # when neither --budget nor the registry pair gives one
 # Pinned so the templated prompts rendered on the first server stay valid on every later one
 # (llama-server otherwise draws a random marker per process).
 MEDIA_MARKER = "<__media__>"
@@ -146,6 +147,72 @@ class BenchResult:
     summaries: tuple[dict[str, Any], ...]
     overhead: Overhead
     synthetic: bool
+
+
+@dataclass(frozen=True)
+class BenchInputs:
+    """The files a bench runs on, and what the registry says about them."""
+
+    target: Path
+    mmproj: Path | None
+    drafts: tuple[Draft, ...]
+    upstream_acceptance: tuple[tuple[str, float], ...] = ()
+    budget: int | None = None  # the registry pair's default budget
+    model_name: str | None = None
+
+
+def _label(path: str, taken: set[str]) -> str:
+    stem = Path(path).name.removesuffix(".gguf") or "draft"
+    label, n = stem, 2
+    while label in taken:
+        label, n = f"{stem}-{n}", n + 1
+    return label
+
+
+def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None,
+                   yes: bool = False) -> BenchInputs:
+    """Local paths (or hf:// refs) with --target, else the registry pair (``drafts``: keys or paths).
+
+    Every draft is checked against the target first: a wrong pair fails in one line, not as a
+    llama.cpp assert in each configuration.
+    """
+    from dsparkcli import runner
+
+    resolved: list[Draft] = []
+    taken: set[str] = set()
+    if target is not None:
+        if model is not None:
+            raise UsageError("give either --model or --target, not both")
+        if not drafts:
+            raise UsageError("--target needs at least one --draft")
+        for d in drafts:
+            files = runner.resolve_files(target=target, draft=d, mmproj=mmproj, yes=yes)
+            runner.check_pairing(files)
+            label = _label(d, taken)
+            taken.add(label)
+            resolved.append(Draft(label, files.draft))  # type: ignore[arg-type]
+        return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved))
+    from dsparkcli import registry
+
+    reg = registry.load_registry()
+    name = model or reg.default
+    if name is None:
+        raise UsageError("no --model given and the registry has no default pair; pass --target and --draft")
+    pair = reg.get(name)
+    for d in drafts or [pair.default_draft]:
+        if d in pair.drafts:
+            files = runner.resolve_files(model=name, draft_key=d, mmproj=mmproj, yes=yes)
+            label = d
+        else:
+            files = runner.resolve_files(model=name, draft=d, mmproj=mmproj, yes=yes)
+            label = _label(d, taken)
+        if files.draft is None:
+            raise UsageError(f"pair {name} has no draft '{d}' (known: {', '.join(pair.drafts)})")
+        runner.check_pairing(files)
+        taken.add(label)
+        resolved.append(Draft(label, files.draft))
+    return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),
+                       upstream_acceptance=tuple(pair.acceptance.items()), budget=pair.budget, model_name=name)
 
 
 # ------------------------------------------------------------------ statistics (pure)

@@ -72,59 +72,6 @@ def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit() and not text.startswith("--")
 
 
-def _label(path: str, taken: set[str]) -> str:
-    stem = Path(path).name.removesuffix(".gguf") or "draft"
-    label, n = stem, 2
-    while label in taken:
-        label, n = f"{stem}-{n}", n + 1
-    return label
-
-
-def resolve_plan_files(*, model: str | None, target: str | None, drafts: list[str], mmproj: str | None,
-                       yes: bool) -> tuple[Path, Path | None, tuple[core.Draft, ...], dict[str, float], int | None, str | None]:
-    """(target, mmproj, drafts, upstream acceptance, registry budget, pair name) from paths or the registry."""
-    from dsparkcli import runner
-
-    if target is not None:
-        if model is not None:
-            raise UsageError("give either --model or --target, not both")
-        if not drafts:
-            raise UsageError("--target needs at least one --draft")
-        resolved, taken = [], set()
-        t = m = None
-        for d in drafts:
-            files = runner.resolve_files(target=target, draft=d, mmproj=mmproj, yes=yes)
-            runner.check_pairing(files)  # one line now, rather than a llama.cpp assert per configuration
-            t, m = files.target, files.mmproj
-            label = _label(d, taken)
-            taken.add(label)
-            resolved.append(core.Draft(label, files.draft))  # type: ignore[arg-type]
-        return t, m, tuple(resolved), {}, None, None  # type: ignore[return-value]
-    from dsparkcli import registry
-
-    reg = registry.load_registry()
-    name = model or reg.default
-    if name is None:
-        raise UsageError("no --model given and the registry has no default pair; pass --target and --draft")
-    pair = reg.get(name)
-    resolved, taken = [], set()
-    t = m = None
-    for d in drafts or [pair.default_draft]:
-        if d in pair.drafts:
-            files = runner.resolve_files(model=name, draft_key=d, mmproj=mmproj, yes=yes)
-            label = d
-        else:
-            files = runner.resolve_files(model=name, draft=d, mmproj=mmproj, yes=yes)
-            label = _label(d, taken)
-        if files.draft is None:
-            raise UsageError(f"pair {name} has no draft '{d}' (known: {', '.join(pair.drafts)})")
-        runner.check_pairing(files)
-        taken.add(label)
-        t, m = files.target, files.mmproj
-        resolved.append(core.Draft(label, files.draft))
-    return t, m, tuple(resolved), dict(pair.acceptance), pair.budget, name  # type: ignore[return-value]
-
-
 def render_table(summaries: list[dict[str, Any]]) -> Table:
     synthetic = report.is_synthetic(summaries)
     table = Table(title=report.title(summaries), title_style="bold red" if synthetic else "bold")
@@ -175,13 +122,13 @@ def bench(
     selected = kit.select(kit.load_prompts(prompts), category, limit)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
     engine_mod.require_dspark(eng)
-    t, m, drafts, upstream, reg_budget, pair_name = resolve_plan_files(
-        model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
+    inputs = core.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
     plan = core.BenchPlan(
-        target=t, mmproj=m, drafts=drafts, budgets=tuple(budget or [reg_budget or 5]), prompts=selected,
+        target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts,
+        budgets=tuple(budget or [inputs.budget or core.DEFAULT_BUDGET]), prompts=selected,
         reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_min, synth_len=synth_len,
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=passthrough_args(),
-        upstream_acceptance=tuple(upstream.items()), model_name=pair_name,
+        upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name,
     )
     plan.validate()
     if plan.synthetic:
