@@ -351,6 +351,11 @@ def _read_array(cur: _Cursor, what: str, depth: int, outer: Any | None, keep: bo
     return GGUFArray(VALUE_TYPE_NAMES[etype], count, hasher.hexdigest(), items)
 
 
+def _q(name: str) -> str:
+    """A key or tensor name for an error message: quoted, escaped, short (names can be megabytes)."""
+    return repr(name if len(name) <= 48 else name[:48] + "…")
+
+
 def _decode_name(raw: bytes, what: str, src: ByteSource) -> str:
     try:
         return raw.decode("utf-8")
@@ -404,11 +409,11 @@ def _parse(src: ByteSource, limits: Limits) -> GGUFHeader:
         if not key:
             raise GGUFError(f"{src.name}: metadata key {i} is empty")
         if key in kv:
-            raise GGUFError(f"{src.name}: duplicate metadata key {key!r}")
-        vtype = cur.unpack("i", 4, f"type of {key!r}")
+            raise GGUFError(f"{src.name}: duplicate metadata key {_q(key)}")
+        vtype = cur.unpack("i", 4, f"type of {_q(key)}")
         if vtype not in VALUE_TYPE_NAMES:
-            raise GGUFError(f"{src.name}: key {key!r} has invalid GGUF value type {vtype}")
-        kv[key] = _read_value(cur, vtype, f"value of {key!r}", 0, None, True,
+            raise GGUFError(f"{src.name}: key {_q(key)} has invalid GGUF value type {vtype}")
+        kv[key] = _read_value(cur, vtype, f"value of {_q(key)}", 0, None, True,
                               limits.max_tokens_kept if key == TOKENS_KEY else None)
         kv_types[key] = VALUE_TYPE_NAMES[vtype]
         if isinstance(kv[key], GGUFArray):
@@ -427,13 +432,13 @@ def _parse(src: ByteSource, limits: Limits) -> GGUFHeader:
         if len(name.encode()) >= GGML_MAX_NAME:
             raise GGUFError(f"{src.name}: tensor {i} name is {len(name.encode())} bytes (ggml allows {GGML_MAX_NAME - 1})")
         if name in seen:
-            raise GGUFError(f"{src.name}: duplicate tensor name {name!r}")
+            raise GGUFError(f"{src.name}: duplicate tensor name {_q(name)}")
         seen.add(name)
-        n_dims = cur.u32(f"dims of {name!r}")
+        n_dims = cur.u32(f"dims of {_q(name)}")
         if n_dims > GGML_MAX_DIMS:
-            raise GGUFError(f"{src.name}: tensor {name!r} has {n_dims} dimensions (max {GGML_MAX_DIMS})")
-        shape = struct.unpack(f"<{n_dims}q", cur.take(8 * n_dims, f"shape of {name!r}"))
-        type_id, offset = struct.unpack("<iQ", cur.take(12, f"type of {name!r}"))
+            raise GGUFError(f"{src.name}: tensor {_q(name)} has {n_dims} dimensions (max {GGML_MAX_DIMS})")
+        shape = struct.unpack(f"<{n_dims}q", cur.take(8 * n_dims, f"shape of {_q(name)}"))
+        type_id, offset = struct.unpack("<iQ", cur.take(12, f"type of {_q(name)}"))
         raw_infos.append((name, shape, type_id, offset))
     header_bytes = cur.pos
     data_offset = -(-header_bytes // alignment) * alignment if n_tensors else header_bytes
@@ -449,19 +454,19 @@ def _tensor_info(src: ByteSource, name: str, shape: tuple[int, ...], type_id: in
     n_elements = 1
     for dim in shape:
         if dim < 0:
-            raise GGUFError(f"{src.name}: tensor {name!r} has a negative dimension {dim}")
+            raise GGUFError(f"{src.name}: tensor {_q(name)} has a negative dimension {dim}")
         n_elements *= dim
     if n_elements >= 1 << 63:
-        raise GGUFError(f"{src.name}: tensor {name!r} shape {shape} overflows 64 bits")
+        raise GGUFError(f"{src.name}: tensor {_q(name)} shape {shape} overflows 64 bits")
     if offset % alignment:
-        raise GGUFError(f"{src.name}: tensor {name!r} data offset {offset} is not aligned to {alignment}")
+        raise GGUFError(f"{src.name}: tensor {_q(name)} data offset {offset} is not aligned to {alignment}")
     n_bytes = None
     entry = GGML_TYPES.get(type_id)
     if entry is not None:
         type_name, block, size = entry
         row = shape[0] if shape else 1
         if row % block:
-            raise GGUFError(f"{src.name}: tensor {name!r} rows of {row} are not a multiple of the {type_name} "
+            raise GGUFError(f"{src.name}: tensor {_q(name)} rows of {row} are not a multiple of the {type_name} "
                             f"block ({block})")
         n_bytes = n_elements // block * size
     return TensorInfo(name, tuple(shape), type_id, ggml_type_name(type_id), n_elements, n_bytes,
@@ -474,10 +479,10 @@ def _check_layout(src: ByteSource, tensors: tuple[TensorInfo, ...]) -> None:
     for t in sorted(tensors, key=lambda t: (t.offset, t.n_bytes or 0)):
         end = t.offset + (t.n_bytes or 0)
         if t.offset > src.size or end > src.size:
-            raise GGUFError(f"{src.name}: tensor {t.name!r} data [{t.offset}, {end}) lies past the end of the file "
+            raise GGUFError(f"{src.name}: tensor {_q(t.name)} data [{t.offset}, {end}) lies past the end of the file "
                             f"({src.size} bytes): truncated download?")
         if prev is not None and prev.n_bytes is not None and t.offset < prev.offset + prev.n_bytes:
-            raise GGUFError(f"{src.name}: tensors {prev.name!r} and {t.name!r} overlap")
+            raise GGUFError(f"{src.name}: tensors {_q(prev.name)} and {_q(t.name)} overlap")
         prev = t
 
 

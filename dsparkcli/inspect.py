@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import hashlib
+import math
 import os
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -203,7 +204,19 @@ def _scalar(v: Any) -> Any:
 
 def _int(v: Any) -> int | None:
     v = _scalar(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    """An integer array's items; anything else (strings, floats, nested arrays: hostile metadata) is empty."""
+    if not isinstance(v, GGUFArray) or not v.items or v.elem_type not in _INT_TYPES:
+        return ()
+    return tuple(int(x) for x in v.items)
+
+
+_INT_TYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})
 
 
 def _str(v: Any) -> str | None:
@@ -248,13 +261,15 @@ def metadata_json(h: GGUFHeader, max_string: int = 4096, max_items: int = 16) ->
         elif isinstance(value, str) and len(value) > max_string:
             out[key] = value[:max_string] + f"… (+{len(value) - max_string} chars)"
         else:
-            out[key] = value
+            out[key] = _json_item(value)
     return out
 
 
 def _json_item(x: Any) -> Any:
     if isinstance(x, GGUFArray):
         return {"type": x.elem_type, "count": x.count, "sha256": x.sha256}
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)  # strict JSON has no NaN/Infinity
     return x
 
 
@@ -298,7 +313,7 @@ def dspark_structure(h: GGUFHeader) -> DSparkStructure | None:
     n_layer = _int(h.arch_key("block_count"))
     block_size = _int(h.arch_key("block_size"))
     taps_raw = h.arch_key("target_layers")
-    taps = tuple(int(x) for x in taps_raw.items) if isinstance(taps_raw, GGUFArray) and taps_raw.items else ()
+    taps = _ints(taps_raw)
     mask = _int(h.get("tokenizer.ggml.mask_token_id"))
     w1 = tensors.get("markov_w1.weight")
     kind = "dspark" if w1 is not None else "dflash"
@@ -575,7 +590,7 @@ def kv_cache_estimate(h: GGUFHeader, kv_type: str = "f16") -> KVCacheEstimate | 
     k_len = _int(h.arch_key("attention.key_length")) or head_dim
     v_len = _int(h.arch_key("attention.value_length")) or head_dim
     if isinstance(heads_kv_raw, GGUFArray) and heads_kv_raw.items:
-        per_layer = [int(x) for x in heads_kv_raw.items][:n_layer]
+        per_layer = list(_ints(heads_kv_raw))[:n_layer]
         kv_layers = [x for x in per_layer if x > 0]
         n_kv_layers, n_head_kv = len(kv_layers), max(kv_layers, default=0)
         total_heads = sum(kv_layers)
