@@ -648,6 +648,7 @@ class ExpectVerdict:
     pinned_file: str
     ok: bool
     checks: tuple[ExpectCheck, ...]
+    explicit: bool = True  # False: matched automatically by file name (a mismatch warns, does not fail)
 
 
 def _registry_files(pair: Any) -> list[Any]:
@@ -684,7 +685,24 @@ def find_expected(name: str, basename: str, file_sha256: str | None = None) -> A
                      f"--expect {pair_name}:KEY ({', '.join(sorted({f.key for f in files}))})")
 
 
-def check_expected(h: GGUFHeader, model_file: Any, model: str, file_sha256: str | None) -> ExpectVerdict:
+def auto_expected(basename: str) -> tuple[str, Any] | None:
+    """(pair name, ModelFile) whose exact file name is this one and that pins something; None otherwise."""
+    from dsparkcli import registry
+    from dsparkcli.errors import DsparkError
+
+    try:
+        reg = registry.load_registry()
+    except DsparkError:
+        return None  # advisory only: a broken user models.toml is reported by the commands that need it
+    for pair in reg.pairs.values():
+        for mf in _registry_files(pair):
+            if mf.filename and mf.filename.rsplit("/", 1)[-1] == basename and (mf.size or mf.sha256 or mf.census):
+                return pair.name, mf
+    return None
+
+
+def check_expected(h: GGUFHeader, model_file: Any, model: str, file_sha256: str | None,
+                   explicit: bool = True) -> ExpectVerdict:
     counts = gguf_census.census(h).counts()
     checks = [
         ExpectCheck("size", None if model_file.size is None else model_file.size == h.file_size,
@@ -696,7 +714,7 @@ def check_expected(h: GGUFHeader, model_file: Any, model: str, file_sha256: str 
     ]
     ok = all(c.ok is not False for c in checks)
     return ExpectVerdict(model=model, role=model_file.role, key=model_file.key, pinned_file=model_file.pattern,
-                         ok=ok, checks=tuple(checks))
+                         ok=ok, checks=tuple(checks), explicit=explicit)
 
 
 # ------------------------------------------------------------------ the whole inspect job
@@ -755,7 +773,7 @@ def _roles(headers: Sequence[GGUFHeader]) -> dict[str, list[GGUFHeader]]:
 
 
 def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str | None = None,
-                  expect: str | None = None, ctx: int | None = None, kv_type: str = "f16",
+                  expect: str | None = None, auto_expect: bool = True, ctx: int | None = None, kv_type: str = "f16",
                   progress: HashProgress | None = None, endpoint: str | None = None) -> InspectReport:
     if not specs:
         raise UsageError("give at least one GGUF file")
@@ -769,14 +787,20 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
     need_hash = do_hash or other is not None
     reports = []
     for i, h in enumerate(headers):
-        model_file = None
+        model_file, model_name = None, ""
         if expect:
-            model_file = find_expected(expect, Path(h.name).name)
-        if need_hash or (model_file is not None and model_file.sha256 and not h.name.startswith("hf://")):
+            model_file, model_name = find_expected(expect, Path(h.name).name), expect.partition(":")[0]
+        elif auto_expect:
+            found = auto_expected(Path(h.name).name)
+            if found is not None:
+                model_name, model_file = found
+        # an explicit --expect with a pinned sha256 hashes the file; the automatic match never does (targets are GBs)
+        pinned_sha = bool(expect) and model_file is not None and model_file.sha256 and not h.name.startswith("hf://")
+        if need_hash or pinned_sha:
             hashes[i] = _hash(h, progress)
         fh = hashes.get(i)
         file_sha = fh.file_sha256 if fh else h.remote_sha256
-        verdict = check_expected(h, model_file, expect.partition(":")[0], file_sha) if model_file else None
+        verdict = check_expected(h, model_file, model_name, file_sha, explicit=bool(expect)) if model_file else None
         reports.append(FileReport(
             spec=specs[i], file_size=h.file_size, version=h.version, alignment=h.alignment, data_offset=h.data_offset,
             n_kv=len(h.kv), summary=summarize(h), census=gguf_census.census(h), structure=dspark_structure(h),

@@ -258,6 +258,19 @@ def test_expect_unknown_file_is_a_usage_error(user_registry: Path, files: dict[s
         ins.inspect_files([str(files["mmproj"])], expect="testpair")
 
 
+def test_file_named_like_a_pinned_registry_file_is_checked_automatically(files: dict[str, Path], cli) -> None:
+    e = ins.inspect_files([str(files["draft"])]).files[0].expect  # same name as the packaged NVFP4A16 draft
+    assert e is not None and not e.explicit
+    assert (e.model, e.key) == ("minicpm-v-4.7", "nvfp4a16-q8heads")
+    checks = {c.name: c for c in e.checks}
+    assert checks["census"].ok is True  # same 97-tensor layout as the real file
+    assert checks["size"].ok is False and checks["size"].expected == 303_989_824
+    assert checks["sha256"].ok is None  # never hashed automatically
+    r = cli("inspect", str(files["draft"]))
+    assert r.returncode == 0 and "registry file of the same name: minicpm-v-4.7 draft" in r.stdout
+    assert ins.inspect_files([str(files["target"])]).files[0].expect is None  # pins nothing: no check
+
+
 def test_packaged_registry_pins_the_real_draft_census() -> None:
     from dsparkcli import registry
 

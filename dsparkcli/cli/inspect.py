@@ -134,7 +134,8 @@ def _render_file(f: core.FileReport) -> None:
 
     if f.expect is not None:
         e = f.expect
-        out.print(Text(f"expected: {e.model} {e.role} '{core.printable(e.key, 40)}' ({core.printable(e.pinned_file, 80)})"
+        how = "expected" if e.explicit else "registry file of the same name"
+        out.print(Text(f"{how}: {e.model} {e.role} '{core.printable(e.key, 40)}' ({core.printable(e.pinned_file, 80)})"
                        f": {'matches' if e.ok else 'MISMATCH'}", style="bold"))
         et = Table("check", "result", "pinned", "this file", box=None, pad_edge=False)
         for ch in e.checks:
@@ -222,7 +223,7 @@ def inspect(
             _render_pairing(report.pairing)
     if report.pairing is not None and not report.pairing.ok:
         raise PairingError("not a compatible pair: " + "; ".join(report.pairing.reasons))
-    bad = [f for f in report.files if f.expect is not None and not f.expect.ok]
+    bad = [f for f in report.files if f.expect is not None and f.expect.explicit and not f.expect.ok]
     if bad:
         what = ", ".join(f"{c.name}" for f in bad for c in f.expect.checks if c.ok is False)  # type: ignore[union-attr]
         raise VerificationError(f"{bad[0].spec} does not match {bad[0].expect.model} in models.toml ({what})")  # type: ignore[union-attr]
