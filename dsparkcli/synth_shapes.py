@@ -521,21 +521,25 @@ def param_counts(t: TargetShape, specs: list[TensorSpec]) -> dict[str, float]:
 
 
 def write_full_width(outdir: Path | str, *, shape: str = "minicpm-v-4.7-35b-a3b", qtype: str = "Q8_0", seed: int = 0,
-                     scale: float = 1.0, target_arch: str = "qwen35moe",
+                     scale: float = 1.0, target_arch: str = "qwen35moe", draft_qtype: str | None = None,
                      on_progress: ProgressFn | None = None) -> FullWidthPair:
     """Write a random-weight target + DSpark draft at ``shape`` (shrunk by ``scale``) and a manifest.
 
     Acceptance on this pair is meaningless (random weights): benchmark it with
-    ``--spec-synth-len L``, and label the results synthetic.
+    ``--spec-synth-len L``, and label the results synthetic. ``draft_qtype`` defaults to ``qtype``
+    (upstream recommends a Q8_0 draft whatever the target's type).
     """
-    if qtype not in QTYPES:
-        raise UsageError(f"unsupported qtype {qtype!r}; choose one of {', '.join(QTYPES)}")
+    draft_qtype = draft_qtype or qtype
+    for q in (qtype, draft_qtype):
+        if q not in QTYPES:
+            raise UsageError(f"unsupported qtype {q!r}; choose one of {', '.join(QTYPES)}")
     t, d = shapes_for(shape, scale=scale, target_arch=target_arch)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    tag = f"{shape}-{t.arch}-{qtype}" + ("" if scale == 1.0 else f"-s{scale:g}")
+    tag = f"{shape}-{t.arch}-{qtype}" + ("" if draft_qtype == qtype else f"-d{draft_qtype}") \
+        + ("" if scale == 1.0 else f"-s{scale:g}")
     target_path, draft_path = outdir / f"target-{tag}.gguf", outdir / f"draft-dspark-{tag}.gguf"
-    t_specs, d_specs = target_tensors(t, qtype), draft_tensors(d, qtype)
+    t_specs, d_specs = target_tensors(t, qtype), draft_tensors(d, draft_qtype)
     grand = sum(s.nbytes for s in t_specs) + sum(s.nbytes for s in d_specs)
     offset = 0
 
@@ -554,7 +558,7 @@ def write_full_width(outdir: Path | str, *, shape: str = "minicpm-v-4.7-35b-a3b"
         "synthetic": True,
         "note": "random weights: acceptance is meaningless; emulate it with --spec-synth-len and label results synthetic",
         "dspark_version": __version__,
-        "shape": shape, "scale": scale, "qtype": qtype, "seed": seed,
+        "shape": shape, "scale": scale, "qtype": qtype, "draft_qtype": draft_qtype, "seed": seed,
         "target_arch": t.arch, "target_arch_reason": ARCH_REASON[t.arch],
         "target": {"file": target_path.name, "shape": asdict(t), **param_counts(t, t_specs),
                    "sha256": t_stats.sha256, "bytes": t_stats.bytes, "write_seconds": t_stats.seconds,

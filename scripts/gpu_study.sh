@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# H200 performance study (issue 8), in ONE device call: build the CUDA engine with dspark, write the
+# full-width synthetic pair while it compiles, run doctor (+ --selftest), then the SYNTHETIC-acceptance
+# sweep (scripts/gpu_sweep.py) until a deadline, appending JSONL to $OUT as it goes.
+#
+# Needs .gpu/ from scripts/pack_gpu_bundle.py (carry [".gpu"]). Run from the repo root:
+#   bash scripts/gpu_study.sh --quick                  # one call: build + pair + 256-token sweep
+#   bash scripts/gpu_study.sh --part 2 --parts 2       # a second call: the other half of the grid
+#   bash scripts/gpu_study.sh --phase build            # build + doctor + HBM only
+#   bash scripts/gpu_study.sh --cpu-smoke              # here, on the CPU engine, scale 0.05 pair (< 3 min)
+#
+# Options: --quick (n_predict 256 only) --part N --parts M --qtype Q4_K|Q8_0 --draft-qtype Q8_0
+#          --arch qwen35moe|qwen3moe --budget-s SECONDS (deadline for starting a config, default 555)
+#          --scale S --with-cost (also L=1 at every budget) --phase all|build|sweep
+set -euo pipefail
+
+T0=$(date +%s)
+REPO=$(pwd)
+PHASE=all QUICK="" PART=1 PARTS=1 QTYPE=Q4_K DQTYPE=Q8_0 ARCH=qwen35moe BUDGET_S=555 SCALE=1.0 SMOKE=0 COST=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --phase) PHASE=$2; shift 2 ;;
+    --quick) QUICK=--quick; shift ;;
+    --part) PART=$2; shift 2 ;;
+    --parts) PARTS=$2; shift 2 ;;
+    --qtype) QTYPE=$2; shift 2 ;;
+    --draft-qtype) DQTYPE=$2; shift 2 ;;
+    --arch) ARCH=$2; shift 2 ;;
+    --budget-s) BUDGET_S=$2; shift 2 ;;
+    --scale) SCALE=$2; shift 2 ;;
+    --with-cost) COST=--with-cost; shift ;;
+    --cpu-smoke) SMOKE=1; shift ;;
+    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    *) echo "gpu_study.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+OUT=${OUT:-$REPO/gpu-out}
+WORK=${DSPARK_STUDY_DIR:-/tmp/dspark-study}
+mkdir -p "$OUT" "$WORK"
+export DSPARK_CACHE_DIR=$WORK/cache   # the CUDA build lands here: nothing else is found first
+LOG=$OUT/study.log
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+PY=${PYTHON:-python3}
+
+if [ "$SMOKE" = 1 ]; then
+  # local check of everything but the CUDA build: the CPU engine, a scale-0.05 pair, a tiny grid
+  PY=${PYTHON:-$REPO/.venv/bin/python}
+  SCALE=0.05 QTYPE=Q8_0 DQTYPE=Q8_0 BUDGET_S=170
+  export DSPARK_LLAMA_BIN=${DSPARK_LLAMA_BIN:-$HOME/.cache/dspark/engine/0c1e570-cpu/build/bin}
+  SWEEP_EXTRA=(--cpu --n-predict 48 --reps 2 --verify-reps 2 --budgets 3 5 --categories general ocr --load-mode auto --no-overhead)
+else
+  SWEEP_EXTRA=(--load-mode probe)
+fi
+dspark() { "$PY" -m dsparkcli.cli.app "$@"; }
+
+say "phase=$PHASE quick=${QUICK:-no} part=$PART/$PARTS qtype=$QTYPE draft=$DQTYPE arch=$ARCH scale=$SCALE smoke=$SMOKE"
+{ nvidia-smi 2>/dev/null || echo "no nvidia-smi"; df -h "$WORK"; free -g; nproc; "$PY" --version; } > "$OUT/machine.txt" 2>&1 || true
+
+# --- 1. wheels and dspark on PYTHONPATH (the GPU machine has no network)
+[ -d .gpu/wheels ] || { echo "gpu_study.sh: .gpu/wheels missing: run scripts/pack_gpu_bundle.py and carry .gpu" >&2; exit 3; }
+SITE=$WORK/site
+if [ "$SMOKE" = 1 ]; then
+  # the bundle is cp312; here we only prove it installs, and run with the project venv
+  pip_t() { "$PY" -m pip install --quiet --no-index --no-deps --only-binary=:all: --python-version 3.12 --target "$SITE" .gpu/wheels/*.whl; }
+else
+  pip_t() { "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" .gpu/wheels/*.whl; }
+fi
+pip_t > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 3; }
+[ "$SMOKE" = 1 ] || export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
+say "wheels installed into $SITE ($(ls .gpu/wheels | wc -l) wheels)"
+
+# --- 2. llama.cpp source
+SRC=$WORK/src/llama.cpp
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  mkdir -p "$WORK/src" && tar xzf .gpu/llama.cpp.tar.gz -C "$WORK/src"
+fi
+say "source unpacked: $SRC"
+
+# --- 3. the pair (background: disk-bound, runs while the build is CPU-bound)
+PAIR_PID=""
+if [ "$PHASE" != build ]; then
+  NEED=$("$PY" -c "
+from dsparkcli import synth_shapes as s
+t, d = s.shapes_for(scale=$SCALE, target_arch='$ARCH')
+print(sum(x.nbytes for x in s.target_tensors(t, '$QTYPE')) + sum(x.nbytes for x in s.draft_tensors(d, '$DQTYPE')))")
+  FREE=$(df --output=avail -B1 "$WORK" | tail -1)
+  if [ "$FREE" -lt $(( NEED + 3000000000 )) ]; then
+    say "only $FREE bytes free for a $NEED-byte pair with $QTYPE; falling back to Q4_K"; QTYPE=Q4_K
+  fi
+  (
+    "$PY" - <<EOF
+import json, sys, time
+from dsparkcli.synth_shapes import write_full_width
+last = [0.0]
+def prog(done, total, what):
+    if time.monotonic() - last[0] > 10:
+        last[0] = time.monotonic(); print(f"{done/1e9:.1f}/{total/1e9:.1f} GB {what}", flush=True)
+p = write_full_width("$WORK/pair", scale=$SCALE, qtype="$QTYPE", draft_qtype="$DQTYPE", target_arch="$ARCH", on_progress=prog)
+print(p.manifest)
+EOF
+  ) > "$OUT/pair.log" 2>&1 &
+  PAIR_PID=$!
+fi
+
+# --- 4. HBM bandwidth (GPU idle during the build) and the CUDA build
+HBM_PID=""
+if [ "$SMOKE" = 0 ]; then
+  "$PY" scripts/gpu_sweep.py --phase hbm --out "$OUT/sweep.jsonl" > "$OUT/hbm.log" 2>&1 &
+  HBM_PID=$!
+  B0=$(date +%s)
+  if ! dspark engine build --backend cuda --cuda-arch 90 --source "$SRC" --jobs "$(nproc)" --json > "$OUT/build.json" 2> "$OUT/build.err"; then
+    say "BUILD FAILED"; tail -50 "$OUT/build.err"; tail -80 "$DSPARK_CACHE_DIR"/engine/*/build.log > "$OUT/build.log.tail" 2>/dev/null || true
+    exit 4
+  fi
+  say "engine built in $(( $(date +%s) - B0 )) s: $(cat "$OUT/build.json" | tr -d '\n' | cut -c1-300)"
+fi
+
+# --- 5. doctor
+D0=$(date +%s); set +e; dspark doctor > "$OUT/doctor.txt" 2>&1; RC=$?; set -e
+say "dspark doctor rc=$RC in $(( $(date +%s) - D0 )) s: $(tail -2 "$OUT/doctor.txt" | tr '\n' ' ')"
+if dspark doctor --help 2>/dev/null | grep -q -- --selftest; then
+  D0=$(date +%s); set +e; dspark doctor --selftest > "$OUT/selftest.txt" 2>&1; RC=$?; set -e
+  say "dspark doctor --selftest rc=$RC in $(( $(date +%s) - D0 )) s: $(grep -E 'PASS|FAIL' "$OUT/selftest.txt" | head -3 | tr '\n' ' ')"
+else
+  say "dspark doctor has no --selftest in this tree"
+fi
+[ -n "$HBM_PID" ] && { wait "$HBM_PID" || say "hbm measurement failed: $(tail -3 "$OUT/hbm.log")"; }
+[ "$PHASE" = build ] && { say "phase build done"; exit 0; }
+
+# --- 6. wait for the pair, then sweep until the deadline
+W0=$(date +%s)
+wait "$PAIR_PID" || { say "PAIR WRITE FAILED"; cat "$OUT/pair.log"; exit 5; }
+MANIFEST=$(tail -1 "$OUT/pair.log")
+cp "$MANIFEST" "$OUT/"
+say "pair ready (waited $(( $(date +%s) - W0 )) s): $(python3 -c "import json;m=json.load(open('$MANIFEST'));t=m['target'];print(t['file'],t['bytes'],'bytes',t['write_seconds'],'s',t['write_mb_per_s'],'MB/s')" 2>/dev/null)"
+sync
+
+DEADLINE=$(( T0 + BUDGET_S ))
+say "sweep: deadline in $(( DEADLINE - $(date +%s) )) s"
+set +e
+"$PY" scripts/gpu_sweep.py --manifest "$MANIFEST" --out "$OUT/sweep.jsonl" --deadline "$DEADLINE" \
+  --part "$PART" --parts "$PARTS" $QUICK $COST "${SWEEP_EXTRA[@]}" --log-dir "$WORK/logs" > "$OUT/sweep.log" 2>&1
+RC=$?
+set -e
+say "sweep rc=$RC: $(grep -c '"type": "config"' "$OUT/sweep.jsonl" 2>/dev/null) configs, $(grep -c '"type": "error"' "$OUT/sweep.jsonl" 2>/dev/null) errors"
+[ "$RC" = 0 ] || tail -30 "$OUT/sweep.log"
+tail -c 20000 "$WORK"/logs/*.log > "$OUT/server-logs.tail" 2>/dev/null || true
+
+# --- 7. tables from the records (the lead regenerates BENCHMARKS.md from the committed JSONL)
+"$PY" scripts/bench_to_md.py "$OUT/sweep.jsonl" > "$OUT/BENCHMARKS.partial.md" 2> "$OUT/bench_to_md.err" || say "bench_to_md failed: $(tail -3 "$OUT/bench_to_md.err")"
+say "done in $(( $(date +%s) - T0 )) s; results in $OUT"

@@ -1,0 +1,392 @@
+#!/usr/bin/env python3
+"""Speedup vs acceptance length x budget on a full-width synthetic pair (issue 8). SYNTHETIC acceptance.
+
+One llama-server per configuration (``--spec-synth-len`` and ``--spec-draft-n-max`` are server flags
+in this llama.cpp), each loaded, warmed up, then timed on greedy ``/completion`` requests with
+``ignore_eos`` and fixed seeds. Everything is appended to a JSONL file as it is measured, so a call
+that runs out of time still returns what it did. Records (all with ``run_id`` and ``synthetic: true``):
+
+* ``provenance``  once: dspark version, engine commit/backend, GPU, argv, manifest, file sha256
+* ``hbm``         (from ``--phase hbm``) device copy bandwidth measured with torch
+* ``load_probe``  load time of the target with ``-lm none`` vs mmap (which one the sweep then uses)
+* ``verify_cost`` prompt eval of m fresh tokens on the plain server: t_verify(m) for the bound
+* ``request``     one per timed request: tok/s, predicted_ms, draft_n/accepted, steps (from /metrics),
+                  draft time and calls (from the server's speculative statistics, ``-lv 4``)
+* ``config``      one per server: load_s, medians/min/max per n_predict, t_step, t_draft, argv
+* ``overhead``    dspark's client vs a bare HTTP client on the plain server (if time is left)
+* ``skipped``     configurations the deadline left out
+
+Usage (the study script calls this):
+    python scripts/gpu_sweep.py --manifest DIR/manifest-*.json --out $OUT/sweep.jsonl --quick --deadline EPOCH
+    python scripts/gpu_sweep.py --phase hbm --out $OUT/sweep.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SCHEMA = "dspark-gpu-sweep/1"
+# upstream acceptance lengths per category (upstream_facts.md; BF16 pair, self-reported)
+CATEGORIES: dict[str, float] = {"general": 3.501, "ocr": 5.407, "mmmu": 5.098, "charxiv": 5.479,
+                                "mathvista": 6.126, "math": 6.687, "code": 7.387}
+BUDGETS = (1, 2, 3, 5, 7, 10, 15)
+_M_DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
+_M_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
+_M_STEPS = "llamacpp:spec_decode_num_drafts_total"
+_STATS_RE = re.compile(r"statistics\s+draft-dspark: #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"
+                       r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms")
+
+
+@dataclass(frozen=True)
+class Config:
+    category: str  # a CATEGORIES key, "plain", or "cost" (L = 1: every draft rejected)
+    synth_len: float | None
+    budget: int | None
+
+    @property
+    def key(self) -> str:
+        if self.budget is None:
+            return "plain"
+        return f"L{self.synth_len:g}-k{self.budget}"
+
+
+def grid(budgets: tuple[int, ...], categories: dict[str, float], with_cost: bool) -> list[Config]:
+    """Spec configurations, most informative first: budgets near each L before far ones."""
+    cells = [Config(cat, L, k) for cat, L in categories.items() for k in budgets if k >= L - 1]
+    cells.sort(key=lambda c: (abs(c.budget - (c.synth_len + 1)), c.synth_len))  # type: ignore[operator]
+    if with_cost:
+        cells += [Config("cost", 1.0, k) for k in budgets]
+    return cells
+
+
+class Sink:
+    """Appends one JSON line per record and flushes: a killed call keeps everything written so far."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(path, "a", encoding="utf-8")
+        self.run_id = run_id
+
+    def write(self, rtype: str, **fields: Any) -> dict[str, Any]:
+        rec = {"schema": SCHEMA, "type": rtype, "run_id": self.run_id, "synthetic": True,
+               "ts": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **fields}
+        self.fh.write(json.dumps(rec) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        return rec
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def gpu_facts() -> dict[str, Any]:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {"name": "none (CPU)"}
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version,clocks.max.memory",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {"name": "unknown"}
+    first = (out.strip().splitlines() or [""])[0].split(", ")
+    keys = ("name", "memory_total", "driver", "mem_clock_max")
+    return dict(zip(keys, first)) | {"count": len(out.strip().splitlines())}
+
+
+def measure_hbm(sink: Sink, gib: float = 4.0, reps: int = 20) -> None:
+    """Device-to-device copy bandwidth: a copy reads and writes every byte, so 2 x size per copy."""
+    import torch
+
+    if not torch.cuda.is_available():
+        sink.write("hbm", error="no CUDA device visible to torch")
+        return
+    n = int(gib * 2**30) // 4
+    src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    moved = 2 * n * 4
+    gbps = [moved / t / 1e9 for t in times]
+    sink.write("hbm", method="torch dst.copy_(src), bytes moved = 2 x size", size_bytes=n * 4, reps=reps,
+               gb_per_s=spread(gbps), device=torch.cuda.get_device_name(0), torch_version=torch.__version__,
+               gpu=gpu_facts())
+
+
+# ------------------------------------------------------------------ servers
+
+
+def _server_cfg(args: argparse.Namespace, pair: dict[str, Path], c: Config, load_mode: str):
+    from dsparkcli.server import ServerConfig
+
+    extra: list[str] = []
+    if load_mode != "auto":
+        extra += ["-lm", load_mode]
+    if c.budget is not None:
+        extra += ["-lv", "4"]  # prints the speculative statistics (draft time) after each request
+    extra += list(args.extra_arg or [])
+    if args.cpu:
+        extra += ["--no-repack"]  # AMX repack segfaults on quantised files on the dev CPU
+    return ServerConfig(
+        model=pair["target"], draft=pair["draft"] if c.budget is not None else None,
+        n_max=c.budget, n_min=0 if c.budget is not None else None, p_min=0.0 if c.budget is not None else None,
+        synth_len=c.synth_len, ngl=None if args.cpu else 99, ngld=None if (args.cpu or c.budget is None) else 99,
+        flash_attn=None if args.cpu else "on", ctx=args.ctx, threads=args.threads if args.cpu else None,
+        extra_args=tuple(extra))
+
+
+def _stats(log_path: Path | None, n_before: int, wait_s: float = 3.0) -> tuple[int, tuple[float, ...] | None]:
+    """(count of statistics lines, last parsed (calls_b, calls_g, calls_a, ms_b, ms_g, ms_a)) once a new one appears."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
+        found = _STATS_RE.findall(text)
+        if len(found) > n_before or time.monotonic() > deadline:
+            last = tuple(float(x) for x in found[-1]) if found else None
+            return len(found), last
+        time.sleep(0.05)
+
+
+def _payload(args: argparse.Namespace, prompt: list[int], n_predict: int, seed: int) -> dict[str, Any]:
+    return {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "ignore_eos": True, "seed": seed,
+            "cache_prompt": False, "return_tokens": False}
+
+
+def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str, prompt: list[int],
+               plain_ref: dict[int, float] | None) -> dict[str, Any]:
+    from dsparkcli.server import LlamaServer
+
+    cfg = _server_cfg(args, pair, c, load_mode)
+    t0 = time.monotonic()
+    with LlamaServer(engine, cfg, log_dir=args.log_dir, startup_timeout=300) as srv:
+        load_s = time.monotonic() - t0
+        srv.client.completion(_payload(args, prompt, 32, 1))  # warm-up: graphs, allocations; not timed
+        n_stats, last = _stats(srv.log_path, 0, wait_s=0.5 if c.budget is not None else 0.0)
+        per_np: dict[int, list[dict[str, Any]]] = {}
+        for n_predict in args.n_predict:
+            for rep in range(args.reps):
+                seed = args.seed + rep
+                m0 = srv.client.metrics()
+                resp = srv.client.completion(_payload(args, prompt, n_predict, seed))
+                m1 = srv.client.metrics()
+                tm = resp["timings"]
+                steps = m1.get(_M_STEPS, 0.0) - m0.get(_M_STEPS, 0.0)
+                rec: dict[str, Any] = {
+                    "config": c.key, "category": c.category, "synth_len": c.synth_len, "budget": c.budget,
+                    "n_predict": n_predict, "seed": seed, "rep": rep,
+                    "predicted_n": tm["predicted_n"], "predicted_ms": tm["predicted_ms"],
+                    "tok_s": tm["predicted_per_second"], "prompt_n": tm["prompt_n"], "prompt_ms": tm["prompt_ms"],
+                    "draft_n": tm.get("draft_n", 0), "draft_n_accepted": tm.get("draft_n_accepted", 0),
+                    "steps": steps,
+                    "metrics_drafted": m1.get(_M_DRAFTED, 0.0) - m0.get(_M_DRAFTED, 0.0),
+                    "metrics_accepted": m1.get(_M_ACCEPTED, 0.0) - m0.get(_M_ACCEPTED, 0.0),
+                }
+                if c.budget is not None:
+                    rec["mean_len"] = 1 + rec["draft_n_accepted"] / steps if steps else None
+                    rec["t_step_ms"] = tm["predicted_ms"] / steps if steps else None
+                    n_new, now = _stats(srv.log_path, n_stats)
+                    if now is not None and last is not None and n_new > n_stats:
+                        calls, ms = now[1] - last[1], now[4] - last[4]
+                        rec["draft_calls"], rec["t_draft_total_ms"] = calls, ms
+                        rec["t_draft_ms"] = ms / calls if calls else None
+                    n_stats, last = n_new, now
+                else:
+                    rec["t_step_ms"] = tm["predicted_ms"] / tm["predicted_n"]
+                if plain_ref and n_predict in plain_ref:
+                    rec["speedup_vs_plain"] = rec["tok_s"] / plain_ref[n_predict]
+                sink.write("request", **rec)
+                per_np.setdefault(n_predict, []).append(rec)
+        verify = measure_verify_cost(args, sink, srv, c) if c.budget is None else None
+        srv.check_alive()
+        argv = srv.argv
+    summary: dict[str, Any] = {"config": c.key, "category": c.category, "synth_len": c.synth_len, "budget": c.budget,
+                               "load_s": round(load_s, 3), "load_mode": load_mode, "server_argv": argv,
+                               "engine": {"commit": engine.commit, "backend": engine.backend, "version": engine.version},
+                               "gpu": args.gpu_name, "files": files, "by_n_predict": {}}
+    for n_predict, recs in per_np.items():
+        s = {"tok_s": spread([r["tok_s"] for r in recs]), "t_step_ms": spread([r["t_step_ms"] for r in recs if r.get("t_step_ms")])}
+        if c.budget is not None:
+            s["mean_len"] = spread([r["mean_len"] for r in recs if r.get("mean_len")])
+            s["t_draft_ms"] = spread([r["t_draft_ms"] for r in recs if r.get("t_draft_ms")])
+            s["draft_n"] = sum(r["draft_n"] for r in recs)
+            s["draft_n_accepted"] = sum(r["draft_n_accepted"] for r in recs)
+            s["steps"] = sum(r["steps"] for r in recs)
+        if plain_ref and n_predict in plain_ref:
+            s["plain_tok_s_median"] = plain_ref[n_predict]
+            s["speedup_median"] = s["tok_s"]["median"] / plain_ref[n_predict]
+            s["speedup_min"] = s["tok_s"]["min"] / plain_ref[n_predict]
+            s["speedup_max"] = s["tok_s"]["max"] / plain_ref[n_predict]
+        summary["by_n_predict"][str(n_predict)] = s
+    if verify:
+        summary["verify_cost_ms"] = verify
+    return sink.write("config", **summary)
+
+
+def measure_verify_cost(args, sink: Sink, srv, c: Config) -> dict[str, float]:
+    """t_verify(m): prompt eval of m fresh tokens (no cache) on the plain server, median of reps."""
+    out: dict[str, float] = {}
+    sizes = sorted({1} | {k + 1 for k in args.budgets})
+    for m in sizes:
+        ms = []
+        for rep in range(args.verify_reps):
+            prompt = [(17 + 31 * i + 7 * rep) % 1000 + 10 for i in range(m)]
+            resp = srv.client.completion({"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": False,
+                                          "ignore_eos": True, "seed": 0})
+            if resp["timings"]["prompt_n"] == m:
+                ms.append(resp["timings"]["prompt_ms"])
+        sink.write("verify_cost", m=m, prompt_ms=spread(ms), method="prompt eval of m fresh tokens, plain server")
+        if ms:
+            out[str(m)] = statistics.median(ms)
+    return out
+
+
+def probe_load(args, sink: Sink, engine, pair) -> str:
+    """Time a plain load with -lm none (read into pinned buffers) and with mmap; use the faster."""
+    from dsparkcli.server import LlamaServer
+
+    times = {}
+    for mode in ("none", "mmap"):
+        t0 = time.monotonic()
+        with LlamaServer(engine, _server_cfg(args, pair, Config("plain", None, None), mode), log_dir=args.log_dir):
+            times[mode] = time.monotonic() - t0
+    best = min(times, key=times.get)  # type: ignore[arg-type]
+    sink.write("load_probe", load_s=times, chosen=best, target_bytes=pair["target"].stat().st_size)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="SYNTHETIC-acceptance speedup sweep on a full-width pair")
+    ap.add_argument("--phase", choices=("sweep", "hbm"), default="sweep")
+    ap.add_argument("--manifest", type=Path, help="manifest-*.json written by dsparkcli.synth_shapes")
+    ap.add_argument("--out", type=Path, required=True, help="JSONL file (appended)")
+    ap.add_argument("--quick", action="store_true", help="n_predict 256 only (default: 256 and 1024)")
+    ap.add_argument("--n-predict", type=int, nargs="+")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--verify-reps", type=int, default=5)
+    ap.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
+    ap.add_argument("--categories", nargs="+", default=list(CATEGORIES), help="subset of: " + " ".join(CATEGORIES))
+    ap.add_argument("--with-cost", action="store_true", help="also run L = 1 (all rejected) at every budget")
+    ap.add_argument("--part", type=int, default=1, help="this call's share of the grid (1-based)")
+    ap.add_argument("--parts", type=int, default=1, help="how many calls share the grid")
+    ap.add_argument("--deadline", type=float, default=0.0, help="unix time after which no new server starts")
+    ap.add_argument("--load-mode", default="probe", help="probe | none | mmap | auto (llama-server -lm)")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--seed", type=int, default=1000)
+    ap.add_argument("--cpu", action="store_true", help="CPU engine (smoke test): no -ngl/-fa, --no-repack")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-bin", default=None)
+    ap.add_argument("--log-dir", type=Path, default=None)
+    ap.add_argument("--extra-arg", action="append", help="extra llama-server argument (repeatable)")
+    ap.add_argument("--no-overhead", action="store_true", help="skip the dspark-vs-bare-client measurement")
+    ap.add_argument("--run-id", default=None)
+    args = ap.parse_args(argv)
+
+    run_id = args.run_id or f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    sink = Sink(args.out, run_id)
+    if args.phase == "hbm":
+        measure_hbm(sink)
+        return 0
+
+    from dsparkcli import __version__
+    from dsparkcli import engine as engine_mod
+
+    if args.manifest is None:
+        ap.error("--manifest is required for the sweep")
+    unknown = set(args.categories) - set(CATEGORIES)
+    if unknown:
+        ap.error(f"unknown categories: {', '.join(sorted(unknown))}")
+    args.n_predict = args.n_predict or ([256] if args.quick else [256, 1024])
+    args.budgets = tuple(sorted(set(args.budgets)))
+    args.log_dir = args.log_dir or args.out.parent / "logs"
+    man = json.loads(args.manifest.read_text())
+    pair = {"target": args.manifest.parent / man["target"]["file"], "draft": args.manifest.parent / man["draft"]["file"]}
+    files = {role: {"file": man[role]["file"], "bytes": man[role]["bytes"], "sha256": man[role]["sha256"],
+                    "sha256_source": "hashed while written (synth_shapes)"} for role in ("target", "draft")}
+    engine = engine_mod.describe(engine_mod.resolve_engine(args.llama_bin))
+    gpu = gpu_facts()
+    args.gpu_name = gpu.get("name", "unknown")
+    cats = {k: CATEGORIES[k] for k in args.categories}
+    cells = grid(args.budgets, cats, args.with_cost)
+    mine = cells[args.part - 1::args.parts]
+    sink.write("provenance", dspark_version=__version__, argv=sys.argv if argv is None else argv,
+               engine={"server": str(engine.server), "commit": engine.commit, "version": engine.version,
+                       "backend": engine.backend}, gpu=gpu, manifest=man, files=files,
+               plan={"n_predict": args.n_predict, "reps": args.reps, "budgets": list(args.budgets),
+                     "categories": cats, "part": args.part, "parts": args.parts,
+                     "configs": [c.key + f"/{c.category}" for c in mine], "seed_base": args.seed,
+                     "request": "greedy /completion, ignore_eos, cache_prompt false, 32-token id prompt, 1 warm-up"})
+
+    vocab = man["target"]["shape"]["vocab"]
+    prompt = [(1009 * i + 7) % (vocab - 200) + 100 for i in range(32)]
+    load_mode = probe_load(args, sink, engine, pair) if args.load_mode == "probe" else args.load_mode
+
+    def left() -> float:
+        return (args.deadline - time.time()) if args.deadline else float("inf")
+
+    plain = run_config(args, sink, engine, pair, files, Config("plain", None, None), load_mode, prompt, None)
+    plain_ref = {int(k): v["tok_s"]["median"] for k, v in plain["by_n_predict"].items()}
+    # what one spec configuration costs, to respect the deadline: a load + tokens at plain speed, padded
+    tokens = sum(args.n_predict) * args.reps + 32
+    est = plain["load_s"] * 1.3 + tokens / max(plain_ref[min(plain_ref)], 1e-6) * 1.2 + 3.0
+    for i, c in enumerate(mine):
+        if left() < est:
+            sink.write("skipped", configs=[x.key + f"/{x.category}" for x in mine[i:]],
+                       reason=f"deadline: {left():.0f} s left, a configuration takes ~{est:.0f} s")
+            break
+        try:
+            run_config(args, sink, engine, pair, files, c, load_mode, prompt, plain_ref)
+        except Exception as e:  # one failing configuration must not lose the rest of the sweep
+            sink.write("error", config=c.key, category=c.category, error=f"{type(e).__name__}: {e}"[:2000],
+                       log_tail=getattr(e, "log_tail", "")[-4000:])
+    if not args.no_overhead and left() > est + 30:
+        measure_overhead(args, sink, engine, pair, load_mode)
+    return 0
+
+
+def measure_overhead(args, sink: Sink, engine, pair, load_mode: str) -> None:
+    """dspark's runner vs a bare HTTP client on the plain server (issue 8 asks for >= 0.99x)."""
+    try:
+        from dsparkcli import overhead
+        from dsparkcli.server import LlamaServer
+    except ImportError as e:
+        sink.write("overhead", error=f"unavailable: {e}")
+        return
+    try:
+        with LlamaServer(engine, _server_cfg(args, pair, Config("plain", None, None), load_mode), log_dir=args.log_dir) as srv:
+            res = overhead.measure(srv.client, "Count from one to one hundred.", reps=3, n_predict=min(args.n_predict))
+        sink.write("overhead", decode_ratio=res.decode_ratio, ttft_delta_s=res.ttft_delta_s,
+                   bare_decode_tok_s=list(res.bare_decode_tok_s), dspark_decode_tok_s=list(res.dspark_decode_tok_s),
+                   reps=res.reps, n_predict=res.n_predict)
+    except Exception as e:  # noqa: BLE001 - optional extra: record why, keep the sweep's data
+        sink.write("overhead", error=f"{type(e).__name__}: {e}"[:1000])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
