@@ -391,3 +391,9 @@ def test_hf_pairing_and_cli(files: dict[str, Path], cli, monkeypatch: pytest.Mon
         assert r.returncode == 5 and r.stderr.startswith("dspark: error: ") and "Traceback" not in r.stderr
         r = cli("inspect", "hf://org/draft@v1/d.gguf", "--hash", env={"HF_ENDPOINT": hub.endpoint})
         assert r.returncode == 2 and "need a local file" in r.stderr
+        served = hub.bytes_served
+    r = cli("inspect", "hf://org/draft/d.gguf", env={"HF_ENDPOINT": hub.endpoint})  # the hub is gone now
+    assert r.returncode == 5 and "cannot reach" in r.stderr and r.stderr.count("\n") == 1
+    r = cli("inspect", "hf://org/d.gguf")
+    assert r.returncode == 2 and "expected hf://owner/repo[@revision]/path.gguf" in r.stderr
+    assert served == 5 * (64 << 10)  # five header reads of a 2 MB draft, one 64 KiB window each
