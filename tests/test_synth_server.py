@@ -1,6 +1,6 @@
 """The predictor against the real llama-server: tokens, draft_n, draft_n_accepted and /metrics, exactly.
 
-One server per (pair, budget), reused for several prompts; -t 2, -c 1024. Budgets 3, 7 and the block
+One server per (pair, budget), reused for several prompts; -t 1, -c 1024. Budgets 3, 7 and the block
 size 8; accept rates 1.0, 0.7 and 0.3; an image in a chat request; the confidence head with p_min.
 """
 
@@ -34,7 +34,8 @@ def logs(tmp_path_factory) -> Path:
 
 
 def serve(engine, pair: synth.SynthPair, logs: Path, **kw) -> LlamaServer:
-    cfg = ServerConfig(model=pair.target, draft=pair.draft, ctx=1024, threads=2, **kw)
+    # -t 1: tiny models, and spinning worker threads make -t 2 far slower on a shared, busy CPU
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, ctx=1024, threads=1, **kw)
     return LlamaServer(engine, cfg, log_dir=logs, startup_timeout=60)
 
 
