@@ -746,6 +746,7 @@ class InspectReport:
     files: tuple[FileReport, ...]
     pairing: PairVerdict | None
     diff: TensorDiff | None
+    memory_total: int | None = None  # -c with several files: all weights + every KV cache (the draft's n_ctx = the target's)
 
 
 HashProgress = Callable[[str, int], Callable[[int], None]]  # (name, total bytes) -> per-chunk callback
@@ -821,4 +822,5 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
                              roles["mmproj"][0] if roles["mmproj"] else None)
     elif len(headers) > 1 and (len(roles["target"]) > 1 or len(roles["draft"]) > 1 or len(roles["mmproj"]) > 1):
         pairing = None  # several of one kind: a list of files, not a pair
-    return InspectReport(files=tuple(reports), pairing=pairing, diff=diff)
+    memory_total = sum(f.memory.total_bytes for f in reports if f.memory) if ctx and len(reports) > 1 else None
+    return InspectReport(files=tuple(reports), pairing=pairing, diff=diff, memory_total=memory_total)

@@ -200,6 +200,10 @@ def test_memory_estimate_of_a_hybrid_target(files: dict[str, Path]) -> None:
     assert m.kv_bytes == 5120 * 4096
     assert m.weights_bytes == gc.census(h).tensor_bytes and m.total_bytes == m.weights_bytes + m.kv_bytes
     assert any("every 4th layer" in n for n in m.kv.notes)
+    both = ins.inspect_files([str(files["target"]), str(files["draft"])], ctx=4096, auto_expect=False)
+    draft_m = both.files[1].memory
+    assert draft_m.kv_bytes == 5 * 2 * N_HEAD_KV * HEAD_DIM * 2 * 4096  # the draft's context is the target's
+    assert both.memory_total == m.total_bytes + draft_m.weights_bytes + draft_m.kv_bytes
     q8 = ins.memory_estimate(h, 4096, kv_type="q8_0")
     assert q8.kv.bytes_per_token == int(10 * 2 * 2 * 64 * 34 / 32)
     with pytest.raises(UsageError):

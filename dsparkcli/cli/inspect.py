@@ -188,7 +188,7 @@ def _json(report: core.InspectReport) -> dict[str, Any]:
     diff = None
     if report.diff is not None:
         diff = {**report.diff.__dict__, "summary": report.diff.summary}
-    return {"files": files, "pairing": report.pairing, "diff": diff}
+    return {"files": files, "pairing": report.pairing, "diff": diff, "memory_total": report.memory_total}
 
 
 def inspect(
@@ -219,6 +219,9 @@ def inspect(
             _render_file(f)
         if report.diff is not None:
             _render_diff(report.diff)
+        if report.memory_total is not None:
+            out.print(Text(f"all files at -c {ctx}: {_size(report.memory_total)} (weights + KV caches; the draft's "
+                           "context is the target's)", style="bold"))
         if report.pairing is not None:
             _render_pairing(report.pairing)
     if report.pairing is not None and not report.pairing.ok:
