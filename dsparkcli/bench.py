@@ -161,6 +161,14 @@ class BenchInputs:
     model_name: str | None = None
 
 
+def _split_label(spec: str) -> tuple[str | None, str]:
+    """``LABEL=PATH`` names a draft in tables; a bare path or registry key has no label."""
+    label, sep, rest = spec.partition("=")
+    if sep and label and rest and "/" not in label and not label.startswith("hf:"):
+        return label, rest
+    return None, spec
+
+
 def _label(path: str, taken: set[str]) -> str:
     stem = Path(path).name.removesuffix(".gguf") or "draft"
     label, n = stem, 2
@@ -171,7 +179,8 @@ def _label(path: str, taken: set[str]) -> str:
 
 def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None,
                    yes: bool = False) -> BenchInputs:
-    """Local paths (or hf:// refs) with --target, else the registry pair (``drafts``: keys or paths).
+    """Local paths (or hf:// refs) with --target, else the registry pair (``drafts``: keys or paths,
+    each optionally ``LABEL=...`` to name its configurations).
 
     Every draft is checked against the target first: a wrong pair fails in one line, not as a
     llama.cpp assert in each configuration.
@@ -185,10 +194,11 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
             raise UsageError("give either --model or --target, not both")
         if not drafts:
             raise UsageError("--target needs at least one --draft")
-        for d in drafts:
+        for spec in drafts:
+            given, d = _split_label(spec)
             files = runner.resolve_files(target=target, draft=d, mmproj=mmproj, yes=yes)
             runner.check_pairing(files)
-            label = _label(d, taken)
+            label = given or _label(d, taken)
             taken.add(label)
             resolved.append(Draft(label, files.draft))  # type: ignore[arg-type]
         return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved))
@@ -199,13 +209,14 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
     if name is None:
         raise UsageError("no --model given and the registry has no default pair; pass --target and --draft")
     pair = reg.get(name)
-    for d in drafts or [pair.default_draft]:
+    for spec in drafts or [pair.default_draft]:
+        given, d = _split_label(spec)
         if d in pair.drafts:
             files = runner.resolve_files(model=name, draft_key=d, mmproj=mmproj, yes=yes)
-            label = d
+            label = given or d
         else:
             files = runner.resolve_files(model=name, draft=d, mmproj=mmproj, yes=yes)
-            label = _label(d, taken)
+            label = given or _label(d, taken)
         if files.draft is None:
             raise UsageError(f"pair {name} has no draft '{d}' (known: {', '.join(pair.drafts)})")
         runner.check_pairing(files)

@@ -165,16 +165,16 @@ def test_a_draft_that_drafts_nothing_is_an_error(cli, engine, tmp_path):
     """Confidence head + --p-min 1.0: every block is cut before its first slot, so nothing is drafted."""
     pair = synth.write_pair(tmp_path / "conf", vocab=128, confidence=True, seed=2)
     out = tmp_path / "r.jsonl"
-    proc = cli("bench", "--target", str(pair.target), "--draft", str(pair.draft), "--budget", "4",
+    proc = cli("bench", "--target", str(pair.target), "--draft", f"conf={pair.draft}", "--budget", "4",
                "--category", "math", "--limit", "2", "--reps", "2", "-n", "16", "-t", "1", "--ctx", "512",
                "--p-min", "1.0", "--out", str(out), env=_env(engine), timeout=120)
     assert proc.returncode == BenchError.exit_code, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert lines[-1].startswith("dspark: error: configuration draft-dspark@4 drafted nothing in 2 requests")
+    assert lines[-1].startswith("dspark: error: configuration conf@4 drafted nothing in 2 requests")
     assert "Traceback" not in proc.stderr
     records = _records(out)
     # nothing measured is lost, and the failed configuration has no summary row
-    assert [r["config"] for r in records if r["record"] == "request"] == ["plain"] * 4 + ["draft-dspark@4"] * 2
+    assert [r["config"] for r in records if r["record"] == "request"] == ["plain"] * 4 + ["conf@4"] * 2
     assert {r["config"] for r in records if r["record"] == "summary"} == {"plain"}
 
 

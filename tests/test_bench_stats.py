@@ -198,3 +198,13 @@ def test_help_has_examples(cli):
     proc = cli("bench", "--help")
     assert proc.returncode == 0
     assert "  Examples:\n    dspark bench --budget 5 15 " in proc.stdout
+
+
+def test_draft_labels():
+    assert bench._split_label("q8=/models/d.gguf") == ("q8", "/models/d.gguf")
+    assert bench._split_label("/models/a=b/d.gguf") == (None, "/models/a=b/d.gguf")
+    assert bench._split_label("hf://org/repo/d.gguf") == (None, "hf://org/repo/d.gguf")
+    assert bench._split_label("q8_0") == (None, "q8_0")
+    taken = {"d"}
+    assert bench._label("/x/d.gguf", taken) == "d-2"
+    assert bench._label("/x/other.gguf", taken) == "other"

@@ -33,6 +33,7 @@ Examples:
   dspark bench --budget 5 15                         # default pair, the built-in 84-prompt kit
   dspark bench --model minicpm-v-4.7 --draft q8_0 --draft q6_k --budget 5 15 --plot bench.png
   dspark bench --target t.gguf --draft d.gguf --category text --reps 5 --format md
+  dspark bench --target t.gguf --draft q8=d-q8.gguf --draft q4=d-q4.gguf --budget 5 7
   dspark bench --target t.gguf --draft d.gguf --mmproj mm.gguf --prompts my.jsonl --out runs.jsonl
   dspark bench --budget 7 --synth-len 4 --ignore-eos   # llama.cpp's SYNTHETIC acceptance
   dspark bench --budget 5 15 -- -ngl 99 -ngld 99 -fa on
@@ -91,7 +92,7 @@ def bench(
     budget: Annotated[Optional[list[int]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Pair name from models.toml.")] = None,
     target: Annotated[Optional[str], typer.Option("--target", help="Target GGUF: path or hf://repo/file.")] = None,
-    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key (repeatable).")] = None,
+    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable).")] = None,
     mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF (needed for image prompts).")] = None,
     prompts: Annotated[str, typer.Option("--prompts", help="Built-in kit name or a JSONL file (docs/PROMPTS.md).")] = kit.DEFAULT_KIT,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision' name groups).")] = None,
