@@ -165,6 +165,25 @@ def test_synthetic_pair_verdict_agrees_with_the_real_llama_server(tmp_path: Path
     assert "mismatch between text model" in info.value.log_tail
 
 
+def test_census_of_the_synthetic_pair_matches_gguf_py(tmp_path: Path) -> None:
+    import gguf
+
+    pair = synth.write_pair(tmp_path / "s", vocab=128, vision=True, confidence=True, seed=4)
+    for path in (pair.target, pair.draft, pair.mmproj):
+        ref = gguf.GGUFReader(path)
+        expected_counts: dict[str, int] = {}
+        expected_bytes: dict[str, int] = {}
+        for t in ref.tensors:
+            expected_counts[t.tensor_type.name] = expected_counts.get(t.tensor_type.name, 0) + 1
+            expected_bytes[t.tensor_type.name] = expected_bytes.get(t.tensor_type.name, 0) + int(t.n_bytes)
+        c = gc.census(gc.read_header(path))
+        assert c.counts() == expected_counts
+        assert {r.type_name: r.n_bytes for r in c.rows} == expected_bytes
+        assert c.n_params == sum(int(t.n_elements) for t in ref.tensors)
+    s = ins.dspark_structure(gc.read_header(pair.draft))
+    assert s.confidence_head and s.confidence_head_consistent and s.markov_rank == 128
+
+
 # ------------------------------------------------------------------ diff
 
 

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -125,7 +126,7 @@ def exercise(data: bytes) -> str:
 OPS = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 1 << 16), st.integers(0, 1 << 16)), min_size=1, max_size=4)
 
 
-@settings(max_examples=N_EXAMPLES, deadline=None, database=None,
+@settings(max_examples=N_EXAMPLES, deadline=timedelta(seconds=2), database=None,  # a hang fails the example
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_fuzz_mutated_headers(ops: list[tuple[int, int, int]]) -> None:
@@ -171,7 +172,8 @@ TYPED = st.lists(st.tuples(st.integers(0, len(READ_KEYS) + len(GLOBAL_KEYS) - 1)
                  min_size=1, max_size=12, unique_by=lambda t: t[0])
 
 
-@settings(max_examples=N_EXAMPLES // 5, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=N_EXAMPLES // 5, deadline=timedelta(seconds=2), database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(arch=st.sampled_from(["dflash", "qwen35moe", "clip", "llama", "x\x1b"]), kvs=TYPED)
 def test_fuzz_wrongly_typed_metadata(arch: str, kvs: list[tuple[int, int, int]]) -> None:
     from gguf_fixtures import kv_str, raw_header
