@@ -29,7 +29,7 @@ Examples:
   dspark inspect new.gguf --against old.gguf             # per-tensor sha256 diff
   dspark inspect draft.gguf --expect minicpm-v-4.7       # compare with models.toml
   dspark inspect target.gguf draft.gguf -c 8192          # weights + KV cache at 8k
-  dspark inspect hf://openbmb/MiniCPM-V-4.7-35B-A3B-DSpark-gguf/draft-Q8_0.gguf --json
+  dspark inspect hf://owner/repo@main/model.gguf --json  # header bytes only
 """
 
 
@@ -193,7 +193,7 @@ def _json(report: core.InspectReport) -> dict[str, Any]:
 
 def inspect(
     files: Annotated[list[str], typer.Argument(help="GGUF files (local paths or hf://owner/repo[@rev]/path.gguf).",
-                                               metavar="FILE...")],
+                                               metavar="FILE")],
     do_hash: Annotated[bool, typer.Option("--hash", help="sha256 of the whole file and of every tensor's data.")] = False,
     against: Annotated[Optional[str], typer.Option("--against", metavar="OTHER",
                                                    help="Compare every tensor's data with OTHER (sha256).")] = None,
