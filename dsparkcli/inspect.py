@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dsparkcli import gguf_census
 from dsparkcli.errors import GGUFError, UsageError
@@ -131,7 +132,9 @@ class HubRangeSource:
 
         if n <= 0:
             return b""
-        headers = {**build_hf_headers(), "Range": f"bytes={offset}-{offset + n - 1}"}
+        same_host = urlsplit(self.location).netloc == urlsplit(self.endpoint).netloc
+        # the token goes to the hub only, never to the CDN a resolve URL redirects to
+        headers = {**(build_hf_headers() if same_host else {}), "Range": f"bytes={offset}-{offset + n - 1}"}
         chunks: list[bytes] = []
         got = 0
         with hub._hub_errors(self.loc.repo, self.loc.revision, self.name):

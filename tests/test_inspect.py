@@ -420,3 +420,25 @@ def test_hf_pairing_and_cli(files: dict[str, Path], cli, monkeypatch: pytest.Mon
     r = cli("inspect", "hf://org/d.gguf")
     assert r.returncode == 2 and "expected hf://owner/repo[@revision]/path.gguf" in r.stderr
     assert served == 5 * (64 << 10)  # five header reads of a 2 MB draft, one 64 KiB window each
+
+
+def test_hf_gated_repo_needs_a_token_and_never_prints_it(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    from huggingface_hub import constants
+
+    from dsparkcli.errors import HubError
+
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # ignore a stored login
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with FakeHub() as hub:
+        hub.add_file("org/gated", "d.gguf", files["draft"].read_bytes())
+        hub.gate("org/gated", allowed_tokens=("hf_secret_token_123",))
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        with pytest.raises(HubError, match="gated") as info:
+            ins.read_gguf("hf://org/gated/d.gguf")
+        assert info.value.exit_code == 5
+        monkeypatch.setenv("HF_TOKEN", "hf_secret_token_123")
+        h = ins.read_gguf("hf://org/gated/d.gguf")
+        assert gc.census(h).counts() == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1}
+        assert all(r.authorized for r in hub.requests if r.status in (200, 206))
+        assert "hf_secret_token_123" not in repr(h) and "hf_secret_token_123" not in str(info.value)
