@@ -12,11 +12,14 @@
 # Options: --quick (n_predict 256 only) --part N --parts M --qtype Q4_K|Q8_0 --draft-qtype Q8_0
 #          --arch qwen35moe|qwen3moe --budget-s SECONDS (deadline for starting a config, default 555)
 #          --scale S --with-cost (also L=1 at every budget) --phase all|build|sweep
+#          --resume FILE.jsonl (skip configurations an earlier call measured; repeatable)
+#          --n-predict "256 1024" (overrides --quick's 256)
 set -euo pipefail
 
 T0=$(date +%s)
 REPO=$(pwd)
 PHASE=all QUICK="" PART=1 PARTS=1 QTYPE=Q4_K DQTYPE=Q8_0 ARCH=qwen35moe BUDGET_S=555 SCALE=1.0 SMOKE=0 COST=""
+RESUME=() NPRED=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --phase) PHASE=$2; shift 2 ;;
@@ -29,8 +32,10 @@ while [ $# -gt 0 ]; do
     --budget-s) BUDGET_S=$2; shift 2 ;;
     --scale) SCALE=$2; shift 2 ;;
     --with-cost) COST=--with-cost; shift ;;
+    --resume) RESUME+=(--resume "$2"); shift 2 ;;
+    --n-predict) NPRED=(--n-predict $2); shift 2 ;;
     --cpu-smoke) SMOKE=1; shift ;;
-    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu_study.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -66,7 +71,11 @@ if [ "$SMOKE" = 1 ]; then
 else
   pip_t() { "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" .gpu/wheels/*.whl; }
 fi
-pip_t > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 3; }
+if ! pip_t > "$OUT/pip.log" 2>&1; then
+  # no pip on the machine: a wheel is a zip whose contents pip --target would copy as they are
+  for w in .gpu/wheels/*.whl; do "$PY" -m zipfile -e "$w" "$SITE" || { cat "$OUT/pip.log"; exit 3; }; done
+  say "pip failed ($(tail -1 "$OUT/pip.log")); wheels unzipped instead"
+fi
 [ "$SMOKE" = 1 ] || export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
 say "wheels installed into $SITE ($(ls .gpu/wheels | wc -l) wheels)"
 
@@ -134,14 +143,24 @@ wait "$PAIR_PID" || { say "PAIR WRITE FAILED"; cat "$OUT/pair.log"; exit 5; }
 MANIFEST=$(tail -1 "$OUT/pair.log")
 cp "$MANIFEST" "$OUT/"
 say "pair ready (waited $(( $(date +%s) - W0 )) s): $(python3 -c "import json;m=json.load(open('$MANIFEST'));t=m['target'];print(t['file'],t['bytes'],'bytes',t['write_seconds'],'s',t['write_mb_per_s'],'MB/s')" 2>/dev/null)"
-sync
 
 DEADLINE=$(( T0 + BUDGET_S ))
 say "sweep: deadline in $(( DEADLINE - $(date +%s) )) s"
+sweep() {
+  "$PY" scripts/gpu_sweep.py --manifest "$1" --out "$OUT/sweep.jsonl" --deadline "$DEADLINE" \
+    --part "$PART" --parts "$PARTS" $QUICK $COST "${NPRED[@]}" "${RESUME[@]}" "${SWEEP_EXTRA[@]}" \
+    --log-dir "$WORK/logs" >> "$OUT/sweep.log" 2>&1
+}
 set +e
-"$PY" scripts/gpu_sweep.py --manifest "$MANIFEST" --out "$OUT/sweep.jsonl" --deadline "$DEADLINE" \
-  --part "$PART" --parts "$PARTS" $QUICK $COST "${SWEEP_EXTRA[@]}" --log-dir "$WORK/logs" > "$OUT/sweep.log" 2>&1
-RC=$?
+sweep "$MANIFEST"; RC=$?
+if [ "$RC" = 6 ] && [ "$ARCH" = qwen35moe ]; then
+  # the hybrid target would not even serve plain decoding here: fall back to the plain-attention stand-in
+  say "qwen35moe plain baseline failed ($(grep -m1 error "$OUT/sweep.log" | cut -c1-200)); writing a qwen3moe pair"
+  rm -f "$WORK"/pair/target-*qwen35moe*.gguf
+  "$PY" -c "from dsparkcli.synth_shapes import write_full_width as w; print(w('$WORK/pair', scale=$SCALE, qtype='$QTYPE', draft_qtype='$DQTYPE', target_arch='qwen3moe').manifest)" > "$OUT/pair3.log" 2>&1
+  MANIFEST=$(tail -1 "$OUT/pair3.log"); cp "$MANIFEST" "$OUT/" 2>/dev/null
+  sweep "$MANIFEST"; RC=$?
+fi
 set -e
 say "sweep rc=$RC: $(grep -c '"type": "config"' "$OUT/sweep.jsonl" 2>/dev/null) configs, $(grep -c '"type": "error"' "$OUT/sweep.jsonl" 2>/dev/null) errors"
 [ "$RC" = 0 ] || tail -30 "$OUT/sweep.log"

@@ -188,7 +188,8 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
     with LlamaServer(engine, cfg, log_dir=args.log_dir, startup_timeout=300) as srv:
         load_s = time.monotonic() - t0
         srv.client.completion(_payload(args, prompt, 32, 1))  # warm-up: graphs, allocations; not timed
-        n_stats, last = _stats(srv.log_path, 0, wait_s=0.5 if c.budget is not None else 0.0)
+        n_stats, last = _stats(srv.log_path, 0, wait_s=3.0 if c.budget is not None else 0.0)
+        stats_wait = 3.0 if n_stats else 0.0  # no statistics line after the warm-up: do not wait for one again
         per_np: dict[int, list[dict[str, Any]]] = {}
         for n_predict in args.n_predict:
             for rep in range(args.reps):
@@ -211,7 +212,7 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
                 if c.budget is not None:
                     rec["mean_len"] = 1 + rec["draft_n_accepted"] / steps if steps else None
                     rec["t_step_ms"] = tm["predicted_ms"] / steps if steps else None
-                    n_new, now = _stats(srv.log_path, n_stats)
+                    n_new, now = _stats(srv.log_path, n_stats, wait_s=stats_wait)
                     if now is not None and last is not None and n_new > n_stats:
                         calls, ms = now[1] - last[1], now[4] - last[4]
                         rec["draft_calls"], rec["t_draft_total_ms"] = calls, ms
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-arg", action="append", help="extra llama-server argument (repeatable)")
     ap.add_argument("--no-overhead", action="store_true", help="skip the dspark-vs-bare-client measurement")
     ap.add_argument("--run-id", default=None)
+    ap.add_argument("--resume", type=Path, action="append", help="JSONL of an earlier call: skip its configurations")
     args = ap.parse_args(argv)
 
     run_id = args.run_id or f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
@@ -335,6 +337,17 @@ def main(argv: list[str] | None = None) -> int:
     cats = {k: CATEGORIES[k] for k in args.categories}
     cells = grid(args.budgets, cats, args.with_cost)
     mine = cells[args.part - 1::args.parts]
+    if args.resume:  # configurations an earlier call already measured at the same n_predict set
+        done = set()
+        for path in args.resume:
+            for line in path.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("type") == "config" and r.get("budget") is not None:
+                    done.add((r["config"], tuple(sorted(int(n) for n in r["by_n_predict"]))))
+        mine = [c for c in mine if (c.key, tuple(sorted(args.n_predict))) not in done]
     sink.write("provenance", dspark_version=__version__, argv=sys.argv if argv is None else argv,
                engine={"server": str(engine.server), "commit": engine.commit, "version": engine.version,
                        "backend": engine.backend}, gpu=gpu, manifest=man, files=files,
@@ -350,9 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     def left() -> float:
         return (args.deadline - time.time()) if args.deadline else float("inf")
 
-    plain = run_config(args, sink, engine, pair, files, Config("plain", None, None), load_mode, prompt, None)
+    try:
+        plain = run_config(args, sink, engine, pair, files, Config("plain", None, None), load_mode, prompt, None)
+    except Exception as e:  # no baseline, no ratios: say so and let the caller try another target
+        sink.write("error", config="plain", category="plain", error=f"{type(e).__name__}: {e}"[:2000],
+                   log_tail=getattr(e, "log_tail", "")[-4000:])
+        print(f"plain baseline failed: {e}", file=sys.stderr)
+        return 6
     plain_ref = {int(k): v["tok_s"]["median"] for k, v in plain["by_n_predict"].items()}
-    # what one spec configuration costs, to respect the deadline: a load + tokens at plain speed, padded
+    # what one spec configuration costs, to respect the deadline: a load + tokens at plain speed, padded;
+    # raised to the slowest configuration seen so far (a budget far above L runs slower than plain)
     tokens = sum(args.n_predict) * args.reps + 32
     est = plain["load_s"] * 1.3 + tokens / max(plain_ref[min(plain_ref)], 1e-6) * 1.2 + 3.0
     for i, c in enumerate(mine):
@@ -360,11 +380,13 @@ def main(argv: list[str] | None = None) -> int:
             sink.write("skipped", configs=[x.key + f"/{x.category}" for x in mine[i:]],
                        reason=f"deadline: {left():.0f} s left, a configuration takes ~{est:.0f} s")
             break
+        t_start = time.monotonic()
         try:
             run_config(args, sink, engine, pair, files, c, load_mode, prompt, plain_ref)
         except Exception as e:  # one failing configuration must not lose the rest of the sweep
             sink.write("error", config=c.key, category=c.category, error=f"{type(e).__name__}: {e}"[:2000],
                        log_tail=getattr(e, "log_tail", "")[-4000:])
+        est = max(est, (time.monotonic() - t_start) * 1.1)
     if not args.no_overhead and left() > est + 30:
         measure_overhead(args, sink, engine, pair, load_mode)
     return 0

@@ -129,3 +129,58 @@ def test_real_server_drafts_with_emulated_acceptance(engine, small_pair: ss.Full
     mean_len = 1 + accepted / steps
     assert abs(mean_len - 3.0) < 0.5, (mean_len, steps, accepted)
     assert 0.3 < accepted / timings["draft_n"] < 0.5  # (L-1)/n_max = 0.4 when drafts are full
+
+
+# ------------------------------------------------------------------ the GPU study's tooling, on CPU
+
+def _scripts():
+    import importlib
+    import sys
+
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module("gpu_sweep"), importlib.import_module("bench_to_md")
+
+
+def test_sweep_grid_respects_llama_cpp_limit() -> None:
+    gpu_sweep, _ = _scripts()
+    cells = gpu_sweep.grid(gpu_sweep.BUDGETS, gpu_sweep.CATEGORIES, with_cost=False)
+    # llama.cpp refuses L > n_max + 1; budgets 1 and 2 fit no upstream category (smallest L 3.501)
+    assert all(c.budget >= c.synth_len - 1 for c in cells)
+    assert len(cells) == 26 and len({(c.synth_len, c.budget) for c in cells}) == 26
+    assert (cells[0].budget, cells[0].synth_len) == (7, 6.126)  # |k - (L + 1)| = 0.126: nearest first
+
+
+def test_sweep_records_and_tables_trace_to_each_other(engine, small_pair: ss.FullWidthPair, tmp_path: Path) -> None:
+    gpu_sweep, bench_to_md = _scripts()
+    out = tmp_path / "sweep.jsonl"
+    rc = gpu_sweep.main(["--manifest", str(small_pair.manifest), "--out", str(out), "--cpu", "--n-predict", "32",
+                         "--reps", "1", "--verify-reps", "1", "--budgets", "3", "--categories", "general",
+                         "--load-mode", "auto", "--no-overhead", "--llama-bin", str(engine.bin_dir),
+                         "--log-dir", str(tmp_path / "logs")])
+    assert rc == 0
+    recs = bench_to_md.load([out])
+    by_type: dict[str, list[dict]] = {}
+    for r in recs:
+        by_type.setdefault(r["type"], []).append(r)
+        assert r["synthetic"] is True
+    man = json.loads(small_pair.manifest.read_text())
+    prov = by_type["provenance"][0]
+    assert prov["files"]["target"]["sha256"] == man["target"]["sha256"] and prov["engine"]["commit"] == engine.commit
+    assert {v["m"] for v in by_type["verify_cost"]} == {1, 4}
+    plain, spec = by_type["config"]
+    assert plain["config"] == "plain" and spec["config"] == "L3.501-k3"
+    req = next(r for r in by_type["request"] if r["budget"] == 3)
+    assert req["draft_n"] > 0 and req["steps"] > 0 and req["metrics_drafted"] == req["draft_n"]
+    assert req["mean_len"] == pytest.approx(1 + req["draft_n_accepted"] / req["steps"])
+    assert req["t_draft_ms"] > 0 and req["draft_calls"] >= req["steps"]  # parsed from the -lv 4 statistics line
+    s = spec["by_n_predict"]["32"]
+    assert s["speedup_median"] == pytest.approx(s["tok_s"]["median"] / plain["by_n_predict"]["32"]["tok_s"]["median"])
+
+    md = bench_to_md.render(recs)
+    assert "SYNTHETIC" in md and man["target"]["sha256"][:16] in md
+    assert f"**{s['speedup_median']:.2f}×**" in md
+    t1 = plain["by_n_predict"]["32"]["t_step_ms"]["median"]
+    bound = 3.501 * t1 / (plain["verify_cost_ms"]["4"] + s["t_draft_ms"]["median"])
+    assert f"{bound:.2f} / {s['speedup_median']:.2f}" in md
