@@ -258,6 +258,16 @@ def render(recs: list[dict[str, Any]]) -> str:
             w(f"\nRun `{run.short}`: configuration {e['config']} failed: `{e['error'][:200]}`.\n")
     w("\nSources: every cell is a field of a `config` record (`by_n_predict[n]`) of the named run in the JSONL; "
       "t_verify from `verify_cost`, HBM from `hbm`, load times from `load_probe`/`config.load_s`.\n")
+    w("\n### Reproduce\n")
+    w("```")
+    w(".venv/bin/python scripts/pack_gpu_bundle.py          # .gpu/: llama.cpp tarball + wheels (carry it)")
+    w("bash scripts/gpu_study.sh --quick                    # on the GPU machine, repo root, $OUT set")
+    for run in sorted(runs.values(), key=lambda r: r.run_id):
+        argv = run.prov.get("argv")
+        if argv:
+            w("# run " + run.run_id + ":\npython " + " ".join(str(a) for a in argv))
+    w(f"python scripts/bench_to_md.py {' '.join(sorted({r['_src'].split(':')[0] for r in recs}))}")
+    w("```")
     return "\n".join(L) + "\n"
 
 
