@@ -688,8 +688,8 @@ def find_expected(name: str, basename: str, file_sha256: str | None = None) -> A
                      f"--expect {pair_name}:KEY ({', '.join(sorted({f.key for f in files}))})")
 
 
-def auto_expected(basename: str) -> tuple[str, Any] | None:
-    """(pair name, ModelFile) whose exact file name is this one and that pins something; None otherwise."""
+def auto_expected(basename: str, file_sha256: str | None = None) -> tuple[str, Any] | None:
+    """(pair name, ModelFile) pinning this exact file name (or, when hashed, this sha256); None otherwise."""
     from dsparkcli import registry
     from dsparkcli.errors import DsparkError
 
@@ -697,10 +697,13 @@ def auto_expected(basename: str) -> tuple[str, Any] | None:
         reg = registry.load_registry()
     except DsparkError:
         return None  # advisory only: a broken user models.toml is reported by the commands that need it
-    for pair in reg.pairs.values():
-        for mf in _registry_files(pair):
-            if mf.filename and mf.filename.rsplit("/", 1)[-1] == basename and (mf.size or mf.sha256 or mf.census):
-                return pair.name, mf
+    candidates = [(pair.name, mf) for pair in reg.pairs.values() for mf in _registry_files(pair)]
+    for name, mf in candidates:
+        if mf.filename and mf.filename.rsplit("/", 1)[-1] == basename and (mf.size or mf.sha256 or mf.census):
+            return name, mf
+    for name, mf in candidates:
+        if file_sha256 and mf.sha256 == file_sha256:
+            return name, mf
     return None
 
 
@@ -794,16 +797,16 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
         model_file, model_name = None, ""
         if expect:
             model_file, model_name = find_expected(expect, Path(h.name).name), expect.partition(":")[0]
-        elif auto_expect:
-            found = auto_expected(Path(h.name).name)
-            if found is not None:
-                model_name, model_file = found
         # an explicit --expect with a pinned sha256 hashes the file; the automatic match never does (targets are GBs)
         pinned_sha = bool(expect) and model_file is not None and model_file.sha256 and not h.name.startswith("hf://")
         if need_hash or pinned_sha:
             hashes[i] = _hash(h, progress)
         fh = hashes.get(i)
         file_sha = fh.file_sha256 if fh else h.remote_sha256
+        if not expect and auto_expect:
+            found = auto_expected(Path(h.name).name, file_sha)
+            if found is not None:
+                model_name, model_file = found
         verdict = check_expected(h, model_file, model_name, file_sha, explicit=bool(expect)) if model_file else None
         reports.append(FileReport(
             spec=specs[i], file_size=h.file_size, version=h.version, alignment=h.alignment, data_offset=h.data_offset,
@@ -819,11 +822,10 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
         diff = diff_tensors(headers[0], hashes[0], other, _hash(other, progress))
     roles = _roles(headers)
     pairing = None
-    if len(roles["target"]) == 1 and (len(roles["draft"]) == 1 or len(roles["mmproj"]) == 1) \
-            and len(roles["draft"]) <= 1 and len(roles["mmproj"]) <= 1:
-        pairing = check_pair(roles["target"][0], roles["draft"][0] if roles["draft"] else None,
-                             roles["mmproj"][0] if roles["mmproj"] else None)
-    elif len(headers) > 1 and (len(roles["target"]) > 1 or len(roles["draft"]) > 1 or len(roles["mmproj"]) > 1):
-        pairing = None  # several of one kind: a list of files, not a pair
+    # exactly one target with one draft and/or one mmproj is a pair; anything else is a list of files
+    n_target, n_draft, n_mmproj = len(roles["target"]), len(roles["draft"]), len(roles["mmproj"])
+    if n_target == 1 and n_draft <= 1 and n_mmproj <= 1 and n_draft + n_mmproj >= 1:
+        pairing = check_pair(roles["target"][0], roles["draft"][0] if n_draft else None,
+                             roles["mmproj"][0] if n_mmproj else None)
     memory_total = sum(f.memory.total_bytes for f in reports if f.memory) if ctx and len(reports) > 1 else None
     return InspectReport(files=tuple(reports), pairing=pairing, diff=diff, memory_total=memory_total)

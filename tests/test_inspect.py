@@ -276,6 +276,16 @@ def test_expect_reports_each_mismatch(user_registry: Path, files: dict[str, Path
     assert census.expected == {"Q8_0": 97} and census.actual == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1}
 
 
+def test_hashed_file_is_matched_by_pinned_sha256_under_any_name(user_registry: Path, files: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    renamed = tmp_path / "renamed.gguf"
+    renamed.write_bytes(files["draft"].read_bytes())
+    assert ins.inspect_files([str(renamed)]).files[0].expect is None  # not hashed: nothing to match
+    e = ins.inspect_files([str(renamed)], do_hash=True).files[0].expect
+    assert e is not None and not e.explicit and (e.model, e.key) == ("testpair", "q8heads")
+    assert {c.name: c.ok for c in e.checks} == {"size": True, "census": True, "sha256": True}
+
+
 def test_expect_unknown_file_is_a_usage_error(user_registry: Path, files: dict[str, Path]) -> None:
     with pytest.raises(UsageError, match="matches none of testpair's files"):
         ins.inspect_files([str(files["mmproj"])], expect="testpair")
