@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import re
 import subprocess
@@ -95,17 +96,46 @@ def _keep(path: Path, tree: Path) -> bool:
     return True
 
 
+def _git(tree: Path, *args: str) -> str:
+    try:
+        proc = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, timeout=20)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def build_info_patch(tree: Path) -> tuple[bytes, str, str]:
+    """cmake/build-info.cmake with the commit baked in: without .git the GPU build would say 'unknown'
+    in `llama-server --version`, and every record's engine commit with it."""
+    commit = _git(tree, "rev-parse", "--short", "HEAD") or "0c1e570"
+    number = _git(tree, "rev-list", "--count", "HEAD") or "0"
+    text = (tree / "cmake" / "build-info.cmake").read_text()
+    patched = text.replace('set(BUILD_COMMIT "unknown")', f'set(BUILD_COMMIT "{commit}")', 1)
+    patched = patched.replace("set(BUILD_NUMBER 0)", f"set(BUILD_NUMBER {number})", 1)
+    if patched == text:
+        raise SystemExit("cmake/build-info.cmake has changed shape; cannot bake the commit in")
+    return patched.encode(), commit, number
+
+
 def pack_tree(tree: Path, out: Path) -> int:
     if not (tree / "CMakeLists.txt").is_file():
         raise SystemExit(f"{tree} is not a llama.cpp tree; build the CPU engine once (dspark engine build) or pass --tree")
     if not (tree / "tools" / "ui").is_dir():
         raise SystemExit(f"{tree}/tools/ui is missing: llama-server's build needs it")
     files = sorted(p for p in tree.rglob("*") if (p.is_file() or p.is_symlink()) and _keep(p, tree))
+    build_info, commit, number = build_info_patch(tree)
     tmp = out.with_suffix(".part")
     with tarfile.open(tmp, "w:gz", compresslevel=6) as tf:
         for p in files:
-            tf.add(p, arcname=str(Path("llama.cpp") / p.relative_to(tree)), recursive=False)
+            arcname = str(Path("llama.cpp") / p.relative_to(tree))
+            if p.relative_to(tree) == Path("cmake/build-info.cmake"):
+                info = tf.gettarinfo(str(p), arcname=arcname)
+                info.size = len(build_info)
+                tf.addfile(info, io.BytesIO(build_info))
+                continue
+            tf.add(p, arcname=arcname, recursive=False)
     tmp.replace(out)
+    print(f"baked commit {commit} (build {number}) into cmake/build-info.cmake")
     return len(files)
 
 
