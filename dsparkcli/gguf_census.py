@@ -63,7 +63,7 @@ def _ggml_type_table() -> dict[int, tuple[str, int, int]]:
 
         for qtype, (block, size) in GGML_QUANT_SIZES.items():
             table[int(qtype)] = (GGMLQuantizationType(qtype).name, block, size)
-    except Exception:  # noqa: BLE001 - the fallback below covers the types dspark cares about
+    except Exception:  # noqa: BLE001, S110 - the fallback below covers the types dspark cares about
         pass
     # Known to llama.cpp 0c1e570 (ggml.h, ggml-common.h) whatever gguf-py version is installed.
     for tid, entry in {0: ("F32", 1, 4), 1: ("F16", 1, 2), 8: ("Q8_0", 32, 34), 14: ("Q6_K", 256, 210),

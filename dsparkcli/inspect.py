@@ -126,7 +126,11 @@ class HubRangeSource:
         self.requests = 0
 
     def read_at(self, offset: int, n: int) -> bytes:
-        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+        from huggingface_hub.utils import (
+            build_hf_headers,
+            get_session,
+            hf_raise_for_status,
+        )
 
         from dsparkcli import hub
 
@@ -137,19 +141,18 @@ class HubRangeSource:
         headers = {**(build_hf_headers() if same_host else {}), "Range": f"bytes={offset}-{offset + n - 1}"}
         chunks: list[bytes] = []
         got = 0
-        with hub._hub_errors(self.loc.repo, self.loc.revision, self.name):
-            with get_session().stream("GET", self.location, headers=headers, follow_redirects=True,
-                                      timeout=60) as resp:
-                hf_raise_for_status(resp)
-                skip = offset if resp.status_code == 200 else 0  # a server that ignores Range: stop early anyway
-                for chunk in resp.iter_bytes():
-                    if skip:
-                        drop = min(skip, len(chunk))
-                        chunk, skip = chunk[drop:], skip - drop
-                    chunks.append(chunk)
-                    got += len(chunk)
-                    if got >= n:
-                        break
+        with hub._hub_errors(self.loc.repo, self.loc.revision, self.name), \
+                get_session().stream("GET", self.location, headers=headers, follow_redirects=True, timeout=60) as resp:
+            hf_raise_for_status(resp)
+            skip = offset if resp.status_code == 200 else 0  # a server that ignores Range: stop early anyway
+            for chunk in resp.iter_bytes():
+                if skip:
+                    drop = min(skip, len(chunk))
+                    chunk, skip = chunk[drop:], skip - drop
+                chunks.append(chunk)
+                got += len(chunk)
+                if got >= n:
+                    break
         self.requests += 1
         data = b"".join(chunks)[:n]
         self.bytes_fetched += len(data)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGMLQuantizationType as Q
 
 # Small stand-ins for the real draft's dimensions (E 2048, R 256, V 248144, n_ff 6144, head_dim 256).
 E, HEAD_DIM, N_HEAD, N_HEAD_KV, N_FF, RANK, VOCAB, N_BLOCKS = 256, 64, 4, 2, 512, 64, 1000, 5

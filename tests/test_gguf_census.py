@@ -14,15 +14,28 @@ from pathlib import Path
 import gguf
 import pytest
 from gguf import GGMLQuantizationType as Q
+from gguf_fixtures import (
+    HEAD_DIM,
+    N_BLOCKS,
+    N_FF,
+    N_HEAD,
+    N_HEAD_KV,
+    RANK,
+    TAPS,
+    VOCAB,
+    DraftSpec,
+    E,
+    kv_str,
+    kv_str_array,
+    kv_u32,
+    raw_header,
+    write_draft,
+    write_sparse,
+)
 
 from dsparkcli import engine as engine_mod
 from dsparkcli import gguf_census as gc
 from dsparkcli.errors import GGUFError
-
-from gguf_fixtures import (
-    E, HEAD_DIM, N_BLOCKS, N_FF, N_HEAD, N_HEAD_KV, RANK, TAPS, VOCAB, DraftSpec, kv_str, kv_str_array, kv_u32,
-    raw_header, write_draft, write_sparse,
-)
 
 # Element counts of the fixture draft, from its dimensions (not from the reader).
 Q_OUT, KV_OUT = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
@@ -265,7 +278,7 @@ def test_every_truncation_of_a_valid_header_is_a_gguf_error(draft: Path) -> None
     data = draft.read_bytes()
     h = gc.read_header(draft)
     data_end = max(t.offset + t.n_bytes for t in h.tensors)  # the writer pads after the last tensor
-    cut_points = list(range(0, 200)) + list(range(200, h.header_bytes, 97)) + [h.header_bytes, h.data_offset + 1,
+    cut_points = list(range(200)) + list(range(200, h.header_bytes, 97)) + [h.header_bytes, h.data_offset + 1,
                                                                               data_end - 1]
     for n in cut_points:
         with pytest.raises(GGUFError, match="truncated|bad magic|implausible|past the end"):

@@ -11,16 +11,26 @@ import json
 from pathlib import Path
 
 import pytest
-from gguf import GGMLQuantizationType as Q, GGUFWriter
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter
+from gguf_fixtures import (
+    HEAD_DIM,
+    N_HEAD_KV,
+    RANK,
+    TAPS,
+    DraftSpec,
+    E,
+    write_draft,
+    write_mmproj,
+    write_target,
+)
+from hubserver import FakeHub
 
 from dsparkcli import gguf_census as gc
 from dsparkcli import inspect as ins
 from dsparkcli import synth
 from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.server import LlamaServer, ServerConfig
-
-from gguf_fixtures import E, HEAD_DIM, N_HEAD_KV, RANK, TAPS, DraftSpec, write_draft, write_mmproj, write_target
-from hubserver import FakeHub
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +169,9 @@ def test_synthetic_pair_verdict_agrees_with_the_real_llama_server(tmp_path: Path
     bad = ins.check_pair(good.target, good.draft, other.mmproj)
     assert [c.name for c in bad.checks if c.ok is False] == ["mmproj width"]
     assert "256 from mm.2.weight ne[1] (mlp), target 128" in bad.reasons[0]
-    with pytest.raises(ServerError) as info:
-        with LlamaServer(engine, ServerConfig(model=good.target, mmproj=other.mmproj, ctx=512, threads=1)):
-            pass
+    with pytest.raises(ServerError) as info, \
+            LlamaServer(engine, ServerConfig(model=good.target, mmproj=other.mmproj, ctx=512, threads=1)):
+        pass
     assert "mismatch between text model" in info.value.log_tail
 
 

@@ -17,9 +17,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
-import pytest
 from gguf import GGUFWriter
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dsparkcli import gguf_census as gc
 from dsparkcli import inspect as ins
@@ -207,7 +207,7 @@ print(counts["ok"], counts["error"])
 
 def test_fuzz_memory_bounded_under_rlimit() -> None:
     r = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(REPO / "tests"), "-", "1234", "3000"],
-                       capture_output=True, text=True, timeout=300, cwd=REPO)
+                       capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     ok, errors = map(int, r.stdout.split())
     assert ok + errors == 3000 and ok > 100 and errors > 1000  # both paths exercised

@@ -6,7 +6,13 @@ from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
