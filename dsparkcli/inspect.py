@@ -200,6 +200,7 @@ class MetadataSummary:
     chat_template_sha256: str | None
     file_type: int | None  # general.file_type: advisory, quantizers do not always update it
     file_type_name: str | None
+    split: str | None = None  # "1 of 3" for a gguf-split shard: its census covers this shard only
 
 
 def _scalar(v: Any) -> Any:
@@ -253,6 +254,8 @@ def summarize(h: GGUFHeader) -> MetadataSummary:
         chat_template_chars=len(tmpl) if tmpl is not None else None,
         chat_template_sha256=hashlib.sha256(tmpl.encode("utf-8", "surrogatepass")).hexdigest() if tmpl else None,
         file_type=ft, file_type_name=ft_name,
+        split=(f"{(_int(h.get('split.no')) or 0) + 1} of {_int(h.get('split.count'))}"
+               if (_int(h.get("split.count")) or 0) > 1 else None),
     )
 
 

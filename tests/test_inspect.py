@@ -462,3 +462,19 @@ def test_hf_gated_repo_needs_a_token_and_never_prints_it(files: dict[str, Path],
         assert gc.census(h).counts() == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1}
         assert all(r.authorized for r in hub.requests if r.status in (200, 206))
         assert "hf_secret_token_123" not in repr(h) and "hf_secret_token_123" not in str(info.value)
+
+
+def test_split_shard_is_labelled(tmp_path: Path, engine) -> None:
+    """A shard written by the engine's own llama-gguf-split says which shard it is."""
+    import subprocess
+
+    target = write_target(tmp_path / "t.gguf")
+    out = tmp_path / "split"
+    subprocess.run([str(engine.tool("llama-gguf-split")), "--split", "--split-max-tensors", "2", str(target), str(out)],
+                   check=True, capture_output=True, timeout=60)
+    shards = sorted(tmp_path.glob("split-*.gguf"))
+    assert len(shards) == 2
+    first, second = (ins.summarize(gc.read_header(p)) for p in shards)
+    assert (first.split, second.split) == ("1 of 2", "2 of 2")
+    assert sum(gc.census(gc.read_header(p)).n_tensors for p in shards) == 3
+    assert ins.summarize(gc.read_header(target)).split is None

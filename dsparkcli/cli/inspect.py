@@ -76,10 +76,11 @@ def _render_file(f: core.FileReport) -> None:
         ("chat template", None if s.chat_template_chars is None else
          f"{s.chat_template_chars} chars, sha256 {s.chat_template_sha256[:16] if s.chat_template_sha256 else '-'}"),
         ("file type", None if s.file_type is None else f"{s.file_type} {s.file_type_name or ''} (advisory)"),
+        ("split", None if s.split is None else f"shard {s.split} (census of this shard only)"),
         ("GGUF", f"v{f.version}, {f.n_kv} keys, alignment {f.alignment}, data at {f.data_offset}"),
     ]
     for label, value in rows:
-        if value is not None or s.role == "target":
+        if value is not None or (s.role == "target" and label != "split"):
             meta.add_row(label, _t(value))
     out.print(meta)
 
