@@ -96,15 +96,31 @@ def gpu_names() -> list[str]:
     return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
 
 
+def build_record(engine: Engine) -> dict[str, Any] | None:
+    """The ``engine.json`` that ``dspark engine build`` left next to this binary, if any.
+
+    A build from a source tarball has no git metadata, so ``llama-server --version`` shows no commit;
+    the build record still names the source (commit or source hash), CUDA arch and build time.
+    """
+    marker = engine.bin_dir.parent.parent / "engine.json"  # <cache>/engine/<key>/build/bin
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def collect(engine: Engine, files: dict[str, Path | None], *, argv: list[str] | None = None,
             reps: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The provenance block every bench record carries."""
     facts = {role: asdict(file_facts(p)) for role, p in files.items() if p is not None}
     gpus = gpu_names()
+    build = build_record(engine)
+    commit = engine.commit or (str(build.get("commit", "")) if build else "")
     return {
         "dspark_version": __version__,
-        "engine": {"server": str(engine.server), "version": engine.version, "commit": engine.commit,
-                   "backend": engine.backend},
+        "engine": {"server": str(engine.server), "version": engine.version, "commit": commit,
+                   "backend": engine.backend, "build": build},
         "gpu": ", ".join(gpus) if gpus else "none",
         "argv": list(sys.argv if argv is None else argv),
         "files": facts,

@@ -203,13 +203,17 @@ def test_whole_bench_overhead_is_within_15_percent(engine, tmp_path):
     result = bench.run_bench(engine, plan, out=tmp_path / "r.jsonl")
     ov = result.overhead
     print(f"overhead: wall {ov.wall_s:.3f} s, generation {ov.generation_s:.3f} s, load {ov.load_s:.3f} s, "
-          f"round trips {ov.request_s:.3f} s, ratio {ov.ratio:.3f}")
-    assert ov.generation_s > 0 and ov.load_s > 0
+          f"round trips {ov.request_s:.3f} s, hashing {ov.provenance_s:.3f} s, stops {ov.stop_s:.3f} s, "
+          f"ratio {ov.ratio:.3f}")
+    assert ov.generation_s > 0 and ov.load_s > 0 and ov.stop_s > 0 and ov.provenance_s > 0
+    assert ov.wall_s > ov.request_s + ov.load_s + ov.stop_s + ov.provenance_s  # the parts fit in the whole
+    assert ov.ratio_after_hashing < ov.ratio
     assert ov.request_s >= ov.generation_s  # the server's timings are inside the client's round trips
     assert ov.ratio == ov.wall_s / (ov.generation_s + ov.load_s)
     assert ov.ratio <= 1.15
     record = [r for r in _records(tmp_path / "r.jsonl") if r["record"] == "overhead"]
     assert len(record) == 1 and record[0]["ratio"] == ov.ratio and record[0]["requests"] == 3 * (1 + 7 * 2)
+    assert record[0]["ratio_after_hashing"] == ov.ratio_after_hashing and record[0]["stop_s"] == ov.stop_s
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv", "md", "table"])

@@ -150,8 +150,10 @@ def bench(
             err.print(f"interrupted: the records measured so far are in {jsonl}", markup=False)
             raise
     summaries = list(result.summaries)
-    overhead = {"wall_s": result.overhead.wall_s, "generation_s": result.overhead.generation_s,
-                "load_s": result.overhead.load_s, "request_s": result.overhead.request_s, "ratio": result.overhead.ratio}
+    ov = result.overhead
+    overhead = {"wall_s": ov.wall_s, "generation_s": ov.generation_s, "load_s": ov.load_s, "request_s": ov.request_s,
+                "provenance_s": ov.provenance_s, "stop_s": ov.stop_s, "ratio": ov.ratio,
+                "ratio_after_hashing": ov.ratio_after_hashing}
     if plot is not None:
         report.plot(summaries, plot)
     if fmt == "json":
@@ -162,8 +164,8 @@ def bench(
         sys.stdout.write(report.to_markdown(summaries))
     else:
         out.print(render_table(summaries))
-    err.print(f"records: {result.out} (run {result.run_id}); overhead {result.overhead.ratio:.3f}x of "
-              f"generation + load" + (f"; plot: {plot}" if plot else ""), markup=False)
+    err.print(f"records: {result.out} (run {result.run_id}); wall {ov.ratio:.3f}x of generation + load "
+              f"({ov.provenance_s:.1f} s of it hashing files)" + (f"; plot: {plot}" if plot else ""), markup=False)
 
 
 def register(app: typer.Typer) -> None:
