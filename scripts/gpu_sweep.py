@@ -102,14 +102,18 @@ def gpu_facts() -> dict[str, Any]:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return {"name": "none (CPU)"}
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version,clocks.max.memory",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {"name": "unknown"}
-    first = (out.strip().splitlines() or [""])[0].split(", ")
     keys = ("name", "memory_total", "driver", "mem_clock_max")
-    return dict(zip(keys, first)) | {"count": len(out.strip().splitlines())}
+    for n_fields in (4, 1):  # fall back to the name alone if this driver rejects a field
+        try:
+            proc = subprocess.run([smi, "--query-gpu=" + ",".join(("name", "memory.total", "driver_version",
+                                                                   "clocks.max.memory")[:n_fields]),
+                                   "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return {"name": "unknown"}
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode == 0 and lines:
+            return dict(zip(keys, lines[0].split(", "))) | {"count": len(lines)}
+    return {"name": "unknown"}
 
 
 def measure_hbm(sink: Sink, gib: float = 4.0, reps: int = 20) -> None:
@@ -191,7 +195,7 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
         n_stats, last = _stats(srv.log_path, 0, wait_s=3.0 if c.budget is not None else 0.0)
         stats_wait = 3.0 if n_stats else 0.0  # no statistics line after the warm-up: do not wait for one again
         per_np: dict[int, list[dict[str, Any]]] = {}
-        for n_predict in args.n_predict:
+        for n_predict in [n for n in args.n_predict if (c.key, n) not in args.done]:
             for rep in range(args.reps):
                 seed = args.seed + rep
                 m0 = srv.client.metrics()
@@ -325,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown categories: {', '.join(sorted(unknown))}")
     args.n_predict = args.n_predict or ([256] if args.quick else [256, 1024])
+    args.done = set()  # (config key, n_predict) measured by an earlier call (--resume)
     args.budgets = tuple(sorted(set(args.budgets)))
     args.log_dir = args.log_dir or args.out.parent / "logs"
     man = json.loads(args.manifest.read_text())
@@ -338,7 +343,6 @@ def main(argv: list[str] | None = None) -> int:
     cells = grid(args.budgets, cats, args.with_cost)
     mine = cells[args.part - 1::args.parts]
     if args.resume:  # configurations an earlier call already measured at the same n_predict set
-        done = set()
         for path in args.resume:
             for line in path.read_text().splitlines():
                 try:
@@ -346,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                 except ValueError:
                     continue
                 if r.get("type") == "config" and r.get("budget") is not None:
-                    done.add((r["config"], tuple(sorted(int(n) for n in r["by_n_predict"]))))
-        mine = [c for c in mine if (c.key, tuple(sorted(args.n_predict))) not in done]
+                    args.done |= {(r["config"], int(n)) for n in r["by_n_predict"]}
+        mine = [c for c in mine if any((c.key, n) not in args.done for n in args.n_predict)]
     sink.write("provenance", dspark_version=__version__, argv=sys.argv if argv is None else argv,
                engine={"server": str(engine.server), "commit": engine.commit, "version": engine.version,
                        "backend": engine.backend}, gpu=gpu, manifest=man, files=files,
@@ -373,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     plain_ref = {int(k): v["tok_s"]["median"] for k, v in plain["by_n_predict"].items()}
     # what one spec configuration costs, to respect the deadline: a load + tokens at plain speed, padded;
     # raised to the slowest configuration seen so far (a budget far above L runs slower than plain)
-    tokens = sum(args.n_predict) * args.reps + 32
+    tokens = sum(args.n_predict) * args.reps + 32  # an upper bound when --resume leaves some out
     est = plain["load_s"] * 1.3 + tokens / max(plain_ref[min(plain_ref)], 1e-6) * 1.2 + 3.0
     for i, c in enumerate(mine):
         if left() < est:
