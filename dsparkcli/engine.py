@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -68,6 +69,7 @@ class BuildRecord:
     targets: list[str] = field(default_factory=list)
     build_seconds: float = 0.0
     built_at: str = ""
+    cpu_arch: str = ""
 
 
 # ------------------------------------------------------------------ probing a binary
@@ -185,8 +187,21 @@ def engine_root() -> Path:
     return config.cache_dir() / "engine"
 
 
-def build_key(commit: str, backend: str, cuda_arch: str = "") -> str:
-    return f"{commit}-{backend}" + (f"-sm{cuda_arch}" if backend == "cuda" and cuda_arch else "")
+CPU_ARCHES = ("x86-64-v3", "native")
+
+# Why not -march=native by default: on CPUs that advertise AMX, ggml's AMX Q8_0 kernel dies with SIGILL
+# where the kernel or a sandbox withholds the AMX tile state (seen on this project's CI machines), and a
+# native build is not portable to another machine sharing the cache. x86-64-v3 (AVX2, FMA, F16C, BMI2)
+# runs everywhere dspark is likely to, and the GPU does the heavy lifting in CUDA builds anyway.
+_CPU_ARCH_FLAGS = {
+    "x86-64-v3": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                  "-DGGML_BMI2=ON"],
+    "native": ["-DGGML_NATIVE=ON"],
+}
+
+
+def build_key(commit: str, backend: str, cuda_arch: str = "", cpu_arch: str = "x86-64-v3") -> str:
+    return f"{commit}-{backend}-{cpu_arch}" + (f"-sm{cuda_arch}" if backend == "cuda" and cuda_arch else "")
 
 
 def cached_builds() -> list[tuple[Path, BuildRecord]]:
@@ -290,13 +305,16 @@ def source_commit(source: Path) -> str:
 _PCT_RE = re.compile(r"^\[\s*(\d+)%\]")
 
 
-def cmake_configure_args(source: Path, build_dir: Path, backend: str, cuda_arch: str) -> list[str]:
+def cmake_configure_args(source: Path, build_dir: Path, backend: str, cuda_arch: str,
+                         cpu_arch: str = "x86-64-v3") -> list[str]:
     args = ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"]
     # a generator is fixed at the first configure; naming another one later fails, so only pick it then
     if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").is_file():
         args += ["-G", "Ninja"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        args += _CPU_ARCH_FLAGS[cpu_arch]
     if backend == "cuda":
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
     return args
@@ -306,6 +324,7 @@ def build_engine(
     *,
     backend: str = "cpu",
     cuda_arch: str = "90",
+    cpu_arch: str = "x86-64-v3",
     source: Path | None = None,
     jobs: int | None = None,
     force: bool = False,
@@ -314,6 +333,8 @@ def build_engine(
     """Build (or reuse) llama.cpp. Returns (engine, record, reused)."""
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if cpu_arch not in CPU_ARCHES:
+        raise UsageError(f"unknown CPU target {cpu_arch!r}; choose one of {', '.join(CPU_ARCHES)}")
     if shutil.which("cmake") is None:
         raise EngineBuildError("cmake not found on PATH", hint="install cmake (apt-get install cmake or pip install cmake)")
     if source is not None:
@@ -323,7 +344,7 @@ def build_engine(
     else:
         source = vendored_source(on_line=on_progress)
     commit = source_commit(source)
-    key = build_key(commit, backend, cuda_arch)
+    key = build_key(commit, backend, cuda_arch, cpu_arch)
     root = engine_root() / key
     marker = root / "engine.json"
     bin_dir = root / "build" / "bin"
@@ -337,7 +358,7 @@ def build_engine(
     log_path = root / "build.log"
     started = time.monotonic()
     steps = [
-        cmake_configure_args(source, root / "build", backend, cuda_arch),
+        cmake_configure_args(source, root / "build", backend, cuda_arch, cpu_arch),
         ["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(jobs), "--target", *BUILD_TARGETS],
     ]
     with open(log_path, "w", encoding="utf-8") as log:
@@ -371,6 +392,6 @@ def build_engine(
     record = BuildRecord(commit=commit, backend=backend, cuda_arch=cuda_arch if backend == "cuda" else "",
                          source_dir=str(source), bin_dir=str(bin_dir), targets=list(BUILD_TARGETS),
                          build_seconds=round(time.monotonic() - started, 1),
-                         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu_arch=cpu_arch)
     marker.write_text(json.dumps(asdict(record), indent=2))
     return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False

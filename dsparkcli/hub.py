@@ -42,6 +42,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
 from dsparkcli.config import cache_dir as dspark_cache_dir
+from dsparkcli.hfref import HubLocation, parse_hf_uri  # noqa: F401 - re-exported for callers
 from dsparkcli.errors import DsparkError, HubError, UsageError, VerificationError
 from dsparkcli.registry import ModelFile, ModelPair
 
@@ -135,26 +136,6 @@ OnProgress = Callable[[Progress], None]
 
 
 # -- public API -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HubLocation:
-    """One file on the hub, as written ``hf://owner/repo[@revision]/path/in/repo.gguf``."""
-
-    repo: str
-    filename: str
-    revision: str
-
-
-def parse_hf_uri(spec: str) -> HubLocation:
-    rest = spec[len("hf://") :] if spec.startswith("hf://") else spec
-    parts = rest.split("/")
-    if len(parts) < 3 or not all(parts):
-        shown = "".join(c if c.isprintable() else "?" for c in spec)[:200]
-        raise UsageError(f"bad hub address '{shown}': expected hf://owner/repo[@revision]/path.gguf")
-    owner, repo_rev, path = parts[0], parts[1], "/".join(parts[2:])
-    repo, _, revision = repo_rev.partition("@")
-    return HubLocation(f"{owner}/{repo}", path, revision or "main")
 
 
 def fetch_ref(

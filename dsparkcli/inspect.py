@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from dsparkcli import gguf_census
 from dsparkcli.errors import GGUFError, UsageError
+from dsparkcli.hfref import HubLocation, parse_hf_uri
 from dsparkcli.gguf_census import Census, FileHashes, GGUFArray, GGUFHeader, TensorInfo
 
 # Target archs whose graph fills t_layer_inp (llama.cpp 0c1e570, grep t_layer_inp in src/models/); only
@@ -82,24 +83,6 @@ def printable(text: Any, max_len: int | None = 200) -> str:
 
 
 # ------------------------------------------------------------------ opening files (local or hf://)
-
-
-@dataclass(frozen=True)
-class HubLocation:
-    repo: str
-    filename: str
-    revision: str
-
-
-def parse_hf_uri(spec: str) -> HubLocation:
-    """hf://owner/repo[@revision]/path/in/repo.gguf"""
-    rest = spec[len("hf://"):]
-    parts = rest.split("/")
-    if len(parts) < 3 or not all(parts):
-        raise UsageError(f"bad hub address '{printable(spec)}': expected hf://owner/repo[@revision]/path.gguf")
-    owner, repo_rev, path = parts[0], parts[1], "/".join(parts[2:])
-    repo, _, revision = repo_rev.partition("@")
-    return HubLocation(f"{owner}/{repo}", path, revision or "main")
 
 
 class HubRangeSource:

@@ -25,6 +25,7 @@ Examples:
 def build(
     backend: Annotated[str, typer.Option("--backend", "-b", help="cpu or cuda.")] = "cpu",
     cuda_arch: Annotated[str, typer.Option("--cuda-arch", help="CUDA architecture(s), e.g. 90 for H100/H200.")] = "90",
+    cpu_arch: Annotated[str, typer.Option("--cpu-arch", help="x86-64-v3 (portable, default) or native.")] = "x86-64-v3",
     source: Annotated[Optional[Path], typer.Option("--source", help="Build this llama.cpp checkout instead.")] = None,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs (default: all cores).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build exists.")] = False,
@@ -42,7 +43,7 @@ def build(
             else:
                 progress.update(task, **fields)
 
-        eng, record, reused = core.build_engine(backend=backend, cuda_arch=cuda_arch, source=source, jobs=jobs,
+        eng, record, reused = core.build_engine(backend=backend, cuda_arch=cuda_arch, cpu_arch=cpu_arch, source=source, jobs=jobs,
                                                force=force, on_progress=on_progress)
     if json_out:
         print_json({"server": eng.server, "reused": reused, **record.__dict__})
