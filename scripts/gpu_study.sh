@@ -43,7 +43,8 @@ done
 OUT=${OUT:-$REPO/gpu-out}
 WORK=${DSPARK_STUDY_DIR:-/tmp/dspark-study}
 mkdir -p "$OUT" "$WORK"
-export DSPARK_CACHE_DIR=$WORK/cache   # the CUDA build lands here: nothing else is found first
+# the CUDA build lands in its own cache: nothing else is found first (the smoke test uses the usual one)
+[ "$SMOKE" = 1 ] || export DSPARK_CACHE_DIR=$WORK/cache
 LOG=$OUT/study.log
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 PY=${PYTHON:-python3}
@@ -52,7 +53,10 @@ if [ "$SMOKE" = 1 ]; then
   # local check of everything but the CUDA build: the CPU engine, a scale-0.05 pair, a tiny grid
   PY=${PYTHON:-$REPO/.venv/bin/python}
   SCALE=0.05 QTYPE=Q8_0 DQTYPE=Q8_0 BUDGET_S=170
-  export DSPARK_LLAMA_BIN=${DSPARK_LLAMA_BIN:-$HOME/.cache/dspark/engine/0c1e570-cpu/build/bin}
+  if [ -z "${DSPARK_LLAMA_BIN:-}" ]; then
+    DSPARK_LLAMA_BIN=$(dirname "$("$PY" -m dsparkcli.cli.app engine path)") || { echo "no CPU engine: dspark engine build" >&2; exit 3; }
+    export DSPARK_LLAMA_BIN
+  fi
   SWEEP_EXTRA=(--cpu --n-predict 48 --reps 2 --verify-reps 2 --budgets 3 5 --categories general ocr --load-mode auto --no-overhead)
 else
   SWEEP_EXTRA=(--load-mode probe)
