@@ -133,9 +133,7 @@ def test_heads_become_q8_0_and_every_other_tensor_is_byte_identical(q8, bf16_dra
 
 def test_requantised_draft_drafts_and_accepts_exactly_as_predicted(engine, pair, q8, work):
     man = synth.load_manifest(pair.manifest)
-    # --no-repack: the cached CPU engine is built with GGML_NATIVE on a host that advertises AMX, and the AMX
-    # Q8_0 matmul (tilezero) dies with SIGILL here; the portable Q8_0 kernels compute the same argmax
-    cfg = ServerConfig(model=pair.target, draft=q8.plan.dst, n_max=7, ctx=1024, threads=2, extra_args=("--no-repack",))
+    cfg = ServerConfig(model=pair.target, draft=q8.plan.dst, n_max=7, ctx=1024, threads=2)
     drafted = accepted = 0
     with LlamaServer(engine, cfg, log_dir=work, startup_timeout=60) as srv:
         for prompt, n_predict in (([1, 2, 3], 40), ([77], 29), ([5, 100, 42], 17)):
