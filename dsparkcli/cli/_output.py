@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+def _console(stderr: bool) -> Console:
+    # Off a terminal (pipes, CI logs, `make demo | tee`) rich would squeeze wide tables into 80 columns;
+    # lay them out at COLUMNS or 160 instead, so they stay readable.
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, highlight=False, soft_wrap=True, width=160)
+    return console
+
+
+out = _console(stderr=False)
+err = _console(stderr=True)
 
 
 def _default(obj: Any) -> Any:
