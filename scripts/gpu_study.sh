@@ -120,7 +120,8 @@ fi
 # --- 4. HBM bandwidth (GPU idle during the build) and the CUDA build
 HBM_PID=""
 if [ "$SMOKE" = 0 ]; then
-  "$PY" scripts/gpu_sweep.py --phase hbm --out "$OUT/sweep.jsonl" > "$OUT/hbm.log" 2>&1 &
+  # torch with the machine's own packages only: our wheels must not shadow what torch was built with
+  env PYTHONPATH= "$PY" scripts/gpu_sweep.py --phase hbm --out "$OUT/sweep.jsonl" > "$OUT/hbm.log" 2>&1 &
   HBM_PID=$!
   B0=$(date +%s)
   if ! dspark engine build --backend cuda --cuda-arch 90 --source "$SRC" --jobs "$(nproc)" --json > "$OUT/build.json" 2> "$OUT/build.err"; then
