@@ -157,7 +157,7 @@ def _server_cfg(args: argparse.Namespace, pair: dict[str, Path], c: Config, load
         extra += ["-lv", "4"]  # prints the speculative statistics (draft time) after each request
     extra += list(args.extra_arg or [])
     if args.cpu:
-        extra += ["--no-repack"]  # AMX repack segfaults on quantised files on the dev CPU
+        extra += ["--no-repack"]  # a native build's AMX repack segfaults on these quantised files
     return ServerConfig(
         model=pair["target"], draft=pair["draft"] if c.budget is not None else None,
         n_max=c.budget, n_min=0 if c.budget is not None else None, p_min=0.0 if c.budget is not None else None,
