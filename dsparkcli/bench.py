@@ -19,6 +19,7 @@ Each carries the run's provenance. Summaries are recomputed from the other recor
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as _dt
 import hashlib
 import json
@@ -138,7 +139,7 @@ class Overhead:
     load_s: float  # Σ time to healthy, one load per configuration
     request_s: float  # Σ client-side round trips (generation + the server's untimed work + HTTP)
     ratio: float  # wall / (generation + load)
-    provenance_s: float = 0.0  # part of wall: versions, GPU name, file sha256 (first run of a file hashes it)
+    provenance_s: float = 0.0  # part of wall spent waiting for the file sha256s (hashed alongside the first config)
     stop_s: float = 0.0  # part of wall: Σ server shutdowns
 
     @property
@@ -428,18 +429,37 @@ def _payload(plan: BenchPlan, prompt: Prompt, rendered: str, images_b64: list[st
 
 
 class _Writer:
-    """Appends one JSON line per record and flushes it: an interrupted bench keeps every finished line."""
+    """Appends one JSON line per record and flushes it: an interrupted bench keeps every finished line.
 
-    def __init__(self, fh: TextIO, run_id: str, provenance_block: dict[str, Any]) -> None:
+    The provenance block (file sha256s: ~20 s for a 20 GB target the first time) is computed in a thread
+    while the first configuration loads and runs; records wait in ``pending`` until it is ready, and
+    ``flush(wait=True)`` (end of run, or interruption) writes them all with it.
+    """
+
+    def __init__(self, fh: TextIO, run_id: str, provenance_block: concurrent.futures.Future[dict[str, Any]]) -> None:
         self.fh, self.run_id, self.provenance = fh, run_id, provenance_block
         self.records: list[dict[str, Any]] = []
+        self.pending: list[dict[str, Any]] = []
+        self.waited_s = 0.0  # time the bench sat waiting for the hashes (counts as overhead)
 
     def write(self, rec: dict[str, Any]) -> dict[str, Any]:
-        full = {**rec, "run_id": self.run_id, "provenance": self.provenance}
-        self.fh.write(json.dumps(full, separators=(",", ":")) + "\n")
-        self.fh.flush()
+        full = {**rec, "run_id": self.run_id}
         self.records.append(full)
+        self.pending.append(full)
+        self.flush()
         return full
+
+    def flush(self, *, wait: bool = False) -> None:
+        if not self.pending or not (wait or self.provenance.done()):
+            return
+        t0 = time.perf_counter()
+        block = self.provenance.result()
+        self.waited_s += time.perf_counter() - t0
+        for rec in self.pending:
+            rec["provenance"] = block
+            self.fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self.fh.flush()
+        self.pending.clear()
 
 
 def default_out_path(run_id: str) -> Path:
@@ -582,28 +602,34 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     out.parent.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path | None] = {"target": plan.target, "mmproj": plan.mmproj}
     files.update({f"draft:{d.label}": d.path for d in plan.drafts})
-    prov = provenance.collect(engine, files, argv=argv, reps=plan.reps, extra={
+    hashing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-provenance")
+    prov = hashing.submit(provenance.collect, engine, files, argv=argv, reps=plan.reps, extra={
         "run_id": run_id, "model": plan.model_name, "n_predict": plan.n_predict, "warmup": plan.warmup,
         "seed": plan.seed, "ignore_eos": plan.ignore_eos, "p_min": plan.p_min, "synth_len": plan.synth_len,
         "synthetic": plan.synthetic, "ctx": plan.ctx,
     })
+    hashing.shutdown(wait=False)
     images_b64 = {p.id: [image_base64(i) for i in p.images] for p in plan.prompts}
     image_sha = {p.id: [provenance.file_facts(i).sha256 for i in p.images] for p in plan.prompts}
-    provenance_s = time.perf_counter() - t_wall0  # mostly hashing: minutes for a 20 GB target, once (cached)
     categories = list(dict.fromkeys(p.category for p in plan.prompts))  # kit order
     upstream = dict(plan.upstream_acceptance)
     totals, state = _Totals(), _RunState()
     with open(out, "a", encoding="utf-8") as fh:
         writer = _Writer(fh, run_id, prov)
-        for arm in plan.arms():
-            load_s = _run_arm(engine, plan, arm, writer, state, totals, images_b64, image_sha, categories, on_request)
-            for row in summarize(writer.records, upstream):
-                if row["config"] == arm.name:
-                    if row["category"] == ALL:
-                        row["load_s"] = load_s
-                    writer.write(row)
+        try:
+            for arm in plan.arms():
+                load_s = _run_arm(engine, plan, arm, writer, state, totals, images_b64, image_sha, categories,
+                                  on_request)
+                for row in summarize(writer.records, upstream):
+                    if row["config"] == arm.name:
+                        if row["category"] == ALL:
+                            row["load_s"] = load_s
+                        writer.write(row)
+        finally:
+            writer.flush(wait=True)  # whatever happened, every measured line reaches the file, with provenance
         wall_s = time.perf_counter() - t_wall0
         denom = totals.generation_s + totals.load_s
+        provenance_s = writer.waited_s
         overhead = Overhead(wall_s=wall_s, generation_s=totals.generation_s, load_s=totals.load_s,
                             request_s=totals.request_s, ratio=wall_s / denom if denom > 0 else float("inf"),
                             provenance_s=provenance_s, stop_s=totals.stop_s)
