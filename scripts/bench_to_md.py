@@ -17,7 +17,6 @@ import argparse
 import json
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
