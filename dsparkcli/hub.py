@@ -156,12 +156,19 @@ def fetch_ref(
     else:
         commit, remote = _listing(f.repo, f.revision, f.filename or "")
         planned = [_plan_online(f, commit, remote, local)]
-    if planned[0].to_download > CONFIRM_ABOVE_BYTES and not yes:
-        if confirm is None:
-            raise UsageError(f"{spec} needs {format_size(planned[0].to_download)} of downloads; pass --yes to go ahead")
-        if not confirm(planned):
-            raise DsparkError(f"fetch of {spec} cancelled; nothing was downloaded")
+    _confirm_large(planned, spec, yes=yes, confirm=confirm)
     return fetch_planned(planned, spec, on_progress=on_progress)[0].path
+
+
+def _confirm_large(planned: list[PlannedFile], what: str, *, yes: bool, confirm: Confirm | None) -> None:
+    """Ask before downloading more than CONFIRM_ABOVE_BYTES; without a way to ask, refuse with a hint."""
+    total = sum(p.to_download for p in planned)
+    if total <= CONFIRM_ABOVE_BYTES or yes:
+        return
+    if confirm is None:
+        raise UsageError(f"{what} needs {format_size(total)} of downloads; pass --yes to go ahead")
+    if not confirm(planned):
+        raise DsparkError(f"fetch of {what} cancelled; nothing was downloaded")
 
 
 def ensure_files(
@@ -193,12 +200,7 @@ def fetch(
 ) -> list[FetchedFile]:
     """Plan, confirm big downloads, download and verify. Raises HubError / VerificationError."""
     planned = plan(pair, draft_key, local_dir=local_dir, revision=revision)
-    total = sum(p.to_download for p in planned)
-    if total > CONFIRM_ABOVE_BYTES and not yes:
-        if confirm is None:
-            raise UsageError(f"{pair.name} needs {format_size(total)} of downloads; pass --yes to go ahead")
-        if not confirm(planned):
-            raise DsparkError(f"fetch of {pair.name} cancelled; nothing was downloaded")
+    _confirm_large(planned, pair.name, yes=yes, confirm=confirm)
     return fetch_planned(planned, pair.name, on_progress=on_progress)
 
 

@@ -26,7 +26,6 @@ prefix that matches its greedy choice and always adds one token of its own.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from dsparkcli.errors import UsageError
+from dsparkcli.provenance import sha256_file
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -149,14 +149,6 @@ test_tokenize.__test__ = False  # type: ignore[attr-defined]  # not a pytest tes
 
 
 # ------------------------------------------------------------------ building the maps
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _maps(vocab: int, accept_rate: float, seed: int) -> tuple[list[int], list[int], list[int]]:
@@ -347,7 +339,7 @@ def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0
         _write_mmproj(mmproj, n_embd, seed)
         _write_png(image, seed)
 
-    files = {role: {"name": p.name, "sha256": _sha256(p), "bytes": p.stat().st_size}
+    files = {role: {"name": p.name, "sha256": sha256_file(p), "bytes": p.stat().st_size}
              for role, p in (("target", target), ("draft", draft), ("mmproj", mmproj), ("image", image)) if p}
     doc = {
         "version": MANIFEST_VERSION,
@@ -414,7 +406,7 @@ def verify_files(man: Manifest) -> None:
         f = man.path.parent / rec["name"]
         if not f.is_file():
             raise VerificationError(f"synthetic {role} missing: {f}")
-        if _sha256(f) != rec["sha256"]:
+        if sha256_file(f) != rec["sha256"]:
             raise VerificationError(f"synthetic {role} was modified since it was written: {f}")
 
 
