@@ -7,7 +7,14 @@ import sys
 from collections.abc import Callable, Iterator
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from dsparkcli import hub
 from dsparkcli.cli._output import err

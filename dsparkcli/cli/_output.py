@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+
 def _console(stderr: bool) -> Console:
     # Off a terminal (pipes, CI logs, `make demo | tee`) rich would squeeze wide tables into 80 columns;
     # lay them out at COLUMNS or 160 instead, so they stay readable.

@@ -8,14 +8,29 @@ from typing import Annotated, Any, Optional
 
 import click
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from typer.core import TyperCommand
 
 from dsparkcli import bench as core
 from dsparkcli import prompts as kit
 from dsparkcli import report
-from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, passthrough_args
+from dsparkcli.cli._common import (
+    JsonOpt,
+    LlamaBinOpt,
+    ModelOpt,
+    PMinOpt,
+    TargetOpt,
+    ThreadsOpt,
+    YesOpt,
+    passthrough_args,
+)
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
 
@@ -90,8 +105,8 @@ def render_table(summaries: list[dict[str, Any]]) -> Table:
 
 def bench(
     budget: Annotated[Optional[list[int]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Pair name from models.toml.")] = None,
-    target: Annotated[Optional[str], typer.Option("--target", help="Target GGUF: path or hf://repo/file.")] = None,
+    model: ModelOpt = None,
+    target: TargetOpt = None,
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable).")] = None,
     mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF (needed for image prompts).")] = None,
     prompts: Annotated[str, typer.Option("--prompts", help="Built-in kit name or a JSONL file (docs/PROMPTS.md).")] = kit.DEFAULT_KIT,
@@ -101,15 +116,15 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed requests per configuration.")] = 1,
     n_predict: Annotated[int, typer.Option("--n-predict", "-n", min=1, help="Tokens to generate per request.")] = 256,
     ctx: Annotated[int, typer.Option("--ctx", "-c", min=64, help="Context size (-c).")] = 4096,
-    p_min: Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")] = None,
+    p_min: PMinOpt = None,
     synth_len: Annotated[Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length (--spec-synth-len); labels every output.")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Always generate --n-predict tokens.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Request seed (matters with --synth-len).")] = 0,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads (-t).")] = None,
+    threads: ThreadsOpt = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Append JSONL records here (default: the dspark cache).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, csv or md.")] = "table",
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tok/s and speedup.")] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")] = False,
+    yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:

@@ -9,7 +9,24 @@ from typing import Annotated, Optional
 import typer
 
 from dsparkcli import runner
-from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, passthrough_args
+from dsparkcli.cli._common import (
+    ApiKeyOpt,
+    BudgetOpt,
+    CtxOpt,
+    DraftKeyOpt,
+    DraftOpt,
+    JsonOpt,
+    LlamaBinOpt,
+    MmprojOpt,
+    ModelOpt,
+    NglOpt,
+    NoDraftOpt,
+    PMinOpt,
+    TargetOpt,
+    ThreadsOpt,
+    YesOpt,
+    passthrough_args,
+)
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
 
@@ -48,24 +65,24 @@ def format_stats(result: runner.RunResult) -> str:
 def run(
     args: Annotated[list[str], typer.Argument(metavar="[IMAGE]... PROMPT", help="Images, then the prompt.", show_default=False)],
     image: Annotated[Optional[list[Path]], typer.Option("--image", "-i", help="An image (repeatable).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Pair name from models.toml.")] = None,
-    target: Annotated[Optional[str], typer.Option("--target", help="Target GGUF: path or hf://repo/file.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="DSpark draft GGUF: path or hf://repo/file.")] = None,
-    mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF: path or hf://.")] = None,
-    draft_key: Annotated[Optional[str], typer.Option("--draft-key", help="Which registry draft (e.g. q8_0).")] = None,
-    budget: Annotated[Optional[int], typer.Option("--budget", "-b", help="--spec-draft-n-max (default: registry, 5).")] = None,
-    no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculative draft.")] = False,
-    p_min: Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")] = None,
+    model: ModelOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    mmproj: MmprojOpt = None,
+    draft_key: DraftKeyOpt = None,
+    budget: BudgetOpt = None,
+    no_draft: NoDraftOpt = False,
+    p_min: PMinOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 256,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0 = greedy).")] = 0.0,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Sampling seed.")] = None,
-    ctx: Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c).")] = None,
+    ctx: CtxOpt = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message.")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads (-t).")] = None,
-    ngl: Annotated[Optional[str], typer.Option("--ngl", help="GPU layers for target and draft (-ngl/-ngld).")] = None,
+    threads: ThreadsOpt = None,
+    ngl: NglOpt = None,
     server: Annotated[Optional[str], typer.Option("--server", help="Use a running server (URL) instead.")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="DSPARK_API_KEY", help="Key for --server.")] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")] = False,
+    api_key: ApiKeyOpt = None,
+    yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:

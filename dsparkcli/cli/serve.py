@@ -10,7 +10,23 @@ import typer
 
 from dsparkcli import engine as engine_mod
 from dsparkcli import runner
-from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, passthrough_args
+from dsparkcli.cli._common import (
+    ApiKeyOpt,
+    BudgetOpt,
+    CtxOpt,
+    DraftKeyOpt,
+    DraftOpt,
+    JsonOpt,
+    LlamaBinOpt,
+    MmprojOpt,
+    NglOpt,
+    NoDraftOpt,
+    PMinOpt,
+    TargetOpt,
+    ThreadsOpt,
+    YesOpt,
+    passthrough_args,
+)
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import UsageError
@@ -41,20 +57,20 @@ def _is_loopback(host: str) -> bool:
 
 def serve(
     name: Annotated[Optional[str], typer.Argument(help="Pair name from models.toml.")] = None,
-    target: Annotated[Optional[str], typer.Option("--target", help="Target GGUF: path or hf://repo/file.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="DSpark draft GGUF: path or hf://.")] = None,
-    mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF: path or hf://.")] = None,
-    draft_key: Annotated[Optional[str], typer.Option("--draft-key", help="Which registry draft.")] = None,
-    budget: Annotated[Optional[int], typer.Option("--budget", "-b", help="--spec-draft-n-max.")] = None,
-    no_draft: Annotated[bool, typer.Option("--no-draft", help="Serve without a draft.")] = False,
-    p_min: Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P.")] = None,
-    ctx: Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size.")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads.")] = None,
-    ngl: Annotated[Optional[str], typer.Option("--ngl", help="GPU layers for target and draft.")] = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    mmproj: MmprojOpt = None,
+    draft_key: DraftKeyOpt = None,
+    budget: BudgetOpt = None,
+    no_draft: NoDraftOpt = False,
+    p_min: PMinOpt = None,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    ngl: NglOpt = None,
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="Port (0 = any free one).")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="DSPARK_API_KEY", help="Require this key.")] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")] = False,
+    api_key: ApiKeyOpt = None,
+    yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
