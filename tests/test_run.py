@@ -21,7 +21,7 @@ import pytest
 import dsparkcli
 from dsparkcli import runner, synth
 from dsparkcli.server import LlamaServer, ServerConfig
-from tests.chat_oracle import expected_chat
+from chat_oracle import expected_chat
 
 PROMPT = "What is in this image?"
 N = 40
@@ -145,7 +145,7 @@ def test_server_crash_during_generation_is_one_line(engine, vpair):
     proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "run", "--target", str(vpair.target),
                              "--draft", str(vpair.draft), "--max-tokens", "30000", "--ctx", "32768", "-t", "1",
                              "go on"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    from tests.test_server import _children_named, _wait_for
+    from test_server import _children_named, _wait_for
 
     try:
         server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server")[0]
@@ -229,3 +229,64 @@ def test_dspark_adds_no_measurable_overhead(engine, vpair):
     assert len(result.bare_decode_tok_s) == len(result.dspark_decode_tok_s) == 10
     assert result.decode_ratio_best >= 0.95, result.to_record()
     assert result.ttft_delta_best_s <= 0.050, result.to_record()
+
+
+@pytest.fixture
+def hub_env(tmp_path, vpair, engine):
+    """The synthetic vision pair served by FakeHub, a registry entry for it, an empty HF cache."""
+    from hubserver import FakeHub
+
+    with FakeHub() as hub:
+        for path in (vpair.target, vpair.draft, vpair.mmproj):
+            hub.add_file("synth/pair", path.name, path.read_bytes())
+        cfg = tmp_path / "cfg"
+        cfg.mkdir()
+        (cfg / "models.toml").write_text(f"""
+[pairs.synth]
+budget = {BUDGET}
+default_draft = "q"
+[pairs.synth.target]
+repo = "synth/pair"
+filename = "{vpair.target.name}"
+[pairs.synth.mmproj]
+repo = "synth/pair"
+filename = "{vpair.mmproj.name}"
+[pairs.synth.drafts.q]
+repo = "synth/pair"
+glob = "draft-*.gguf"
+""")
+        yield {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.endpoint, "DSPARK_CONFIG_DIR": str(cfg),
+               "DSPARK_LLAMA_BIN": str(engine.server), "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def test_run_with_hf_references(cli, vpair, expected, hub_env):
+    proc = cli("run", str(vpair.image), PROMPT, "--target", f"hf://synth/pair/{vpair.target.name}",
+               "--draft", f"hf://synth/pair/{vpair.draft.name}", "--mmproj", f"hf://synth/pair/{vpair.mmproj.name}",
+               "--budget", str(BUDGET), "--max-tokens", str(N), "-t", "2", "--ctx", "1024", "--json", env=hub_env)
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(proc.stdout)
+    assert rec["text"] == expected.text
+    assert (rec["drafted"], rec["accepted"]) == (expected.draft_n, expected.draft_n_accepted)
+    assert all(Path(p).is_relative_to(hub_env["HF_HOME"]) for p in rec["files"].values())
+
+
+def test_run_with_a_registry_model(cli, vpair, expected, hub_env):
+    """--model NAME: files resolved (the draft through a glob), fetched, verified, paired, then run."""
+    proc = cli("run", str(vpair.image), PROMPT, "--model", "synth", "--max-tokens", str(N), "-t", "2",
+               "--ctx", "1024", "--json", env=hub_env)
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(proc.stdout)
+    assert rec["budget"] == BUDGET  # the registry's default budget
+    assert rec["text"] == expected.text
+    assert (rec["drafted"], rec["accepted"]) == (expected.draft_n, expected.draft_n_accepted)
+    assert Path(rec["files"]["draft"]).name == vpair.draft.name
+    # offline afterwards: the verified cache serves the same run without the hub
+    proc = cli("run", str(vpair.image), PROMPT, "--model", "synth", "--max-tokens", str(N), "-t", "2",
+               "--ctx", "1024", "--json", env={**hub_env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["text"] == expected.text
+
+
+def test_unknown_model_name_suggests(cli, hub_env):
+    msg = _one_line_error(cli("run", "hi", "--model", "synht", env=hub_env), 2)
+    assert "synth" in msg
