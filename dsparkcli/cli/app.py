@@ -74,33 +74,43 @@ def _register_all() -> None:
 _register_all()
 
 
-def _terminate(signum: int, frame: object) -> None:
-    # SIGTERM unwinds like Ctrl-C, so every LlamaServer context manager stops its child in order
+_INTERRUPTED: list[int] = []  # signals received; typer turns the KeyboardInterrupt into a quiet exit 130
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # SIGINT and SIGTERM unwind the stack like Ctrl-C, so every LlamaServer context manager stops its
+    # child in order; remember it, so the user is told why dspark stopped
+    _INTERRUPTED.append(signum)
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point. Returns the exit code (also via SystemExit)."""
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with SIGINT ignored
+        signal.signal(signal.SIGINT, _interrupt)
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" in args:  # everything after `--` goes to llama-server untouched (run, serve, bench)
         cut = args.index("--")
         _common.PASSTHROUGH[:] = args[cut + 1 :]
         args = args[:cut]
+    reported = False
     try:
         result = app(args=args, standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except typer.Exit as e:
         code = e.exit_code
     except typer.Abort:
-        code = _errors.report(KeyboardInterrupt())
+        code, reported = _errors.report(KeyboardInterrupt()), True
     except TyperException as e:  # click's usage errors: they print themselves, exit 2
         e.show()  # type: ignore[attr-defined]
         code = getattr(e, "exit_code", 2)
     except BaseException as e:  # noqa: BLE001 - the table decides what is expected; the rest re-raises
         if isinstance(e, SystemExit):
             raise
-        code = _errors.report(e)
+        code, reported = _errors.report(e), True
+    if _INTERRUPTED and code == _errors.EXIT_INTERRUPTED and not reported:
+        _errors.report(KeyboardInterrupt())  # typer turned the interrupt into exit 130 and said nothing
     sys.exit(code)
 
 
