@@ -230,6 +230,20 @@ class ServerClient:
 # ------------------------------------------------------------------ the process
 
 
+KEEP_LOGS = 50
+
+
+def prune_logs(log_dir: Path, keep: int = KEEP_LOGS) -> None:
+    """Keep the newest ``keep`` server logs in dspark's own log folder, so it does not grow forever."""
+    try:
+        logs = sorted(log_dir.glob("llama-server-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return
+    for old in logs[keep:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+
+
 def free_port(host: str = DEFAULT_HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -295,6 +309,7 @@ class LlamaServer:
         self._check_files()
         if self.log_dir is None:  # kept after the run: the user's evidence when something failed
             self.log_dir = config.cache_dir() / "logs"
+            prune_logs(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         explicit_port = self.config.port != 0
         for attempt in range(1 if explicit_port else 3):

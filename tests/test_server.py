@@ -243,3 +243,21 @@ def test_api_key_is_not_in_argv_or_log(engine, pair, tmp_path):
             anon.completion({"prompt": [1], "n_predict": 2})
         anon.close()
     assert "sk-secret-123" not in srv.log_path.read_text()
+
+
+def test_default_log_folder_keeps_the_newest_logs(engine, pair, tmp_path, monkeypatch):
+    from dsparkcli.server import KEEP_LOGS
+
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for i in range(KEEP_LOGS + 10):
+        old = logs / f"llama-server-{i}.log"
+        old.write_text("old")
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))
+    with LlamaServer(engine, ServerConfig(model=pair.target, threads=1, ctx=512)) as srv:
+        assert srv.log_path.parent == logs
+    remaining = sorted(p.name for p in logs.glob("llama-server-*.log"))
+    assert len(remaining) == KEEP_LOGS + 1  # the newest KEEP_LOGS old ones, plus this run's
+    assert "llama-server-0.log" not in remaining and f"llama-server-{KEEP_LOGS + 9}.log" in remaining
+    assert srv.log_path.name in remaining
