@@ -45,7 +45,12 @@ done
 
 OUT=${OUT:-$REPO/gpu-out}
 WORK=${DSPARK_STUDY_DIR:-/tmp/dspark-study}
-mkdir -p "$OUT" "$WORK"
+# The device returns at most 8 files from $OUT: records go there directly (study.log, sweep.jsonl,
+# bench-kit.jsonl, overhead.jsonl, BENCHMARKS.partial.md); every other log goes to $AUX and comes back
+# as one aux.tar.gz, written on any exit (a timeout included).
+AUX=$WORK/aux
+mkdir -p "$OUT" "$WORK" "$AUX"
+trap 'tar czf "$OUT/aux.tar.gz" -C "$WORK" aux 2>/dev/null || true' EXIT
 # the CUDA build lands in its own cache: nothing else is found first (the smoke test uses the usual one)
 [ "$SMOKE" = 1 ] || export DSPARK_CACHE_DIR=$WORK/cache
 LOG=$OUT/study.log
@@ -67,7 +72,7 @@ fi
 dspark() { "$PY" -m dsparkcli.cli.app "$@"; }
 
 say "phase=$PHASE quick=${QUICK:-no} part=$PART/$PARTS qtype=$QTYPE draft=$DQTYPE arch=$ARCH scale=$SCALE smoke=$SMOKE"
-{ nvidia-smi 2>/dev/null || echo "no nvidia-smi"; df -h "$WORK"; free -g; nproc; "$PY" --version; } > "$OUT/machine.txt" 2>&1 || true
+{ nvidia-smi 2>/dev/null || echo "no nvidia-smi"; df -h "$WORK"; free -g; nproc; "$PY" --version; } > "$AUX/machine.txt" 2>&1 || true
 
 # --- 1. wheels and dspark on PYTHONPATH (the GPU machine has no network)
 [ -d .gpu/wheels ] || { echo "gpu_study.sh: .gpu/wheels missing: run scripts/pack_gpu_bundle.py and carry .gpu" >&2; exit 3; }
@@ -78,10 +83,10 @@ if [ "$SMOKE" = 1 ]; then
 else
   pip_t() { "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" .gpu/wheels/*.whl; }
 fi
-if ! pip_t > "$OUT/pip.log" 2>&1; then
+if ! pip_t > "$AUX/pip.log" 2>&1; then
   # no pip on the machine: a wheel is a zip whose contents pip --target would copy as they are
-  for w in .gpu/wheels/*.whl; do "$PY" -m zipfile -e "$w" "$SITE" || { cat "$OUT/pip.log"; exit 3; }; done
-  say "pip failed ($(tail -1 "$OUT/pip.log")); wheels unzipped instead"
+  for w in .gpu/wheels/*.whl; do "$PY" -m zipfile -e "$w" "$SITE" || { cat "$AUX/pip.log"; exit 3; }; done
+  say "pip failed ($(tail -1 "$AUX/pip.log")); wheels unzipped instead"
 fi
 [ "$SMOKE" = 1 ] || export PYTHONPATH=$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}
 say "wheels installed into $SITE ($(ls .gpu/wheels | wc -l) wheels)"
@@ -124,7 +129,7 @@ def prog(done, total, what):
 p = write_full_width("$WORK/pair", scale=$SCALE, qtype="$QTYPE", draft_qtype="$DQTYPE", target_arch="$ARCH", on_progress=prog)
 print(p.manifest)
 EOF
-  ) > "$OUT/pair.log" 2>&1 &
+  ) > "$AUX/pair.log" 2>&1 &
   PAIR_PID=$!
 fi
 
@@ -132,33 +137,33 @@ fi
 HBM_PID=""
 if [ "$SMOKE" = 0 ]; then
   # torch with the machine's own packages only: our wheels must not shadow what torch was built with
-  env PYTHONPATH= "$PY" scripts/gpu_sweep.py --phase hbm --out "$OUT/sweep.jsonl" > "$OUT/hbm.log" 2>&1 &
+  env PYTHONPATH= "$PY" scripts/gpu_sweep.py --phase hbm --out "$OUT/sweep.jsonl" > "$AUX/hbm.log" 2>&1 &
   HBM_PID=$!
   B0=$(date +%s)
-  if ! dspark engine build --backend cuda --cuda-arch 90 --source "$SRC" --jobs "$(nproc)" --json > "$OUT/build.json" 2> "$OUT/build.err"; then
-    say "BUILD FAILED"; tail -50 "$OUT/build.err"; tail -80 "$DSPARK_CACHE_DIR"/engine/*/build.log > "$OUT/build.log.tail" 2>/dev/null || true
+  if ! dspark engine build --backend cuda --cuda-arch 90 --source "$SRC" --jobs "$(nproc)" --json > "$AUX/build.json" 2> "$AUX/build.err"; then
+    say "BUILD FAILED"; tail -50 "$AUX/build.err"; tail -80 "$DSPARK_CACHE_DIR"/engine/*/build.log > "$AUX/build.log.tail" 2>/dev/null || true
     exit 4
   fi
-  say "engine built in $(( $(date +%s) - B0 )) s: $(cat "$OUT/build.json" | tr -d '\n' | cut -c1-300)"
+  say "engine built in $(( $(date +%s) - B0 )) s: $(cat "$AUX/build.json" | tr -d '\n' | cut -c1-300)"
 fi
 
 # --- 5. doctor
-D0=$(date +%s); set +e; dspark doctor > "$OUT/doctor.txt" 2>&1; RC=$?; set -e
-say "dspark doctor rc=$RC in $(( $(date +%s) - D0 )) s: $(tail -2 "$OUT/doctor.txt" | tr '\n' ' ')"
+D0=$(date +%s); set +e; dspark doctor > "$AUX/doctor.txt" 2>&1; RC=$?; set -e
+say "dspark doctor rc=$RC in $(( $(date +%s) - D0 )) s: $(tail -2 "$AUX/doctor.txt" | tr '\n' ' ')"
 if dspark doctor --help 2>/dev/null | grep -q -- --selftest; then
-  D0=$(date +%s); set +e; dspark doctor --selftest > "$OUT/selftest.txt" 2>&1; RC=$?; set -e
-  say "dspark doctor --selftest rc=$RC in $(( $(date +%s) - D0 )) s: $(grep -E 'PASS|FAIL' "$OUT/selftest.txt" | head -3 | tr '\n' ' ')"
+  D0=$(date +%s); set +e; dspark doctor --selftest > "$AUX/selftest.txt" 2>&1; RC=$?; set -e
+  say "dspark doctor --selftest rc=$RC in $(( $(date +%s) - D0 )) s: $(grep -E 'PASS|FAIL' "$AUX/selftest.txt" | head -3 | tr '\n' ' ')"
 else
   say "dspark doctor has no --selftest in this tree"
 fi
-[ -n "$HBM_PID" ] && { wait "$HBM_PID" || say "hbm measurement failed: $(tail -3 "$OUT/hbm.log")"; }
+[ -n "$HBM_PID" ] && { wait "$HBM_PID" || say "hbm measurement failed: $(tail -3 "$AUX/hbm.log")"; }
 [ "$PHASE" = build ] && { say "phase build done"; exit 0; }
 
 # --- 6. wait for the pair, then sweep until the deadline
 W0=$(date +%s)
-wait "$PAIR_PID" || { say "PAIR WRITE FAILED"; cat "$OUT/pair.log"; exit 5; }
-MANIFEST=$(tail -1 "$OUT/pair.log")
-cp "$MANIFEST" "$OUT/"
+wait "$PAIR_PID" || { say "PAIR WRITE FAILED"; cat "$AUX/pair.log"; exit 5; }
+MANIFEST=$(tail -1 "$AUX/pair.log")
+cp "$MANIFEST" "$AUX/"
 say "pair ready (waited $(( $(date +%s) - W0 )) s): $(python3 -c "import json;m=json.load(open('$MANIFEST'));t=m['target'];print(t['file'],t['bytes'],'bytes',t['write_seconds'],'s',t['write_mb_per_s'],'MB/s')" 2>/dev/null)"
 
 if [ "$KIT" = 1 ]; then
@@ -168,11 +173,11 @@ if [ "$KIT" = 1 ]; then
   K0=$(date +%s); set +e
   dspark bench --target "$TGT" --draft "$DRF" --budget 5 15 --category text --limit 3 --reps 3 --warmup 1 \
     --n-predict 128 --ignore-eos --synth-len 5 --seed 1 --out "$OUT/bench-kit.jsonl" --format md \
-    -- -ngl 99 -ngld 99 -fa on > "$OUT/bench-kit.md" 2> "$OUT/bench-kit.err"; RC=$?
+    -- -ngl 99 -ngld 99 -fa on > "$AUX/bench-kit.md" 2> "$AUX/bench-kit.err"; RC=$?
   say "dspark bench (prompt kit, text, SYNTHETIC L=5) rc=$RC in $(( $(date +%s) - K0 )) s"
   "$PY" scripts/run_overhead.py --target "$TGT" --draft "$DRF" --budget 5 --reps 10 --n-predict 256 \
-    --out "$OUT/overhead.jsonl" -- -ngl 99 -ngld 99 -fa on >> "$OUT/overhead.log" 2>&1 \
-    && say "overhead: $(tail -1 "$OUT/overhead.log")" || say "overhead failed: $(tail -2 "$OUT/overhead.log")"
+    --out "$OUT/overhead.jsonl" -- -ngl 99 -ngld 99 -fa on >> "$AUX/overhead.log" 2>&1 \
+    && say "overhead: $(tail -1 "$AUX/overhead.log")" || say "overhead failed: $(tail -2 "$AUX/overhead.log")"
   set -e
 fi
 
@@ -181,23 +186,23 @@ say "sweep: deadline in $(( DEADLINE - $(date +%s) )) s"
 sweep() {
   "$PY" scripts/gpu_sweep.py --manifest "$1" --out "$OUT/sweep.jsonl" --deadline "$DEADLINE" \
     --part "$PART" --parts "$PARTS" $QUICK $COST "${NPRED[@]}" "${RESUME[@]}" "${SWEEP_EXTRA[@]}" \
-    --log-dir "$WORK/logs" >> "$OUT/sweep.log" 2>&1
+    --log-dir "$WORK/logs" >> "$AUX/sweep.log" 2>&1
 }
 set +e
 sweep "$MANIFEST"; RC=$?
 if [ "$RC" = 6 ] && [ "$ARCH" = qwen35moe ]; then
   # the hybrid target would not even serve plain decoding here: fall back to the plain-attention stand-in
-  say "qwen35moe plain baseline failed ($(grep -m1 error "$OUT/sweep.log" | cut -c1-200)); writing a qwen3moe pair"
+  say "qwen35moe plain baseline failed ($(grep -m1 error "$AUX/sweep.log" | cut -c1-200)); writing a qwen3moe pair"
   rm -f "$WORK"/pair/target-*qwen35moe*.gguf
-  "$PY" -c "from dsparkcli.synth_shapes import write_full_width as w; print(w('$WORK/pair', scale=$SCALE, qtype='$QTYPE', draft_qtype='$DQTYPE', target_arch='qwen3moe').manifest)" > "$OUT/pair3.log" 2>&1
-  MANIFEST=$(tail -1 "$OUT/pair3.log"); cp "$MANIFEST" "$OUT/" 2>/dev/null
+  "$PY" -c "from dsparkcli.synth_shapes import write_full_width as w; print(w('$WORK/pair', scale=$SCALE, qtype='$QTYPE', draft_qtype='$DQTYPE', target_arch='qwen3moe').manifest)" > "$AUX/pair3.log" 2>&1
+  MANIFEST=$(tail -1 "$AUX/pair3.log"); cp "$MANIFEST" "$AUX/" 2>/dev/null
   sweep "$MANIFEST"; RC=$?
 fi
 set -e
 say "sweep rc=$RC: $(grep -c '"type": "config"' "$OUT/sweep.jsonl" 2>/dev/null) configs, $(grep -c '"type": "error"' "$OUT/sweep.jsonl" 2>/dev/null) errors"
-[ "$RC" = 0 ] || tail -30 "$OUT/sweep.log"
-tail -c 20000 "$WORK"/logs/*.log > "$OUT/server-logs.tail" 2>/dev/null || true
+[ "$RC" = 0 ] || tail -30 "$AUX/sweep.log"
+tail -c 20000 "$WORK"/logs/*.log > "$AUX/server-logs.tail" 2>/dev/null || true
 
 # --- 7. tables from the records (the lead regenerates BENCHMARKS.md from the committed JSONL)
-"$PY" scripts/bench_to_md.py "$OUT/sweep.jsonl" > "$OUT/BENCHMARKS.partial.md" 2> "$OUT/bench_to_md.err" || say "bench_to_md failed: $(tail -3 "$OUT/bench_to_md.err")"
+"$PY" scripts/bench_to_md.py "$OUT/sweep.jsonl" > "$OUT/BENCHMARKS.partial.md" 2> "$AUX/bench_to_md.err" || say "bench_to_md failed: $(tail -3 "$AUX/bench_to_md.err")"
 say "done in $(( $(date +%s) - T0 )) s; results in $OUT"
