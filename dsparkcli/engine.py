@@ -291,10 +291,13 @@ def vendored_source(*, on_line: ProgressFn | None = None) -> Path:
 def source_commit(source: Path) -> str:
     """Short commit of a llama.cpp tree: git if it is a checkout, else the pinned one for the sdist."""
     try:
-        proc = subprocess.run(["git", "-C", str(source), "rev-parse", "--short=7", "HEAD"],
+        # only a checkout whose top is this very tree: a source dir that merely sits inside some other
+        # repository (a dotfiles home, a project folder) must not take that repository's commit
+        proc = subprocess.run(["git", "-C", str(source), "rev-parse", "--show-toplevel", "--short=7", "HEAD"],
                               capture_output=True, text=True, timeout=10)
-        if proc.returncode == 0 and proc.stdout.strip():
-            return proc.stdout.strip()
+        lines = proc.stdout.split()
+        if proc.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == source.resolve():
+            return lines[1]
     except (OSError, subprocess.TimeoutExpired):
         pass
     if f"llama_cpp_python-{SDIST_VERSION}" in str(source):

@@ -144,3 +144,21 @@ def test_unknown_option_is_a_usage_error(cli):
     proc = cli("doctor", "--no-such-flag")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
+
+
+def test_source_commit_ignores_an_enclosing_repository(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "home"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "f").write_text("x")
+    subprocess.run(["git", "-C", str(repo), "add", "f"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    nested = repo / "cache" / "llama.cpp"
+    nested.mkdir(parents=True)
+    assert engine_mod.source_commit(repo) == head  # a checkout: its own commit
+    assert engine_mod.source_commit(nested) != head  # a tree inside someone else's checkout: not theirs
+    assert engine_mod.source_commit(nested).startswith("src")
