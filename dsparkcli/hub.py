@@ -24,7 +24,7 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -180,10 +180,15 @@ def ensure_files(
     yes: bool = False,
     confirm: Confirm | None = None,
     on_progress: OnProgress | None = None,
+    roles: Collection[str] | None = None,
 ) -> dict[str, Path]:
-    """role (target, mmproj, draft) -> verified local path, downloading what is missing."""
+    """role (target, mmproj, draft) -> verified local path, downloading what is missing.
+
+    ``roles`` limits it to some files (e.g. no draft for plain decoding: nothing unused is downloaded).
+    """
     fetched = fetch(
-        pair, draft_key, local_dir=local_dir, revision=revision, yes=yes, confirm=confirm, on_progress=on_progress
+        pair, draft_key, local_dir=local_dir, revision=revision, yes=yes, confirm=confirm, on_progress=on_progress,
+        roles=roles,
     )
     return {f.role: f.path for f in fetched}
 
@@ -197,9 +202,10 @@ def fetch(
     yes: bool = False,
     confirm: Confirm | None = None,
     on_progress: OnProgress | None = None,
+    roles: Collection[str] | None = None,
 ) -> list[FetchedFile]:
     """Plan, confirm big downloads, download and verify. Raises HubError / VerificationError."""
-    planned = plan(pair, draft_key, local_dir=local_dir, revision=revision)
+    planned = plan(pair, draft_key, local_dir=local_dir, revision=revision, roles=roles)
     _confirm_large(planned, pair.name, yes=yes, confirm=confirm)
     return fetch_planned(planned, pair.name, on_progress=on_progress)
 
@@ -215,9 +221,12 @@ def plan(
     *,
     local_dir: Path | str | None = None,
     revision: str | None = None,
+    roles: Collection[str] | None = None,
 ) -> list[PlannedFile]:
     """Resolve every file of the pair (globs, sizes, hashes, commit) and what is already local."""
     files = pair.files(draft_key)
+    if roles is not None:
+        files = {role: f for role, f in files.items() if role in roles}
     if revision is not None:
         repos = {f.repo for f in files.values()}
         if len(repos) > 1 and _is_commit(revision):

@@ -181,7 +181,8 @@ def resolve_files(
 
         reg = registry.load_registry()
         pair = reg.get(model) if model else reg.get(reg.default)
-        files = hub.ensure_files(pair, draft_key, yes=yes, confirm=confirm, on_progress=on_progress)
+        wanted = {"target"} | ({"draft"} if draft is None and not no_draft else set()) | ({"mmproj"} if mmproj is None else set())
+        files = hub.ensure_files(pair, draft_key, yes=yes, confirm=confirm, on_progress=on_progress, roles=wanted)
         t = files["target"]
         d = None if no_draft else (_local_or_ref(draft, "draft", yes=yes, confirm=confirm, on_progress=on_progress) or files.get("draft"))
         m = _local_or_ref(mmproj, "mmproj", yes=yes, confirm=confirm, on_progress=on_progress) or files.get("mmproj")

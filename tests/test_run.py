@@ -290,3 +290,12 @@ def test_run_with_a_registry_model(cli, vpair, expected, hub_env):
 def test_unknown_model_name_suggests(cli, hub_env):
     msg = _one_line_error(cli("run", "hi", "--model", "synht", env=hub_env), 2)
     assert "synth" in msg
+
+
+def test_no_draft_does_not_download_the_draft(cli, vpair, expected, hub_env):
+    proc = cli("run", str(vpair.image), PROMPT, "--model", "synth", "--no-draft", "--max-tokens", str(N), "-t", "2",
+               "--ctx", "1024", "--json", env=hub_env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["text"] == expected.text
+    cached = {p.name for p in Path(hub_env["HF_HOME"]).rglob("*.gguf")}
+    assert cached == {vpair.target.name, vpair.mmproj.name}
