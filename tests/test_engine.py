@@ -126,13 +126,23 @@ def test_non_executable_binary_is_refused(cli, tmp_path):
 
 
 def test_every_command_help_has_examples(cli):
-    from dsparkcli.cli.app import COMMAND_MODULES
+    import typer.main
 
-    for name in COMMAND_MODULES:
-        args = [name, "build", "--help"] if name == "engine" else [name, "--help"]
-        proc = cli(*args)
-        assert proc.returncode == 0, (name, proc.stderr)
-        assert "Examples:" in proc.stdout, name
+    from dsparkcli.cli.app import app
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, prefix + [name])
+            else:
+                yield prefix + [name]
+
+    paths = list(walk(typer.main.get_command(app), []))
+    assert len(paths) >= 12  # run, serve, bench, fetch, models, inspect, requant, synth(+predict), doctor, engine x2
+    for path in paths:
+        proc = cli(*path, "--help")
+        assert proc.returncode == 0, (path, proc.stderr)
+        assert "Examples:" in proc.stdout, path
 
 
 def test_version_flag(cli):
