@@ -48,17 +48,9 @@ class Prompt:
 
     def messages(self) -> list[dict[str, Any]]:
         """OpenAI-style chat messages; images first, the text after the last image."""
-        content: list[dict[str, Any]] | str
-        if self.images:
-            content = [{"type": "image_url", "image_url": {"url": image_data_url(p)}} for p in self.images]
-            content.append({"type": "text", "text": self.text})
-        else:
-            content = self.text
-        msgs: list[dict[str, Any]] = []
-        if self.system:
-            msgs.append({"role": "system", "content": self.system})
-        msgs.append({"role": "user", "content": content})
-        return msgs
+        from dsparkcli.runner import build_messages
+
+        return build_messages(self.text, [image_data_url(p) for p in self.images], self.system)
 
 
 def _mime(path: Path) -> str:

@@ -124,15 +124,16 @@ def load_image(path: Path | str) -> ImageInput:
     return ImageInput(path=path, format=fmt, width=width, height=height, data_url=data_url)
 
 
-def build_messages(prompt: str, images: Sequence[ImageInput] = (), system: str | None = None) -> list[dict[str, Any]]:
-    """OpenAI chat messages; the text always follows the last image (llama.cpp asserts otherwise)."""
+def build_messages(prompt: str, image_urls: Sequence[str] = (), system: str | None = None) -> list[dict[str, Any]]:
+    """OpenAI chat messages (images as data URLs); the text always follows the last image (llama.cpp
+    asserts otherwise). The one place that lays out a request, for run, serve clients and bench."""
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     messages: list[dict[str, Any]] = []
     if system:
         messages.append({"role": "system", "content": system})
-    if images:
-        content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": im.data_url}} for im in images]
+    if image_urls:
+        content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}} for url in image_urls]
         content.append({"type": "text", "text": prompt})
         messages.append({"role": "user", "content": content})
     else:
@@ -306,7 +307,8 @@ def ask(
 
     ``drafting``: True/False when we started the server; None for a user's server (inferred from its answer).
     """
-    payload = request_payload(build_messages(prompt, images, system), max_tokens=max_tokens, temp=temp, seed=seed)
+    payload = request_payload(build_messages(prompt, [im.data_url for im in images], system), max_tokens=max_tokens,
+                              temp=temp, seed=seed)
     before = metrics_or_none(client) if drafting is not False else None
     text, timings, finish, ttft, wall = stream_chat(client, payload, on_text=on_text)
     after = metrics_or_none(client) if drafting is not False else None

@@ -40,7 +40,7 @@ def expected(engine, vpair):
     img = runner.load_image(vpair.image)
     cfg = ServerConfig(model=vpair.target, mmproj=vpair.mmproj, threads=2, ctx=1024)
     with LlamaServer(engine, cfg) as srv:
-        pred = expected_chat(srv.client, man, runner.build_messages(PROMPT, [img]), n_max=BUDGET, n_predict=N)
+        pred = expected_chat(srv.client, man, runner.build_messages(PROMPT, [img.data_url]), n_max=BUDGET, n_predict=N)
     assert pred.draft_n > pred.draft_n_accepted > 0  # accept rate 0.7: a non-trivial case
     return pred
 
