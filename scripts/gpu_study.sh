@@ -10,9 +10,10 @@
 #   bash scripts/gpu_study.sh --cpu-smoke              # here, on the CPU engine, scale 0.05 pair (< 3 min)
 #
 # Options: --quick (n_predict 256 only) --part N --parts M --qtype Q4_K|Q8_0 --draft-qtype Q8_0
-#          --arch qwen35moe|qwen3moe --budget-s SECONDS (deadline for starting a config, default 555)
+#          --arch qwen35moe|qwen3moe --budget-s SECONDS (deadline for starting a config, default 550)
 #          --scale S --with-cost (also L=1 at every budget) --phase all|build|sweep
-#          --resume FILE.jsonl (skip configurations an earlier call measured; repeatable)
+#          --resume FILE.jsonl (skip configurations an earlier call measured; repeatable; a warm machine's
+#                 earlier calls are always resumed from $WORK/history.jsonl, which every sweep record is mirrored to)
 #          --n-predict "256 1024" (overrides --quick's 256)
 #          --kit (before the sweep: `dspark bench` on the prompt kit's text categories with the full-width
 #                 pair, SYNTHETIC acceptance L=5, budgets 5 15, and the dspark-vs-bare-client overhead)
@@ -20,7 +21,7 @@ set -euo pipefail
 
 T0=$(date +%s)
 REPO=$(pwd)
-PHASE=all QUICK="" PART=1 PARTS=1 QTYPE=Q4_K DQTYPE=Q8_0 ARCH=qwen35moe BUDGET_S=555 SCALE=1.0 SMOKE=0 COST=""
+PHASE=all QUICK="" PART=1 PARTS=1 QTYPE=Q4_K DQTYPE=Q8_0 ARCH=qwen35moe BUDGET_S=550 SCALE=1.0 SMOKE=0 COST=""
 RESUME=() NPRED=() KIT=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -65,7 +66,7 @@ if [ "$SMOKE" = 1 ]; then
     DSPARK_LLAMA_BIN=$(dirname "$("$PY" -m dsparkcli.cli.app engine path)") || { echo "no CPU engine: dspark engine build" >&2; exit 3; }
     export DSPARK_LLAMA_BIN
   fi
-  SWEEP_EXTRA=(--cpu --n-predict 48 --reps 2 --verify-reps 2 --budgets 3 5 --categories general ocr --load-mode auto --no-overhead)
+  SWEEP_EXTRA=(--cpu --n-predict 48 --reps 2 --verify-reps 2 --budgets 2 3 5 --cost-n-predict 24 --categories general ocr --load-mode auto --no-overhead)
 else
   SWEEP_EXTRA=(--load-mode probe)
 fi
@@ -186,6 +187,7 @@ say "sweep: deadline in $(( DEADLINE - $(date +%s) )) s"
 sweep() {
   "$PY" scripts/gpu_sweep.py --manifest "$1" --out "$OUT/sweep.jsonl" --deadline "$DEADLINE" \
     --part "$PART" --parts "$PARTS" $QUICK $COST "${NPRED[@]}" "${RESUME[@]}" "${SWEEP_EXTRA[@]}" \
+    --mirror "$WORK/history.jsonl" --resume "$WORK/history.jsonl" \
     --log-dir "$WORK/logs" >> "$AUX/sweep.log" 2>&1
 }
 set +e

@@ -55,9 +55,13 @@ _STATS_RE = re.compile(r"statistics\s+draft-dspark: #calls\(b,g,a\) =\s*(\d+)\s+
 
 @dataclass(frozen=True)
 class Config:
-    category: str  # a CATEGORIES key, "plain", or "cost" (L = 1: every draft rejected)
+    # a CATEGORIES key; "plain"; "cost" (L = 1: every draft rejected, so one token per step and the
+    # step cost t_verify(k+1) + t_draft(k) is measured apart from any acceptance); or "full" (L = k + 1:
+    # every draft accepted, for budgets below every category's L - 1)
+    category: str
     synth_len: float | None
     budget: int | None
+    n_predict: tuple[int, ...] = ()  # empty: the sweep's --n-predict
 
     @property
     def key(self) -> str:
@@ -66,29 +70,37 @@ class Config:
         return f"L{self.synth_len:g}-k{self.budget}"
 
 
-def grid(budgets: tuple[int, ...], categories: dict[str, float], with_cost: bool) -> list[Config]:
-    """Spec configurations, most informative first: budgets near each L before far ones."""
+def grid(budgets: tuple[int, ...], categories: dict[str, float], with_cost: bool,
+         cost_n_predict: tuple[int, ...] = (128,)) -> list[Config]:
+    """Spec configurations, most informative first: budgets near each L before far ones, then (with_cost)
+    the all-rejected step-cost cells at every budget, then all-accepted cells for budgets no L reaches."""
     cells = [Config(cat, L, k) for cat, L in categories.items() for k in budgets if k >= L - 1]
     cells.sort(key=lambda c: (abs(c.budget - (c.synth_len + 1)), c.synth_len))  # type: ignore[operator]
     if with_cost:
-        cells += [Config("cost", 1.0, k) for k in budgets]
+        # at L = 1 a step yields one token, so these run at 1/t_step: fewer tokens keep them affordable
+        cells += [Config("cost", 1.0, k, cost_n_predict) for k in budgets]
+        covered = {c.budget for c in cells if c.category in categories}
+        cells += [Config("full", float(k + 1), k) for k in budgets if k not in covered]
     return cells
 
 
 class Sink:
     """Appends one JSON line per record and flushes: a killed call keeps everything written so far."""
 
-    def __init__(self, path: Path, run_id: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(path, "a", encoding="utf-8")
+    def __init__(self, path: Path, run_id: str, mirror: Path | None = None) -> None:
+        self.fhs = []
+        for p in [path] + ([mirror] if mirror else []):
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self.fhs.append(open(p, "a", encoding="utf-8"))
         self.run_id = run_id
 
     def write(self, rtype: str, **fields: Any) -> dict[str, Any]:
         rec = {"schema": SCHEMA, "type": rtype, "run_id": self.run_id, "synthetic": True,
                "ts": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **fields}
-        self.fh.write(json.dumps(rec) + "\n")
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
+        for fh in self.fhs:
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
         return rec
 
 
@@ -195,7 +207,7 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
         n_stats, last = _stats(srv.log_path, 0, wait_s=3.0 if c.budget is not None else 0.0)
         stats_wait = 3.0 if n_stats else 0.0  # no statistics line after the warm-up: do not wait for one again
         per_np: dict[int, list[dict[str, Any]]] = {}
-        for n_predict in [n for n in args.n_predict if (c.key, n) not in args.done]:
+        for n_predict in [n for n in (c.n_predict or args.n_predict) if (c.key, n) not in args.done]:
             for rep in range(args.reps):
                 seed = args.seed + rep
                 m0 = srv.client.metrics()
@@ -297,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-reps", type=int, default=5)
     ap.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     ap.add_argument("--categories", nargs="+", default=list(CATEGORIES), help="subset of: " + " ".join(CATEGORIES))
-    ap.add_argument("--with-cost", action="store_true", help="also run L = 1 (all rejected) at every budget")
+    ap.add_argument("--with-cost", action="store_true",
+                    help="also run L = 1 (all rejected) at every budget, and L = k+1 where no category reaches k")
+    ap.add_argument("--cost-n-predict", type=int, nargs="+", default=[128], help="n_predict of the L = 1 cells")
     ap.add_argument("--part", type=int, default=1, help="this call's share of the grid (1-based)")
     ap.add_argument("--parts", type=int, default=1, help="how many calls share the grid")
     ap.add_argument("--deadline", type=float, default=0.0, help="unix time after which no new server starts")
@@ -312,10 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-overhead", action="store_true", help="skip the dspark-vs-bare-client measurement")
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--resume", type=Path, action="append", help="JSONL of an earlier call: skip its configurations")
+    ap.add_argument("--mirror", type=Path, default=None,
+                    help="also append every record here (a warm machine's /tmp: the next call resumes from it)")
     args = ap.parse_args(argv)
 
     run_id = args.run_id or f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
-    sink = Sink(args.out, run_id)
+    sink = Sink(args.out, run_id, args.mirror if args.phase == "sweep" else None)
     if args.phase == "hbm":
         measure_hbm(sink)
         return 0
@@ -340,10 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     gpu = gpu_facts()
     args.gpu_name = gpu.get("name", "unknown")
     cats = {k: CATEGORIES[k] for k in args.categories}
-    cells = grid(args.budgets, cats, args.with_cost)
+    cells = grid(args.budgets, cats, args.with_cost, tuple(args.cost_n_predict))
     mine = cells[args.part - 1::args.parts]
     if args.resume:  # configurations an earlier call already measured at the same n_predict set
         for path in args.resume:
+            if not path.is_file():  # the first call on a fresh machine has no history yet
+                continue
             for line in path.read_text().splitlines():
                 try:
                     r = json.loads(line)
@@ -351,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 if r.get("type") == "config" and r.get("budget") is not None:
                     args.done |= {(r["config"], int(n)) for n in r["by_n_predict"]}
-        mine = [c for c in mine if any((c.key, n) not in args.done for n in args.n_predict)]
+        mine = [c for c in mine if any((c.key, n) not in args.done for n in (c.n_predict or args.n_predict))]
     sink.write("provenance", dspark_version=__version__, argv=sys.argv if argv is None else argv,
                engine={"server": str(engine.server), "commit": engine.commit, "version": engine.version,
                        "backend": engine.backend}, gpu=gpu, manifest=man, files=files,
