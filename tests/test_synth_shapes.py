@@ -150,37 +150,64 @@ def test_sweep_grid_respects_llama_cpp_limit() -> None:
     assert all(c.budget >= c.synth_len - 1 for c in cells)
     assert len(cells) == 26 and len({(c.synth_len, c.budget) for c in cells}) == 26
     assert (cells[0].budget, cells[0].synth_len) == (7, 6.126)  # |k - (L + 1)| = 0.126: nearest first
+    with_cost = gpu_sweep.grid(gpu_sweep.BUDGETS, gpu_sweep.CATEGORIES, with_cost=True, cost_n_predict=(64,))
+    assert with_cost[:26] == cells  # the upstream grid keeps its place in front
+    extra = [(c.category, c.synth_len, c.budget, c.n_predict, c.key) for c in with_cost[26:]]
+    assert extra == [("cost", 1.0, k, (64,), f"L1-k{k}") for k in gpu_sweep.BUDGETS] + [
+        ("full", 2.0, 1, (), "L2-k1"), ("full", 3.0, 2, (), "L3-k2")]
+    assert len({c.key for c in with_cost}) == len(with_cost) == 35
 
 
 def test_sweep_records_and_tables_trace_to_each_other(engine, small_pair: ss.FullWidthPair, tmp_path: Path) -> None:
     gpu_sweep, bench_to_md = _scripts()
-    out = tmp_path / "sweep.jsonl"
-    rc = gpu_sweep.main(["--manifest", str(small_pair.manifest), "--out", str(out), "--cpu", "--n-predict", "32",
-                         "--reps", "1", "--verify-reps", "1", "--budgets", "3", "--categories", "general",
-                         "--load-mode", "auto", "--no-overhead", "--llama-bin", str(engine.bin_dir),
-                         "--log-dir", str(tmp_path / "logs")])
-    assert rc == 0
+    out, history = tmp_path / "sweep.jsonl", tmp_path / "history.jsonl"
+    common = ["--manifest", str(small_pair.manifest), "--cpu", "--n-predict", "32", "--reps", "1", "--verify-reps", "1",
+              "--budgets", "2", "3", "--categories", "general", "--with-cost", "--cost-n-predict", "16",
+              "--load-mode", "auto", "--no-overhead", "--llama-bin", str(engine.bin_dir), "--log-dir", str(tmp_path / "logs"),
+              "--mirror", str(history), "--resume", str(history)]
+    assert gpu_sweep.main(["--out", str(out)] + common) == 0
     recs = bench_to_md.load([out])
     by_type: dict[str, list[dict]] = {}
     for r in recs:
         by_type.setdefault(r["type"], []).append(r)
         assert r["synthetic"] is True
+    assert history.read_text() == out.read_text()  # every record mirrored
     man = json.loads(small_pair.manifest.read_text())
     prov = by_type["provenance"][0]
     assert prov["files"]["target"]["sha256"] == man["target"]["sha256"] and prov["engine"]["commit"] == engine.commit
-    assert {v["m"] for v in by_type["verify_cost"]} == {1, 4}
-    plain, spec = by_type["config"]
-    assert plain["config"] == "plain" and spec["config"] == "L3.501-k3"
-    req = next(r for r in by_type["request"] if r["budget"] == 3)
+    assert {v["m"] for v in by_type["verify_cost"]} == {1, 3, 4}
+    configs = {c["config"]: c for c in by_type["config"]}
+    assert list(configs) == ["plain", "L3.501-k3", "L1-k2", "L1-k3", "L3-k2"]
+    plain, spec, cost3 = configs["plain"], configs["L3.501-k3"], configs["L1-k3"]
+    req = next(r for r in by_type["request"] if r["config"] == "L3.501-k3")
     assert req["draft_n"] > 0 and req["steps"] > 0 and req["metrics_drafted"] == req["draft_n"]
     assert req["mean_len"] == pytest.approx(1 + req["draft_n_accepted"] / req["steps"])
     assert req["t_draft_ms"] > 0 and req["draft_calls"] >= req["steps"]  # parsed from the -lv 4 statistics line
     s = spec["by_n_predict"]["32"]
     assert s["speedup_median"] == pytest.approx(s["tok_s"]["median"] / plain["by_n_predict"]["32"]["tok_s"]["median"])
+    # L = 1: every draft rejected, one token per step, at its own n_predict
+    c3 = cost3["by_n_predict"]["16"]
+    assert list(cost3["by_n_predict"]) == ["16"] and c3["draft_n_accepted"] == 0 and c3["mean_len"]["median"] == 1.0
+    # L = k + 1 = 3 at k = 2: every draft token accepted except where the request ends mid-block
+    full = configs["L3-k2"]["by_n_predict"]["32"]
+    assert full["draft_n_accepted"] >= full["draft_n"] - 2
 
     md = bench_to_md.render(recs)
     assert "SYNTHETIC" in md and man["target"]["sha256"][:16] in md
     assert f"**{s['speedup_median']:.2f}×**" in md
     t1 = plain["by_n_predict"]["32"]["t_step_ms"]["median"]
-    bound = 3.501 * t1 / (plain["verify_cost_ms"]["4"] + s["t_draft_ms"]["median"])
-    assert f"{bound:.2f} / {s['speedup_median']:.2f}" in md
+    # s (ms per accepted token): least squares over the two spec cells of step - step(L=1) against tau - 1
+    pts = [(configs[key]["by_n_predict"]["32"]["mean_len"]["median"] - 1,
+            configs[key]["by_n_predict"]["32"]["t_step_ms"]["median"] - configs[f"L1-k{k}"]["by_n_predict"]["16"]["t_step_ms"]["median"])
+           for key, k in (("L3.501-k3", 3), ("L3-k2", 2))]
+    s_tok = sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
+    tau, c_k = s["mean_len"]["median"], c3["t_step_ms"]["median"]
+    bound, model = tau * t1 / c_k, tau * t1 / (c_k + (tau - 1) * s_tok)
+    assert f"{bound:.2f} · {model:.2f} · **{s['speedup_median']:.2f}**" in md
+    assert f"| 3 | {c_k:.2f} | {c3['t_draft_ms']['median']:.2f} | {c_k - c3['t_draft_ms']['median']:.2f} | {t1:.3f} | {c_k / t1:.2f} |" in md
+
+    # a second call resumes from the mirrored history: only the plain baseline is measured again
+    out2 = tmp_path / "sweep2.jsonl"
+    assert gpu_sweep.main(["--out", str(out2)] + common) == 0
+    again = [r for r in bench_to_md.load([out2]) if r["type"] == "config"]
+    assert [c["config"] for c in again] == ["plain"]
