@@ -56,6 +56,7 @@ class Run:
         self.overhead: dict[str, Any] | None = None
         self.skipped: list[str] = []
         self.errors: list[dict[str, Any]] = []
+        self.replicates: list[dict[str, Any]] = []
 
     @property
     def short(self) -> str:
@@ -75,7 +76,7 @@ class Run:
         return statistics.median(vals) if vals else None
 
 
-def group(recs: list[dict[str, Any]]) -> tuple[dict[str, Run], list[dict[str, Any]]]:
+def group(recs: list[dict[str, Any]]) -> tuple[dict[str, Run], list[dict[str, Any]], list[dict[str, Any]]]:
     runs: dict[str, Run] = {}
     hbm = []
     for r in recs:
@@ -86,6 +87,8 @@ def group(recs: list[dict[str, Any]]) -> tuple[dict[str, Run], list[dict[str, An
         t = r.get("type")
         if t == "provenance":
             run.prov = r
+        elif t == "config" and "load_round" in r:  # a load-to-load replicate study (gpu_sweep.py --loads)
+            run.replicates.append(r)
         elif t == "config" and r.get("budget") is None:
             run.plain = r
         elif t == "config":
@@ -98,7 +101,43 @@ def group(recs: list[dict[str, Any]]) -> tuple[dict[str, Run], list[dict[str, An
             run.skipped += r.get("configs", [])
         elif t == "error":
             run.errors.append(r)
-    return {k: v for k, v in runs.items() if v.plain is not None}, hbm
+    replicates = [r for v in runs.values() for r in v.replicates]
+    return {k: v for k, v in runs.items() if v.plain is not None}, hbm, replicates
+
+
+def replicate_table(reps: list[dict[str, Any]], runs: dict[str, "Run"]) -> list[str]:
+    """Load-to-load variation: the same configuration in several server loads (interleaved rounds), each
+    ratio against the plain load of its own round; next to it the value the main sweep recorded."""
+    out: list[str] = []
+    if not reps:
+        return out
+    by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in reps:
+        for n, s in r["by_n_predict"].items():
+            by_key.setdefault((r["config"], n), []).append(r | {"_s": s})
+    out.append("\n### Load-to-load variation (SYNTHETIC acceptance)\n")
+    out.append("Each configuration loaded once per round, rounds interleaved (plain first in each round); a load's "
+               "value is the median of its reps, its speedup is against the plain load of the same round. "
+               "Spread = max/min − 1 over loads. Main sweep: the cell's value in the sweep tables above.\n")
+    out.append("| config | n_predict | loads | per load | median [min–max] | spread | main sweep |")
+    out.append("|---|---|---|---|---|---|---|")
+    for (key, n), rs in sorted(by_key.items(), key=lambda kv: (kv[0][0] != "plain", kv[0][0], int(kv[0][1]))):
+        rs = sorted(rs, key=lambda r: (r["run_id"], r["load_round"]))
+        if key == "plain":
+            vals = [r["_s"]["tok_s"]["median"] for r in rs]
+            fmt, unit = ".1f", " tok/s"
+            main = [run.plain["by_n_predict"][n]["tok_s"]["median"] for run in runs.values() if n in run.plain["by_n_predict"]]
+        else:
+            vals = [r["_s"]["speedup_median"] for r in rs if r["_s"].get("speedup_median")]
+            fmt, unit = ".2f", "×"
+            main = [c["by_n_predict"][n]["speedup_median"] for run in runs.values() for c in run.configs
+                    if c["config"] == key and n in c["by_n_predict"] and c["by_n_predict"][n].get("speedup_median")]
+        if not vals:
+            continue
+        out.append(f"| {key} | {n} | {len(vals)} | " + ", ".join(format(v, fmt) for v in vals)
+                   + f" | {statistics.median(vals):{fmt}}{unit} [{min(vals):{fmt}}–{max(vals):{fmt}}] "
+                   f"| {max(vals) / min(vals) - 1:.1%} | " + (", ".join(format(v, fmt) for v in main) or "–") + " |")
+    return out
 
 
 def cells(runs: dict[str, Run], n: str) -> dict[tuple[float, int], tuple[Run, dict[str, Any]]]:
@@ -154,8 +193,10 @@ def _row_label(c: dict[str, Any]) -> str:
 
 
 def render(recs: list[dict[str, Any]]) -> str:
-    runs, hbm = group(recs)
+    runs, hbm, replicates = group(recs)
     if not runs:
+        if replicates:  # a replicate study on its own: its table needs no sweep
+            return "\n".join(replicate_table(replicates, {})) + "\n"
         return "No completed runs (no plain baseline record) in the input.\n"
     L: list[str] = []
     w = L.append
@@ -323,6 +364,8 @@ def render(recs: list[dict[str, Any]]) -> str:
         w("|---|---|---|")
         for (key, n), vals in sorted(repeats.items()):
             w(f"| {key} | {n} | " + ", ".join(f"{v:.2f}× (`{r.short}`)" for r, v in sorted(vals, key=lambda x: x[0].run_id)) + " |")
+
+    L.extend(replicate_table(replicates, runs))
 
     measured = {c["config"] for r in runs.values() for c in r.configs}
     for run in sorted(runs.values(), key=lambda r: r.run_id):

@@ -15,6 +15,8 @@
 #          --resume FILE.jsonl (skip configurations an earlier call measured; repeatable; a warm machine's
 #                 earlier calls are always resumed from $WORK/history.jsonl, which every sweep record is mirrored to)
 #          --n-predict "256 1024" (overrides --quick's 256)
+#          --sweep-args "ARGS" (appended to gpu_sweep.py's arguments, e.g. a load-to-load replicate study:
+#                 "--loads 2 --only L5.407-k5 L5.407-k7 --n-predict 256 --load-mode mmap")
 #          --kit (before the sweep: `dspark bench` on the prompt kit's text categories with the full-width
 #                 pair, SYNTHETIC acceptance L=5, budgets 5 15, and the dspark-vs-bare-client overhead)
 set -euo pipefail
@@ -22,7 +24,7 @@ set -euo pipefail
 T0=$(date +%s)
 REPO=$(pwd)
 PHASE=all QUICK="" PART=1 PARTS=1 QTYPE=Q4_K DQTYPE=Q8_0 ARCH=qwen35moe BUDGET_S=550 SCALE=1.0 SMOKE=0 COST=""
-RESUME=() NPRED=() KIT=0
+RESUME=() NPRED=() KIT=0 XARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --phase) PHASE=$2; shift 2 ;;
@@ -39,6 +41,7 @@ while [ $# -gt 0 ]; do
     --n-predict) NPRED=(--n-predict $2); shift 2 ;;
     --cpu-smoke) SMOKE=1; shift ;;
     --kit) KIT=1; shift ;;
+    --sweep-args) read -r -a XARGS <<< "$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu_study.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -186,7 +189,7 @@ DEADLINE=$(( T0 + BUDGET_S ))
 say "sweep: deadline in $(( DEADLINE - $(date +%s) )) s"
 sweep() {
   "$PY" scripts/gpu_sweep.py --manifest "$1" --out "$OUT/sweep.jsonl" --deadline "$DEADLINE" \
-    --part "$PART" --parts "$PARTS" $QUICK $COST "${NPRED[@]}" "${RESUME[@]}" "${SWEEP_EXTRA[@]}" \
+    --part "$PART" --parts "$PARTS" $QUICK $COST "${NPRED[@]}" "${RESUME[@]}" "${SWEEP_EXTRA[@]}" "${XARGS[@]}" \
     --mirror "$WORK/history.jsonl" --resume "$WORK/history.jsonl" \
     --log-dir "$WORK/logs" >> "$AUX/sweep.log" 2>&1
 }

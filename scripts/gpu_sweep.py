@@ -196,7 +196,7 @@ def _payload(args: argparse.Namespace, prompt: list[int], n_predict: int, seed: 
 
 
 def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str, prompt: list[int],
-               plain_ref: dict[int, float] | None) -> dict[str, Any]:
+               plain_ref: dict[int, float] | None, load_round: int | None = None) -> dict[str, Any]:
     from dsparkcli.server import LlamaServer
 
     cfg = _server_cfg(args, pair, c, load_mode)
@@ -240,7 +240,7 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
                     rec["speedup_vs_plain"] = rec["tok_s"] / plain_ref[n_predict]
                 sink.write("request", **rec)
                 per_np.setdefault(n_predict, []).append(rec)
-        verify = measure_verify_cost(args, sink, srv, c) if c.budget is None else None
+        verify = measure_verify_cost(args, sink, srv, c) if c.budget is None and load_round is None else None
         srv.check_alive()
         argv = srv.argv
     summary: dict[str, Any] = {"config": c.key, "category": c.category, "synth_len": c.synth_len, "budget": c.budget,
@@ -263,6 +263,8 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
         summary["by_n_predict"][str(n_predict)] = s
     if verify:
         summary["verify_cost_ms"] = verify
+    if load_round is not None:
+        summary["load_round"] = load_round
     return sink.write("config", **summary)
 
 
@@ -325,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-arg", action="append", help="extra llama-server argument (repeatable)")
     ap.add_argument("--no-overhead", action="store_true", help="skip the dspark-vs-bare-client measurement")
     ap.add_argument("--run-id", default=None)
+    ap.add_argument("--loads", type=int, default=1,
+                    help="> 1: load-to-load variation: every --only configuration (and plain) in N interleaved "
+                         "rounds, one server load each, ratios against the same round's plain")
+    ap.add_argument("--only", nargs="+", default=None, help="configuration keys to run, e.g. L5.407-k5 L1-k7")
     ap.add_argument("--resume", type=Path, action="append", help="JSONL of an earlier call: skip its configurations")
     ap.add_argument("--mirror", type=Path, default=None,
                     help="also append every record here (a warm machine's /tmp: the next call resumes from it)")
@@ -358,6 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     cats = {k: CATEGORIES[k] for k in args.categories}
     cells = grid(args.budgets, cats, args.with_cost, tuple(args.cost_n_predict))
     mine = cells[args.part - 1::args.parts]
+    if args.only:
+        by_key = {c.key: c for c in cells}
+        unknown = [k for k in args.only if k not in by_key]
+        if unknown:
+            ap.error(f"--only: no such configuration: {', '.join(unknown)} (keys look like {cells[0].key})")
+        mine = [by_key[k] for k in args.only]
+    if args.loads > 1:
+        args.resume = None  # a replicate study measures its configurations again on purpose
     if args.resume:  # configurations an earlier call already measured at the same n_predict set
         for path in args.resume:
             if not path.is_file():  # the first call on a fresh machine has no history yet
@@ -375,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                        "backend": engine.backend}, gpu=gpu, manifest=man, files=files,
                plan={"n_predict": args.n_predict, "reps": args.reps, "budgets": list(args.budgets),
                      "categories": cats, "part": args.part, "parts": args.parts,
-                     "configs": [c.key + f"/{c.category}" for c in mine], "seed_base": args.seed,
+                     "configs": [c.key + f"/{c.category}" for c in mine], "seed_base": args.seed, "loads": args.loads,
                      "request": "greedy /completion, ignore_eos, cache_prompt false, 32-token id prompt, 1 warm-up"})
 
     vocab = man["target"]["shape"]["vocab"]
@@ -385,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     def left() -> float:
         return (args.deadline - time.time()) if args.deadline else float("inf")
 
+    if args.loads > 1:
+        return replicate(args, sink, engine, pair, files, mine, load_mode, prompt, left)
     try:
         plain = run_config(args, sink, engine, pair, files, Config("plain", None, None), load_mode, prompt, None)
     except Exception as e:  # no baseline, no ratios: say so and let the caller try another target
@@ -411,6 +427,33 @@ def main(argv: list[str] | None = None) -> int:
         est = max(est, (time.monotonic() - t_start) * 1.1)
     if not args.no_overhead and left() > est + 30:
         measure_overhead(args, sink, engine, pair, load_mode)
+    return 0
+
+
+def replicate(args, sink: Sink, engine, pair, files, configs: list[Config], load_mode: str, prompt: list[int],
+              left) -> int:
+    """Load-to-load variation: round r loads plain, then each configuration, each in its own server; every
+    ratio is against round r's plain. Interleaving rounds keeps slow drift out of the comparison."""
+    est = 0.0
+    for r in range(args.loads):
+        for i, c in enumerate([Config("plain", None, None)] + configs):
+            if left() < est:
+                sink.write("skipped", configs=[f"{x.key}/{x.category}" for x in configs[max(i - 1, 0):]],
+                           reason=f"deadline in round {r}: {left():.0f} s left, a load takes ~{est:.0f} s")
+                return 0
+            t_start = time.monotonic()
+            try:
+                rec = run_config(args, sink, engine, pair, files, c, load_mode, prompt,
+                                 None if c.budget is None else plain_ref, load_round=r)
+            except Exception as e:  # noqa: BLE001 - keep the other loads
+                sink.write("error", config=c.key, category=c.category, load_round=r,
+                           error=f"{type(e).__name__}: {e}"[:2000], log_tail=getattr(e, "log_tail", "")[-4000:])
+                if c.budget is None:
+                    return 6
+                continue
+            if c.budget is None:
+                plain_ref = {int(k): v["tok_s"]["median"] for k, v in rec["by_n_predict"].items()}
+            est = max(est, (time.monotonic() - t_start) * 1.2)
     return 0
 
 
