@@ -118,25 +118,34 @@ def replicate_table(reps: list[dict[str, Any]], runs: dict[str, "Run"]) -> list[
     out.append("\n### Load-to-load variation (SYNTHETIC acceptance)\n")
     out.append("Each configuration loaded once per round, rounds interleaved (plain first in each round); a load's "
                "value is the median of its reps, its speedup is against the plain load of the same round. "
-               "Spread = max/min − 1 over loads. Main sweep: the cell's value in the sweep tables above.\n")
-    out.append("| config | n_predict | loads | per load | median [min–max] | spread | main sweep |")
-    out.append("|---|---|---|---|---|---|---|")
-    for (key, n), rs in sorted(by_key.items(), key=lambda kv: (kv[0][0] != "plain", kv[0][0], int(kv[0][1]))):
+               "Main sweep loads: the same cell in every sweep run given (earlier sessions included), in run order. "
+               "Spread = max/min − 1 over all loads.\n")
+    out.append("| config | n_predict | replicate loads | main sweep loads | all loads: median [min–max] | spread (all) |")
+    out.append("|---|---|---|---|---|---|")
+    def order(kv: tuple[tuple[str, str], Any]) -> tuple:
+        r = kv[1][0]  # plain first, then by L and budget as numbers
+        return (r["budget"] is not None, r["synth_len"] or 0, r["budget"] or 0, int(kv[0][1]))
+
+    for (key, n), rs in sorted(by_key.items(), key=order):
         rs = sorted(rs, key=lambda r: (r["run_id"], r["load_round"]))
         if key == "plain":
             vals = [r["_s"]["tok_s"]["median"] for r in rs]
             fmt, unit = ".1f", " tok/s"
-            main = [run.plain["by_n_predict"][n]["tok_s"]["median"] for run in runs.values() if n in run.plain["by_n_predict"]]
+            main = [run.plain["by_n_predict"][n]["tok_s"]["median"] for run in sorted(runs.values(), key=lambda r: r.run_id)
+                    if n in run.plain["by_n_predict"]]
         else:
             vals = [r["_s"]["speedup_median"] for r in rs if r["_s"].get("speedup_median")]
             fmt, unit = ".2f", "×"
-            main = [c["by_n_predict"][n]["speedup_median"] for run in runs.values() for c in run.configs
+            main = [c["by_n_predict"][n]["speedup_median"] for run in sorted(runs.values(), key=lambda r: r.run_id)
+                    for c in run.configs
                     if c["config"] == key and n in c["by_n_predict"] and c["by_n_predict"][n].get("speedup_median")]
-        if not vals:
+        every = vals + main
+        if not every:
             continue
-        out.append(f"| {key} | {n} | {len(vals)} | " + ", ".join(format(v, fmt) for v in vals)
-                   + f" | {statistics.median(vals):{fmt}}{unit} [{min(vals):{fmt}}–{max(vals):{fmt}}] "
-                   f"| {max(vals) / min(vals) - 1:.1%} | " + (", ".join(format(v, fmt) for v in main) or "–") + " |")
+        out.append(f"| {key} | {n} | " + (", ".join(format(v, fmt) for v in vals) or "–") + " | "
+                   + (", ".join(format(v, fmt) for v in main) or "–")
+                   + f" | {statistics.median(every):{fmt}}{unit} [{min(every):{fmt}}–{max(every):{fmt}}] ({len(every)} loads) "
+                   f"| {max(every) / min(every) - 1:.1%} |")
     return out
 
 

@@ -211,3 +211,24 @@ def test_sweep_records_and_tables_trace_to_each_other(engine, small_pair: ss.Ful
     assert gpu_sweep.main(["--out", str(out2)] + common) == 0
     again = [r for r in bench_to_md.load([out2]) if r["type"] == "config"]
     assert [c["config"] for c in again] == ["plain"]
+
+
+def test_replicate_study_interleaves_loads_against_each_rounds_plain(engine, small_pair: ss.FullWidthPair,
+                                                                     tmp_path: Path) -> None:
+    gpu_sweep, bench_to_md = _scripts()
+    out = tmp_path / "rep.jsonl"
+    common = ["--manifest", str(small_pair.manifest), "--cpu", "--n-predict", "32", "--reps", "1",
+              "--load-mode", "auto", "--no-overhead", "--llama-bin", str(engine.bin_dir), "--log-dir", str(tmp_path / "logs")]
+    with pytest.raises(SystemExit) as bad:
+        gpu_sweep.main(["--out", str(out), "--loads", "2", "--only", "L9-k3"] + common)
+    assert bad.value.code == 2  # unknown configuration key: a usage error before any server starts
+    assert gpu_sweep.main(["--out", str(out), "--loads", "2", "--only", "L3.501-k3"] + common) == 0
+    configs = [r for r in bench_to_md.load([out]) if r["type"] == "config"]
+    assert [(c["config"], c["load_round"]) for c in configs] == [("plain", 0), ("L3.501-k3", 0), ("plain", 1), ("L3.501-k3", 1)]
+    for plain, spec in (configs[0:2], configs[2:4]):  # each ratio against the plain load of its own round
+        s = spec["by_n_predict"]["32"]
+        assert s["speedup_median"] == pytest.approx(s["tok_s"]["median"] / plain["by_n_predict"]["32"]["tok_s"]["median"])
+    md = bench_to_md.render(bench_to_md.load([out]))
+    ups = sorted(c["by_n_predict"]["32"]["speedup_median"] for c in configs[1::2])
+    assert "Load-to-load variation" in md
+    assert (f"| L3.501-k3 | 32 | " in md and f"[{ups[0]:.2f}–{ups[1]:.2f}] (2 loads) | {ups[1] / ups[0] - 1:.1%} |" in md)
