@@ -13,6 +13,8 @@ that runs out of time still returns what it did. Records (all with ``run_id`` an
 * ``request``     one per timed request: tok/s, predicted_ms, draft_n/accepted, steps (from /metrics),
                   draft time and calls (from the server's speculative statistics, ``-lv 4``)
 * ``config``      one per server: load_s, medians/min/max per n_predict, t_step, t_draft, argv
+                  (with ``--with-cost`` also L = 1 "cost" cells and L = k+1 "full" cells; with ``--loads N``
+                  a ``load_round`` field: a load-to-load replicate study of the ``--only`` configurations)
 * ``overhead``    dspark's client vs a bare HTTP client on the plain server (if time is left)
 * ``skipped``     configurations the deadline left out
 
