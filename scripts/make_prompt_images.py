@@ -33,6 +33,18 @@ def _fig(size: tuple[float, float] = SIZE_IN):
     return fig
 
 
+def _diagram(equal: bool = False):
+    """A blank full-figure 10 x 7.5 canvas without axes: the frame every drawn diagram starts from."""
+    fig = _fig()
+    ax = fig.add_axes([0, 0, 1, 1])
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 7.5)
+    if equal:
+        ax.set_aspect("equal")
+    ax.set_axis_off()
+    return fig, ax
+
+
 def _save(fig, path: Path, colors: int = 48) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
@@ -63,11 +75,7 @@ def _text_image(lines: list[str], path: Path, *, family: str = "DejaVu Sans", si
 
 
 def mmmu_circuit(p: Path) -> None:
-    fig = _fig()
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 7.5)
-    ax.set_axis_off()
+    fig, ax = _diagram()
     ax.plot([1.5, 1.5, 8.5, 8.5, 1.5], [1, 6, 6, 1, 1], color="k", lw=2)  # outer loop
     ax.plot([5.5, 5.5], [1, 6], color="k", lw=2)  # the parallel branch
     ax.add_patch(patches.Rectangle((1.1, 3.0), 0.8, 1.2, fc="white", ec="white"))
@@ -100,12 +108,7 @@ def mmmu_supply_demand(p: Path) -> None:
 
 
 def mmmu_incline(p: Path) -> None:
-    fig = _fig()
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 7.5)
-    ax.set_aspect("equal")
-    ax.set_axis_off()
+    fig, ax = _diagram(equal=True)
     ax.add_patch(patches.Polygon([[1, 1], [9, 1], [9, 5.6]], closed=True, fc="#dddddd", ec="k"))
     ang = np.arctan2(4.6, 8)
     c, s = np.cos(ang), np.sin(ang)
@@ -124,11 +127,7 @@ def mmmu_incline(p: Path) -> None:
 
 
 def mmmu_food_web(p: Path) -> None:
-    fig = _fig()
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 7.5)
-    ax.set_axis_off()
+    fig, ax = _diagram()
     nodes = {"Grass": (2, 1), "Algae": (7.5, 1), "Rabbit": (1, 3.5), "Grasshopper": (3.5, 3.2),
              "Snail": (7.5, 3.2), "Frog": (5, 4.8), "Fox": (2, 6.3), "Heron": (7, 6.3)}
     edges = [("Grass", "Rabbit"), ("Grass", "Grasshopper"), ("Algae", "Snail"), ("Grasshopper", "Frog"),
@@ -144,11 +143,7 @@ def mmmu_food_web(p: Path) -> None:
 
 
 def mmmu_punnett(p: Path) -> None:
-    fig = _fig()
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 7.5)
-    ax.set_axis_off()
+    fig, ax = _diagram()
     ax.text(5, 7.0, "Cross: Rr Yy  x  rr Yy", ha="center", fontsize=13, fontweight="bold")
     cols = ["rY", "ry"]
     rows = ["RY", "Ry", "rY", "ry"]
@@ -189,12 +184,7 @@ def mmmu_timeline(p: Path) -> None:
 
 
 def mv_triangle(p: Path) -> None:
-    fig = _fig()
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 7.5)
-    ax.set_aspect("equal")
-    ax.set_axis_off()
+    fig, ax = _diagram(equal=True)
     A, B, C = (1.5, 1.2), (8.5, 1.2), (3.5, 6.2)
     ax.add_patch(patches.Polygon([A, B, C], closed=True, fill=False, lw=2))
     ax.text(A[0] - 0.4, A[1] - 0.3, "A", fontsize=13)
