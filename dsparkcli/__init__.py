@@ -1,6 +1,7 @@
 """dspark: speculative decoding with DSpark block-diffusion drafts on llama.cpp."""
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 try:
     __version__ = _version("dspark")
@@ -15,6 +16,8 @@ def run(prompt, images=(), **options):  # type: ignore[no-untyped-def]
 
     Returns a frozen ``RunResult`` (text, tokens, timings, acceptance).
     """
+    # deferred: `import dsparkcli` (every `dspark --version`, every script reading __version__) stays
+    # standard-library only; runner pulls in the hub, httpx and the rest
     from dsparkcli.runner import run as _run
 
     return _run(prompt, images, **options)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsparkcli import engine as eng_mod
-from dsparkcli.engine import Capabilities, Engine
+from dsparkcli.llama import engine as eng_mod
+from dsparkcli.llama.engine import Capabilities, Engine
 
 
 @dataclass(frozen=True)

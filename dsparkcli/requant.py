@@ -30,12 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsparkcli import gguf_census
 from dsparkcli.errors import DsparkError, UsageError, VerificationError
-from dsparkcli.gguf_census import GGML_TYPES, Census, FileHashes, GGUFHeader, TensorInfo
-from dsparkcli.inspect import (
+from dsparkcli.gguf import reader
+from dsparkcli.gguf.analysis import (
+    Census,
+    FileHashes,
+    census,
     diff_tensors,  # the same comparison rule as `dspark inspect --against`
+    hash_file,
 )
+from dsparkcli.gguf.reader import GGML_TYPES, GGUFHeader, TensorInfo
 
 HEAD_TENSORS = ("markov_w1.weight", "markov_w2.weight", "fc.weight")
 HEAD_TYPES = ("q8_0", "q6_K", "bf16")
@@ -302,7 +306,7 @@ def build_plan(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, head
                          f"(the map applies only on a quantised base type); use one of {', '.join(QUANTISED_FTYPES)}")
     if positional not in QUANTISED_FTYPES:
         raise UsageError(f"unsupported positional type {positional}; use one of {', '.join(QUANTISED_FTYPES)}")
-    h = header if header is not None else gguf_census.read_header(src_p)
+    h = header if header is not None else reader.read_header(src_p)
     plans = plan_tensors(h, heads=heads, overrides=overrides, allow_requantize=allow_requantize)
     predicted = dataclasses.replace(h, tensors=tuple(
         dataclasses.replace(t, type_id=_type_id(p.target), type_name=p.target, n_bytes=p.bytes_after)
@@ -310,7 +314,7 @@ def build_plan(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, head
     partial, map_path = _paths(dst_p)
     return Plan(
         src=src_p, dst=dst_p, positional=positional, allow_requantize=allow_requantize, tensors=plans,
-        census_before=gguf_census.census(h), census_after=gguf_census.census(predicted),
+        census_before=census(h), census_after=census(predicted),
         map_path=map_path, partial_path=partial,
         command=quantize_command(quantize, src_p, partial, map_path, positional, allow_requantize),
     )
@@ -432,10 +436,10 @@ def execute(plan: Plan, *, on_step: Callable[[str], None] | None = None) -> Requ
         if proc.returncode != 0:
             raise QuantizeError(f"llama-quantize failed (exit {proc.returncode}): {_error_line(log)}", log_tail=tail)
         step("hashing every tensor data region of input and output")
-        before = gguf_census.read_header(plan.src)
-        after = gguf_census.read_header(plan.partial_path)
-        before_h = gguf_census.hash_file(plan.src, before)
-        after_h = gguf_census.hash_file(plan.partial_path, after)
+        before = reader.read_header(plan.src)
+        after = reader.read_header(plan.partial_path)
+        before_h = hash_file(plan.src, before)
+        after_h = hash_file(plan.partial_path, after)
         verification = verify(plan, before, before_h, after, after_h)
         with open(plan.partial_path, "rb") as f:
             os.fsync(f.fileno())
@@ -447,8 +451,8 @@ def execute(plan: Plan, *, on_step: Callable[[str], None] | None = None) -> Requ
             _remove(plan.partial_path)
     size_before, size_after = before.file_size, after.file_size
     return RequantResult(
-        plan=plan, census_before=gguf_census.census(before),
-        census_after=gguf_census.census(after),
+        plan=plan, census_before=census(before),
+        census_after=census(after),
         verification=verification, size_before=size_before, size_after=size_after,
         ratio=size_after / size_before if size_before else 0.0, quantize_seconds=seconds, log_tail=tail,
     )

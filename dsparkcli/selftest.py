@@ -9,23 +9,22 @@ truncation, ``--spec-draft-p-min`` and an image in a chat request are all exerci
 
 from __future__ import annotations
 
-import base64
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsparkcli import engine as eng_mod
-from dsparkcli import synth
-from dsparkcli.engine import Engine
-from dsparkcli.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.llama import engine as eng_mod
+from dsparkcli.llama import protocol
+from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.synth import known_answer as synth
 
 SEED = 1
 ACCEPT_RATE = 0.7
 BLOCK_SIZE = 8
 CTX = 1024
-METRIC = "llamacpp:spec_decode_num_"
 
 
 @dataclass(frozen=True)
@@ -57,8 +56,7 @@ class SelftestResult:
 
 
 def _timings(resp: dict) -> tuple[int, int]:
-    t = resp.get("timings") or {}
-    return int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0))  # both absent when nothing was drafted
+    return protocol.timings_drafts(resp.get("timings") or {})
 
 
 def _check(name: str, pred: synth.Prediction, *, n_max: int, p_min: float, n_predict: int, draft_n: int,
@@ -77,8 +75,7 @@ def _check(name: str, pred: synth.Prediction, *, n_max: int, p_min: float, n_pre
 
 def _completion(client: ServerClient, man: synth.Manifest, prompt: list[int], *, n_max: int, p_min: float,
                 n_predict: int) -> tuple[SelftestCheck, synth.Prediction]:
-    resp = client.completion({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "return_tokens": True,
-                              "cache_prompt": False})
+    resp = client.completion(protocol.completion_payload(prompt, n_predict=n_predict))
     pred = synth.predict(man, prompt, n_max=n_max, p_min=p_min, n_predict=n_predict)
     draft_n, accepted = _timings(resp)
     check = _check(f"completion prompt={','.join(map(str, prompt))}", pred, n_max=n_max, p_min=p_min,
@@ -89,9 +86,8 @@ def _completion(client: ServerClient, man: synth.Manifest, prompt: list[int], *,
 
 def _chat_image(client: ServerClient, man: synth.Manifest, image: Path, *, n_max: int, p_min: float,
                 n_predict: int) -> tuple[SelftestCheck, synth.Prediction]:
-    url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
-    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                             {"type": "text", "text": "What is in this image?"}]}]
+    url = protocol.image_data_url("image/png", image.read_bytes())
+    messages = protocol.build_messages("What is in this image?", [url])
     resp = client.chat({"messages": messages, "temperature": 0, "max_tokens": n_predict})
     # the answer depends on the prompt only through its last token: the text after the image marker
     marker = client.props().get("media_marker")
@@ -107,11 +103,13 @@ def _chat_image(client: ServerClient, man: synth.Manifest, image: Path, *, n_max
 
 def _metrics_check(client: ServerClient, preds: list[synth.Prediction], n_max: int) -> SelftestCheck:
     m = client.metrics()
-    steps = int(m.get(METRIC + "drafts_total", -1))
-    drafted = int(m.get(METRIC + "draft_tokens_total", -1))
-    accepted = int(m.get(METRIC + "accepted_tokens_total", -1))
-    raw = (m.get(f'{METRIC}accepted_tokens_per_pos_total{{position="{i}"}}') for i in range(min(n_max, BLOCK_SIZE)))
-    per_pos = tuple(None if v is None else int(v) for v in raw)  # None: the server has no such position
+    counters = protocol.SpecCounters.from_metrics(m)
+    # a counter the server does not expose reads -1 (and a position it lacks None), never a plausible 0
+    steps = counters.steps if protocol.M_STEPS in m else -1
+    drafted = counters.drafted if protocol.M_DRAFTED in m else -1
+    accepted = counters.accepted if protocol.M_ACCEPTED in m else -1
+    width = len(counters.accepted_per_pos)
+    per_pos = tuple(counters.accepted_per_pos[i] if i < width else None for i in range(min(n_max, BLOCK_SIZE)))
     exp_steps = sum(p.steps for p in preds)
     exp_drafted = sum(p.draft_n for p in preds)
     exp_accepted = sum(p.draft_n_accepted for p in preds)

@@ -15,11 +15,13 @@ sweep) are merged cell by cell and each cell names its run. All acceptance here 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from dsparkcli.bench.records import iter_jsonl
+from dsparkcli.bench.stats import spread_of
 
 CATEGORY_ORDER = ("general", "mmmu", "ocr", "charxiv", "mathvista", "math", "code")
 COST, FULL = "cost", "full"  # gpu_sweep.py's L = 1 (all rejected) and L = k + 1 (all accepted) cells
@@ -28,15 +30,10 @@ COST, FULL = "cost", "full"  # gpu_sweep.py's L = 1 (all rejected) and L = k + 1
 def load(paths: list[Path]) -> list[dict[str, Any]]:
     recs = []
     for p in paths:
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                print(f"warning: {p}:{n}: not JSON (a call cut mid-line?); skipped", file=sys.stderr)
-                continue
+        def skip(n: int, _line: str, p: Path = p) -> None:
+            print(f"warning: {p}:{n}: not JSON (a call cut mid-line?); skipped", file=sys.stderr)
+
+        for n, rec in iter_jsonl(p, on_bad_line=skip):
             rec["_src"] = f"{p.name}:{n}"
             recs.append(rec)
     return recs
@@ -142,10 +139,11 @@ def replicate_table(reps: list[dict[str, Any]], runs: dict[str, "Run"]) -> list[
         every = vals + main
         if not every:
             continue
+        sp = spread_of(every)
         out.append(f"| {key} | {n} | " + (", ".join(format(v, fmt) for v in vals) or "–") + " | "
                    + (", ".join(format(v, fmt) for v in main) or "–")
-                   + f" | {statistics.median(every):{fmt}}{unit} [{min(every):{fmt}}–{max(every):{fmt}}] ({len(every)} loads) "
-                   f"| {max(every) / min(every) - 1:.1%} |")
+                   + f" | {sp.median:{fmt}}{unit} [{sp.min:{fmt}}–{sp.max:{fmt}}] ({len(every)} loads) "
+                   f"| {sp.max / sp.min - 1:.1%} |")
     return out
 
 
@@ -254,12 +252,13 @@ def render(recs: list[dict[str, Any]]) -> str:
         bws = [h["gb_per_s"]["median"] for h in hbm if h.get("gb_per_s")]
         active = man.get("target", {}).get("bytes_active_per_token")
         if bws and active:
-            bw = statistics.median(bws)
+            bws_spread = spread_of(bws)
+            bw = bws_spread.median
             bound = bw * 1e9 / active
             plains = [(r, n, r.plain["by_n_predict"][n]["tok_s"]["median"]) for r in sorted(runs.values(), key=lambda r: r.run_id)
                       for n in n_values if n in r.plain["by_n_predict"]]
             w(f"\n**Plain decoding vs the HBM bandwidth bound.** Device-to-device copy: {bw:.0f} GB/s (median of {len(bws)} "
-              f"`hbm` records, {min(bws):.0f}–{max(bws):.0f}; torch on {hbm[0].get('device', '?')}, bytes read + written). "
+              f"`hbm` records, {bws_spread.min:.0f}–{bws_spread.max:.0f}; torch on {hbm[0].get('device', '?')}, bytes read + written). "
               f"Active weights read per token: {active / 1e9:.3f} GB ⇒ bound {bound:.0f} tok/s ({active / bw / 1e6:.3f} ms/token). "
               f"Measured plain decoding: {min(p[2] for p in plains):.1f}–{max(p[2] for p in plains):.1f} tok/s over "
               f"{len(plains)} run × n_predict baselines = {min(p[2] for p in plains) / bound:.1%}–{max(p[2] for p in plains) / bound:.1%} of the bound.\n")
@@ -357,8 +356,9 @@ def render(recs: list[dict[str, Any]]) -> str:
                     row.append(f"{bound:.2f} · {_f(model)} · **{measured:.2f}**")
                 w(f"| {label_of.get(Lv, '?')} | {Lv:g} | " + " | ".join(row) + " |")
             if errs:
-                w(f"\nMeasured vs model over {len(errs)} cells: median {statistics.median(errs):+.1%}, "
-                  f"range {min(errs):+.1%} to {max(errs):+.1%}.\n")
+                e = spread_of(errs)
+                w(f"\nMeasured vs model over {len(errs)} cells: median {e.median:+.1%}, "
+                  f"range {e.min:+.1%} to {e.max:+.1%}.\n")
 
     repeats = {}
     for n in n_values:

@@ -17,7 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from dsparkcli import gguf_census, requant
+from dsparkcli import requant
+from dsparkcli.gguf import reader
 from dsparkcli.errors import DsparkError
 
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
     args = ap.parse_args(argv)
     try:
-        header = gguf_census.read_header(args.gguf)
+        header = reader.read_header(args.gguf)
         tensors = requant.plan_tensors(header, heads=args.heads, overrides=args.tensor,
                                        allow_requantize=args.allow_requantize)
     except DsparkError as e:

@@ -107,7 +107,7 @@ say "source unpacked: $SRC"
 PAIR_PID=""
 if [ "$PHASE" != build ]; then
   NEED=$("$PY" -c "
-from dsparkcli import synth_shapes as s
+from dsparkcli.synth import full_width as s
 t, d = s.shapes_for(scale=$SCALE, target_arch='$ARCH')
 print(sum(x.nbytes for x in s.target_tensors(t, '$QTYPE')) + sum(x.nbytes for x in s.draft_tensors(d, '$DQTYPE')))")
   FREE=$(df --output=avail -B1 "$WORK" | tail -1)
@@ -118,7 +118,7 @@ print(sum(x.nbytes for x in s.target_tensors(t, '$QTYPE')) + sum(x.nbytes for x 
     "$PY" - <<EOF
 import json, sys, time
 from pathlib import Path
-from dsparkcli.synth_shapes import write_full_width
+from dsparkcli.synth.full_width import write_full_width
 # a warm machine keeps /tmp between calls: reuse a complete pair (the manifest is written last)
 for m in sorted(Path("$WORK/pair").glob("manifest-*.json")):
     d = json.loads(m.read_text())
@@ -140,8 +140,9 @@ fi
 # --- 4. HBM bandwidth (GPU idle during the build) and the CUDA build
 HBM_PID=""
 if [ "$SMOKE" = 0 ]; then
-  # torch with the machine's own packages only: our wheels must not shadow what torch was built with
-  env PYTHONPATH= "$PY" scripts/gpu_sweep.py --phase hbm --out "$OUT/sweep.jsonl" > "$AUX/hbm.log" 2>&1 &
+  # torch with the machine's own packages only (and dspark's stdlib-only modules): our wheels must not shadow
+  # what torch was built with
+  env PYTHONPATH="$REPO" "$PY" scripts/gpu_sweep.py --phase hbm --out "$OUT/sweep.jsonl" > "$AUX/hbm.log" 2>&1 &
   HBM_PID=$!
   B0=$(date +%s)
   if ! dspark engine build --backend cuda --cuda-arch 90 --source "$SRC" --jobs "$(nproc)" --json > "$AUX/build.json" 2> "$AUX/build.err"; then
@@ -199,7 +200,7 @@ if [ "$RC" = 6 ] && [ "$ARCH" = qwen35moe ]; then
   # the hybrid target would not even serve plain decoding here: fall back to the plain-attention stand-in
   say "qwen35moe plain baseline failed ($(grep -m1 error "$AUX/sweep.log" | cut -c1-200)); writing a qwen3moe pair"
   rm -f "$WORK"/pair/target-*qwen35moe*.gguf
-  "$PY" -c "from dsparkcli.synth_shapes import write_full_width as w; print(w('$WORK/pair', scale=$SCALE, qtype='$QTYPE', draft_qtype='$DQTYPE', target_arch='qwen3moe').manifest)" > "$AUX/pair3.log" 2>&1
+  "$PY" -c "from dsparkcli.synth.full_width import write_full_width as w; print(w('$WORK/pair', scale=$SCALE, qtype='$QTYPE', draft_qtype='$DQTYPE', target_arch='qwen3moe').manifest)" > "$AUX/pair3.log" 2>&1
   MANIFEST=$(tail -1 "$AUX/pair3.log"); cp "$MANIFEST" "$AUX/" 2>/dev/null
   sweep "$MANIFEST"; RC=$?
 fi

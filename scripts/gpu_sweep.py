@@ -28,29 +28,30 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import re
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# Only modules without third-party dependencies at the top: `--phase hbm` runs with the GPU machine's own
+# Python packages (gpu_study.sh), which need not hold dspark's; the server side is imported where used.
+from dsparkcli import __version__
+from dsparkcli.bench.records import JsonlSink
+from dsparkcli.bench.stats import spread as _spread
+from dsparkcli.llama import protocol
+
+if TYPE_CHECKING:
+    from dsparkcli.llama.server import ServerConfig
 
 SCHEMA = "dspark-gpu-sweep/1"
 # upstream acceptance lengths per category (upstream_facts.md; BF16 pair, self-reported)
 CATEGORIES: dict[str, float] = {"general": 3.501, "ocr": 5.407, "mmmu": 5.098, "charxiv": 5.479,
                                 "mathvista": 6.126, "math": 6.687, "code": 7.387}
 BUDGETS = (1, 2, 3, 5, 7, 10, 15)
-_M_DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
-_M_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
-_M_STEPS = "llamacpp:spec_decode_num_drafts_total"
 _STATS_RE = re.compile(r"statistics\s+draft-dspark: #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"
                        r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms")
 
@@ -87,47 +88,23 @@ def grid(budgets: tuple[int, ...], categories: dict[str, float], with_cost: bool
 
 
 class Sink:
-    """Appends one JSON line per record and flushes: a killed call keeps everything written so far."""
+    """This script's records (schema, type, run_id, ts) on bench's line-per-record file writer, fsynced:
+    a killed call keeps everything written so far."""
 
     def __init__(self, path: Path, run_id: str, mirror: Path | None = None) -> None:
-        self.fhs = []
-        for p in [path] + ([mirror] if mirror else []):
-            p.parent.mkdir(parents=True, exist_ok=True)
-            self.fhs.append(open(p, "a", encoding="utf-8"))
+        self.lines = JsonlSink(path, mirrors=[mirror] if mirror else [], compact=False, fsync=True)
         self.run_id = run_id
 
     def write(self, rtype: str, **fields: Any) -> dict[str, Any]:
         rec = {"schema": SCHEMA, "type": rtype, "run_id": self.run_id, "synthetic": True,
                "ts": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **fields}
-        for fh in self.fhs:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        self.lines.write(rec)
         return rec
 
 
 def spread(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def gpu_facts() -> dict[str, Any]:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return {"name": "none (CPU)"}
-    keys = ("name", "memory_total", "driver", "mem_clock_max")
-    for n_fields in (4, 1):  # fall back to the name alone if this driver rejects a field
-        try:
-            proc = subprocess.run([smi, "--query-gpu=" + ",".join(("name", "memory.total", "driver_version",
-                                                                   "clocks.max.memory")[:n_fields]),
-                                   "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            return {"name": "unknown"}
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode == 0 and lines:
-            return dict(zip(keys, lines[0].split(", "))) | {"count": len(lines)}
-    return {"name": "unknown"}
+    """bench.stats.spread with the count: this script's records carry ``n``."""
+    return _spread(values, count=True)
 
 
 def measure_hbm(sink: Sink, gib: float = 4.0, reps: int = 20) -> None:
@@ -153,6 +130,8 @@ def measure_hbm(sink: Sink, gib: float = 4.0, reps: int = 20) -> None:
         times.append(a.elapsed_time(b) / 1e3)
     moved = 2 * n * 4
     gbps = [moved / t / 1e9 for t in times]
+    from dsparkcli.bench.provenance import gpu_facts  # needs platformdirs: see the imports at the top
+
     sink.write("hbm", method="torch dst.copy_(src), bytes moved = 2 x size", size_bytes=n * 4, reps=reps,
                gb_per_s=spread(gbps), device=torch.cuda.get_device_name(0), torch_version=torch.__version__,
                gpu=gpu_facts())
@@ -161,8 +140,8 @@ def measure_hbm(sink: Sink, gib: float = 4.0, reps: int = 20) -> None:
 # ------------------------------------------------------------------ servers
 
 
-def _server_cfg(args: argparse.Namespace, pair: dict[str, Path], c: Config, load_mode: str):
-    from dsparkcli.server import ServerConfig
+def _server_cfg(args: argparse.Namespace, pair: dict[str, Path], c: Config, load_mode: str) -> ServerConfig:
+    from dsparkcli.llama.server import ServerConfig  # the server side: see the imports at the top
 
     extra: list[str] = []
     if load_mode != "auto":
@@ -193,13 +172,12 @@ def _stats(log_path: Path | None, n_before: int, wait_s: float = 3.0) -> tuple[i
 
 
 def _payload(args: argparse.Namespace, prompt: list[int], n_predict: int, seed: int) -> dict[str, Any]:
-    return {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "ignore_eos": True, "seed": seed,
-            "cache_prompt": False, "return_tokens": False}
+    return protocol.completion_payload(prompt, n_predict=n_predict, seed=seed, ignore_eos=True, return_tokens=False)
 
 
 def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str, prompt: list[int],
                plain_ref: dict[int, float] | None, load_round: int | None = None) -> dict[str, Any]:
-    from dsparkcli.server import LlamaServer
+    from dsparkcli.llama.server import LlamaServer  # the server side: see the imports at the top
 
     cfg = _server_cfg(args, pair, c, load_mode)
     t0 = time.monotonic()
@@ -212,11 +190,11 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
         for n_predict in [n for n in (c.n_predict or args.n_predict) if (c.key, n) not in args.done]:
             for rep in range(args.reps):
                 seed = args.seed + rep
-                m0 = srv.client.metrics()
+                m0 = protocol.SpecCounters.from_metrics(srv.client.metrics())
                 resp = srv.client.completion(_payload(args, prompt, n_predict, seed))
-                m1 = srv.client.metrics()
+                moved = protocol.SpecCounters.from_metrics(srv.client.metrics()).minus(m0)
                 tm = resp["timings"]
-                steps = m1.get(_M_STEPS, 0.0) - m0.get(_M_STEPS, 0.0)
+                steps = float(moved.steps)
                 rec: dict[str, Any] = {
                     "config": c.key, "category": c.category, "synth_len": c.synth_len, "budget": c.budget,
                     "n_predict": n_predict, "seed": seed, "rep": rep,
@@ -224,11 +202,10 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
                     "tok_s": tm["predicted_per_second"], "prompt_n": tm["prompt_n"], "prompt_ms": tm["prompt_ms"],
                     "draft_n": tm.get("draft_n", 0), "draft_n_accepted": tm.get("draft_n_accepted", 0),
                     "steps": steps,
-                    "metrics_drafted": m1.get(_M_DRAFTED, 0.0) - m0.get(_M_DRAFTED, 0.0),
-                    "metrics_accepted": m1.get(_M_ACCEPTED, 0.0) - m0.get(_M_ACCEPTED, 0.0),
+                    "metrics_drafted": float(moved.drafted), "metrics_accepted": float(moved.accepted),
                 }
                 if c.budget is not None:
-                    rec["mean_len"] = 1 + rec["draft_n_accepted"] / steps if steps else None
+                    rec["mean_len"] = protocol.mean_acceptance_length(rec["draft_n_accepted"], steps)
                     rec["t_step_ms"] = tm["predicted_ms"] / steps if steps else None
                     n_new, now = _stats(srv.log_path, n_stats, wait_s=stats_wait)
                     if now is not None and last is not None and n_new > n_stats:
@@ -278,8 +255,8 @@ def measure_verify_cost(args, sink: Sink, srv, c: Config) -> dict[str, float]:
         ms = []
         for rep in range(args.verify_reps):
             prompt = [(17 + 31 * i + 7 * rep) % 1000 + 10 for i in range(m)]
-            resp = srv.client.completion({"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": False,
-                                          "ignore_eos": True, "seed": 0})
+            resp = srv.client.completion(protocol.completion_payload(prompt, n_predict=1, seed=0, ignore_eos=True,
+                                                                     return_tokens=None))
             if resp["timings"]["prompt_n"] == m:
                 ms.append(resp["timings"]["prompt_ms"])
         sink.write("verify_cost", m=m, prompt_ms=spread(ms), method="prompt eval of m fresh tokens, plain server")
@@ -290,7 +267,7 @@ def measure_verify_cost(args, sink: Sink, srv, c: Config) -> dict[str, float]:
 
 def probe_load(args, sink: Sink, engine, pair) -> str:
     """Time a plain load with -lm none (read into pinned buffers) and with mmap; use the faster."""
-    from dsparkcli.server import LlamaServer
+    from dsparkcli.llama.server import LlamaServer  # the server side: see the imports at the top
 
     times = {}
     for mode in ("none", "mmap"):
@@ -344,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         measure_hbm(sink)
         return 0
 
-    from dsparkcli import __version__
-    from dsparkcli import engine as engine_mod
+    from dsparkcli.bench.provenance import gpu_facts  # the server side: see the imports at the top
+    from dsparkcli.llama import engine as engine_mod
 
     if args.manifest is None:
         ap.error("--manifest is required for the sweep")
@@ -460,13 +437,10 @@ def replicate(args, sink: Sink, engine, pair, files, configs: list[Config], load
 
 
 def measure_overhead(args, sink: Sink, engine, pair, load_mode: str) -> None:
-    """dspark's runner vs a bare HTTP client on the plain server (issue 8 asks for >= 0.99x)."""
-    try:
-        from dsparkcli import overhead
-        from dsparkcli.server import LlamaServer
-    except ImportError as e:
-        sink.write("overhead", error=f"unavailable: {e}")
-        return
+    """dspark's client vs a bare HTTP client on the plain server (issue 8 asks for >= 0.99x)."""
+    from dsparkcli.bench import overhead  # the server side: see the imports at the top
+    from dsparkcli.llama.server import LlamaServer
+
     try:
         with LlamaServer(engine, _server_cfg(args, pair, Config("plain", None, None), load_mode), log_dir=args.log_dir) as srv:
             res = overhead.measure(srv.client, "Count from one to one hundred.", reps=3, n_predict=min(args.n_predict))

@@ -14,9 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dsparkcli import engine as engine_mod
-from dsparkcli import overhead, provenance, synth
-from dsparkcli.server import LlamaServer, ServerConfig
+from dsparkcli.bench import overhead, provenance
+from dsparkcli.synth import known_answer as synth
+from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.server import LlamaServer, ServerConfig
 
 
 def main() -> int:

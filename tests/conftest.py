@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
+from support.registry import write_user_models
 
-from dsparkcli import engine as engine_mod
-from dsparkcli.engine import Engine
-
-REPO = Path(__file__).resolve().parent.parent
+from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.engine import Engine
 
 
 @pytest.fixture(scope="session")
@@ -21,14 +19,13 @@ def engine() -> Engine:
     return engine_mod.describe(engine_mod.resolve_engine())
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None,
-            input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `dspark ...` in a subprocess, as a user would."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd, input=input)
-
-
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def user_models(tmp_path: Path) -> Callable[[str], Path]:
+    """``user_models(TOML)`` writes the user's models.toml into ``<tmp>/cfg`` and returns that folder, for
+    DSPARK_CONFIG_DIR: the one registry fixture (every test that adds pairs goes through it)."""
+    return lambda toml: write_user_models(tmp_path / "cfg", toml)

@@ -20,11 +20,15 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from support.chat_oracle import expected_chat
 
-from dsparkcli import bench, prompts, synth
+from dsparkcli.bench import prompts, stats
+from dsparkcli.bench import run as bench
+from dsparkcli.bench.plan import BenchPlan, Draft
+from dsparkcli.bench.records import read_jsonl
 from dsparkcli.errors import BenchError
-from dsparkcli.server import LlamaServer, ServerConfig
-from tests.chat_oracle import expected_chat
+from dsparkcli.llama.server import LlamaServer, ServerConfig
+from dsparkcli.synth import known_answer as synth
 
 N = 32
 REPS = 2
@@ -69,7 +73,7 @@ def predictions(engine, vpair, kit_subset):
 
 @pytest.fixture(scope="module")
 def bench_run(engine, vpair, tmp_path_factory):
-    from tests.conftest import run_cli
+    from support.cli import run_cli
 
     tmp = tmp_path_factory.mktemp("bench-out")
     out, plot = tmp / "results.jsonl", tmp / "plot.png"
@@ -151,7 +155,7 @@ def test_records_carry_provenance(bench_run, engine, vpair):
         assert files["mmproj"]["sha256"] == sha[vpair.mmproj]
     # the summaries in the JSONL are the ones printed, and summarize() rebuilds them from the raw records
     printed = [{k: v for k, v in s.items() if k != "load_s"} for s in doc["summaries"]]
-    rebuilt = bench.summarize(bench.read_jsonl(out))
+    rebuilt = stats.summarize(read_jsonl(out))
     assert [{k: v for k, v in s.items()} for s in rebuilt] == printed
 
 
@@ -182,7 +186,7 @@ def test_n_min_above_budget_drafts_nothing(engine, tmp_path):
     """--spec-draft-n-min 8 with budget 3: every 3-token draft is discarded (core API, extra server args)."""
     pair = synth.write_pair(tmp_path / "p", vocab=128, seed=3)
     kit = prompts.select(prompts.load_prompts(), ["code"], limit=1)
-    plan = bench.BenchPlan(target=pair.target, drafts=(bench.Draft("d", pair.draft),), budgets=(3,), prompts=kit,
+    plan = BenchPlan(target=pair.target, drafts=(Draft("d", pair.draft),), budgets=(3,), prompts=kit,
                            reps=1, warmup=0, n_predict=16, ctx=512, threads=1,
                            extra_args=("--spec-draft-n-min", "8"))
     with pytest.raises(BenchError, match=r"^configuration d@3 drafted nothing in 1 requests"):
@@ -197,7 +201,7 @@ def test_whole_bench_overhead_is_within_15_percent(engine, tmp_path):
     """
     pair = synth.write_pair(tmp_path / "p512", vocab=512, vision=True, seed=1)
     kit = prompts.select(prompts.load_prompts(), None, limit=1)
-    plan = bench.BenchPlan(target=pair.target, mmproj=pair.mmproj, drafts=(bench.Draft("d", pair.draft),),
+    plan = BenchPlan(target=pair.target, mmproj=pair.mmproj, drafts=(Draft("d", pair.draft),),
                            budgets=(3, 7), prompts=kit, reps=2, warmup=1, n_predict=128, ctx=1024, threads=1,
                            ignore_eos=True)
     result = bench.run_bench(engine, plan, out=tmp_path / "r.jsonl")
@@ -311,16 +315,14 @@ filename = "half/draft-dspark.gguf"
 """
 
 
-def test_model_from_the_registry_fetches_and_labels_drafts(cli, engine, tmp_path):
+def test_model_from_the_registry_fetches_and_labels_drafts(cli, engine, tmp_path, user_models):
     """--model NAME: files come through the real huggingface_hub client (FakeHub); drafts are named by key."""
-    from hubserver import FakeHub
+    from support.hubserver import FakeHub
 
     good = synth.write_pair(tmp_path / "good", vocab=128, vision=True, accept_rate=1.0, seed=9)
     half = synth.write_pair(tmp_path / "half", vocab=128, vision=True, accept_rate=0.5, seed=9)
     assert good.target.read_bytes() == half.target.read_bytes()  # one target, two drafts
-    cfg = tmp_path / "cfg"
-    cfg.mkdir()
-    (cfg / "models.toml").write_text(REGISTRY)
+    cfg = user_models(REGISTRY)
     with FakeHub() as hub:
         hub.add_file("o/t", "target-llama.gguf", good.target.read_bytes())
         hub.add_file("o/t", "mmproj-mlp.gguf", good.mmproj.read_bytes())

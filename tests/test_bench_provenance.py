@@ -8,7 +8,8 @@ import os
 import stat
 from datetime import datetime
 
-from dsparkcli import __version__, provenance
+from dsparkcli import __version__
+from dsparkcli.bench import provenance
 
 
 def test_file_facts_hash_and_cache(tmp_path):
@@ -85,7 +86,7 @@ def test_collect_block(engine, tmp_path, monkeypatch):
 
 def test_commit_falls_back_to_the_build_record(tmp_path):
     """A build from a source tarball: --version has no commit, engine.json names the source."""
-    from dsparkcli.engine import Engine
+    from dsparkcli.llama.engine import Engine
 
     bin_dir = tmp_path / "engine" / "srcf0a45bab-cuda-sm90" / "build" / "bin"
     bin_dir.mkdir(parents=True)

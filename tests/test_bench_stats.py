@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dsparkcli import bench
+from dsparkcli.bench import stats
+from dsparkcli.bench.plan import BenchPlan, Draft, _label, _split_label
 from dsparkcli.cli.bench import expand_multi_values
+from dsparkcli.llama.protocol import SpecCounters, mean_acceptance_length
 
 
 def req(config, category, prompt_id, rep, n, ms, tokens=None, first_div=None, draft=None, budget=None, sha="h"):
@@ -23,17 +25,17 @@ def ctr(config, category, rep, drafted, accepted, steps, per_pos):
 
 
 def test_spread_median_min_max():
-    assert bench.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
-    assert bench.spread([4.0, 1.0, 2.0, 10.0]) == {"median": 3.0, "min": 1.0, "max": 10.0}
-    assert bench.spread([]) == {"median": None, "min": None, "max": None}
+    assert stats.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+    assert stats.spread([4.0, 1.0, 2.0, 10.0]) == {"median": 3.0, "min": 1.0, "max": 10.0}
+    assert stats.spread([]) == {"median": None, "min": None, "max": None}
 
 
 def test_speedup_and_mean_length():
-    assert bench.speedup(150.0, 100.0) == 1.5
-    assert bench.speedup(None, 100.0) is None and bench.speedup(10.0, 0.0) is None
-    assert bench.mean_length(30, 10) == 4.0  # 1 + accepted / steps
-    assert bench.mean_length(0, 5) == 1.0
-    assert bench.mean_length(0, 0) is None
+    assert stats.speedup(150.0, 100.0) == 1.5
+    assert stats.speedup(None, 100.0) is None and stats.speedup(10.0, 0.0) is None
+    assert mean_acceptance_length(30, 10) == 4.0  # 1 + accepted / steps
+    assert mean_acceptance_length(0, 5) == 1.0
+    assert mean_acceptance_length(0, 0) is None
 
 
 @pytest.mark.parametrize("ref,other,expected", [
@@ -45,27 +47,27 @@ def test_speedup_and_mean_length():
     ([], [], None),
 ])
 def test_first_divergence(ref, other, expected):
-    assert bench.first_divergence(ref, other) == expected
+    assert stats.first_divergence(ref, other) == expected
 
 
 def test_hashes_tell_outputs_apart():
-    assert bench.tokens_sha256([1, 2, 3]) != bench.tokens_sha256([1, 23])  # separators matter
-    assert bench.text_sha256("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert stats.tokens_sha256([1, 2, 3]) != stats.tokens_sha256([1, 23])  # separators matter
+    assert stats.text_sha256("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
 
 
 def test_parse_counters_and_delta():
-    before = bench.parse_counters({
+    before = SpecCounters.from_metrics({
         "llamacpp:spec_decode_num_draft_tokens_total": 10.0, "llamacpp:spec_decode_num_accepted_tokens_total": 6.0,
         "llamacpp:spec_decode_num_drafts_total": 4.0,
         'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}': 4.0,
         'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"}': 2.0,
     })
-    assert before == {"drafted": 10, "accepted": 6, "steps": 4, "accepted_per_pos": [4, 2]}
-    after = {"drafted": 25, "accepted": 17, "steps": 9, "accepted_per_pos": [9, 6, 2]}
-    assert bench.counters_delta(before, after) == {"drafted": 15, "accepted": 11, "steps": 5,
-                                                   "accepted_per_pos": [5, 4, 2]}
+    assert before.to_record() == {"drafted": 10, "accepted": 6, "steps": 4, "accepted_per_pos": [4, 2]}
+    after = SpecCounters.from_record({"drafted": 25, "accepted": 17, "steps": 9, "accepted_per_pos": [9, 6, 2]})
+    assert after.minus(before).to_record() == {"drafted": 15, "accepted": 11, "steps": 5,
+                                               "accepted_per_pos": [5, 4, 2]}
     # nothing speculative yet: every counter reads 0 and the per-position list is empty
-    assert bench.parse_counters({"llamacpp:tokens_predicted_total": 5.0}) == \
+    assert SpecCounters.from_metrics({"llamacpp:tokens_predicted_total": 5.0}).to_record() == \
         {"drafted": 0, "accepted": 0, "steps": 0, "accepted_per_pos": []}
 
 
@@ -100,7 +102,7 @@ def records():
 
 
 def test_summarize_by_hand(records):
-    rows = {(r["config"], r["category"]): r for r in bench.summarize(records, {"code": 7.387, "ocr": 5.407})}
+    rows = {(r["config"], r["category"]): r for r in stats.summarize(records, {"code": 7.387, "ocr": 5.407})}
     assert list(rows) == [("plain", "code"), ("plain", "ocr"), ("plain", "all"),
                           ("d@5", "code"), ("d@5", "ocr"), ("d@5", "all")]
     assert rows[("plain", "code")]["tok_s"] == {"median": 150.0, "min": 100.0, "max": 200.0}
@@ -139,17 +141,17 @@ def test_summarize_by_hand(records):
 def test_summarize_ignores_other_records_and_is_deterministic(records):
     noise = [{"record": "prompt", "prompt_id": "c1"}, {"record": "summary", "config": "plain"},
              {"record": "overhead", "ratio": 1.0}]
-    assert bench.summarize(records + noise) == bench.summarize(list(records))
+    assert stats.summarize(records + noise) == stats.summarize(list(records))
 
 
 def test_validate_rejects_bad_plans(tmp_path):
+    from dsparkcli.bench.prompts import Prompt
     from dsparkcli.errors import UsageError
-    from dsparkcli.prompts import Prompt
 
     p = Prompt("a", "math", "hi")
     img = Prompt("b", "ocr", "read", images=(tmp_path / "x.png",))
-    base = dict(target=tmp_path / "t.gguf", drafts=(bench.Draft("d", tmp_path / "d.gguf"),), budgets=(5,), prompts=(p,))
-    bench.BenchPlan(**base).validate()
+    base = dict(target=tmp_path / "t.gguf", drafts=(Draft("d", tmp_path / "d.gguf"),), budgets=(5,), prompts=(p,))
+    BenchPlan(**base).validate()
     for change, message in [
         ({"budgets": ()}, "at least one --budget"),
         ({"budgets": (0, 5)}, "must be >= 1"),
@@ -159,14 +161,14 @@ def test_validate_rejects_bad_plans(tmp_path):
         ({"p_min": 1.5}, "--p-min"),
         ({"synth_len": 7.0, "budgets": (5, 15)}, r"--synth-len must be within \[1, 6\]"),
         ({"prompts": (p, img)}, "1 prompts have images"),
-        ({"drafts": (bench.Draft("d", tmp_path / "a"), bench.Draft("d", tmp_path / "b"))}, "share the label"),
+        ({"drafts": (Draft("d", tmp_path / "a"), Draft("d", tmp_path / "b"))}, "share the label"),
     ]:
         with pytest.raises(UsageError, match=message):
-            bench.BenchPlan(**{**base, **change}).validate()
+            BenchPlan(**{**base, **change}).validate()
 
 
 def test_arms_are_plain_then_every_draft_by_budget(tmp_path):
-    plan = bench.BenchPlan(target=tmp_path / "t", drafts=(bench.Draft("q8", tmp_path / "a"), bench.Draft("q6", tmp_path / "b")),
+    plan = BenchPlan(target=tmp_path / "t", drafts=(Draft("q8", tmp_path / "a"), Draft("q6", tmp_path / "b")),
                            budgets=(5, 15), prompts=(), reps=3, warmup=1)
     assert [a.name for a in plan.arms()] == ["plain", "q8@5", "q8@15", "q6@5", "q6@15"]
     assert plan.total_requests() == 5 * 1
@@ -201,10 +203,10 @@ def test_help_has_examples(cli):
 
 
 def test_draft_labels():
-    assert bench._split_label("q8=/models/d.gguf") == ("q8", "/models/d.gguf")
-    assert bench._split_label("/models/a=b/d.gguf") == (None, "/models/a=b/d.gguf")
-    assert bench._split_label("hf://org/repo/d.gguf") == (None, "hf://org/repo/d.gguf")
-    assert bench._split_label("q8_0") == (None, "q8_0")
+    assert _split_label("q8=/models/d.gguf") == ("q8", "/models/d.gguf")
+    assert _split_label("/models/a=b/d.gguf") == (None, "/models/a=b/d.gguf")
+    assert _split_label("hf://org/repo/d.gguf") == (None, "hf://org/repo/d.gguf")
+    assert _split_label("q8_0") == (None, "q8_0")
     taken = {"d"}
-    assert bench._label("/x/d.gguf", taken) == "d-2"
-    assert bench._label("/x/other.gguf", taken) == "other"
+    assert _label("/x/d.gguf", taken) == "d-2"
+    assert _label("/x/other.gguf", taken) == "other"

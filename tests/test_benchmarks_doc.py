@@ -3,10 +3,10 @@ committed records, and the hand-written headline table quotes those generated ce
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from pathlib import Path
+
+from support.scripts import script
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = [ROOT / "results/h200/study/sweep.jsonl", *sorted((ROOT / "results/h200/study2").glob("sweep-*.jsonl")),
@@ -14,11 +14,7 @@ RECORDS = [ROOT / "results/h200/study/sweep.jsonl", *sorted((ROOT / "results/h20
 
 
 def _generated_and_doc() -> tuple[str, str]:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        bench_to_md = importlib.import_module("bench_to_md")
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    bench_to_md = script("bench_to_md")
     return bench_to_md.render(bench_to_md.load(RECORDS)), (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
 
 

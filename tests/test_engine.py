@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from dsparkcli import engine as engine_mod
 from dsparkcli.errors import EngineNotFoundError
+from dsparkcli.llama import engine as engine_mod
 
 HELP_WITHOUT_DSPARK = """----- common params -----
 -h,    --help, --usage                  print usage and exit

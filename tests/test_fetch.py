@@ -1,4 +1,4 @@
-"""Fetch + verify with the REAL huggingface_hub client against FakeHub (tests/hubserver.py).
+"""Fetch + verify with the REAL huggingface_hub client against FakeHub (tests/support/hubserver.py).
 
 In-process tests drive ``dsparkcli.hub`` (which reads HF_* variables at call time); CLI tests run
 ``dspark`` in a subprocess with the environment set, because huggingface_hub reads some variables
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
+from support.cli import run_cli
+from support.hubserver import FakeHub, git_blob_sha1
 
-from conftest import run_cli
-from dsparkcli import hub as core
 from dsparkcli.errors import DsparkError, HubError, UsageError, VerificationError
-from dsparkcli.registry import ModelFile, ModelPair, load_registry
-from hubserver import FakeHub, git_blob_sha1
+from dsparkcli.hub import fetch as core
+from dsparkcli.hub.registry import ModelFile, ModelPair, load_registry
 
 TOKEN = "hf_secretTOKENvalue1234567890"  # must never show up in any output
 
@@ -69,11 +69,9 @@ def files(hub):
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch, hub):
+def env(tmp_path, monkeypatch, hub, user_models):
     """An isolated HF cache, dspark config (with the test registry) and cache, pointed at FakeHub."""
-    cfg = tmp_path / "cfg"
-    cfg.mkdir()
-    (cfg / "models.toml").write_text(REGISTRY)
+    cfg = user_models(REGISTRY)
     values = {
         "HF_HOME": str(tmp_path / "hf"),
         "HF_ENDPOINT": hub.endpoint,

@@ -14,7 +14,7 @@ from pathlib import Path
 import gguf
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf_fixtures import (
+from support.gguf_fixtures import (
     HEAD_DIM,
     N_BLOCKS,
     N_FF,
@@ -33,9 +33,10 @@ from gguf_fixtures import (
     write_sparse,
 )
 
-from dsparkcli import engine as engine_mod
-from dsparkcli import gguf_census as gc
 from dsparkcli.errors import GGUFError
+from dsparkcli.gguf import analysis
+from dsparkcli.gguf import reader as gc
+from dsparkcli.llama import engine as engine_mod
 
 # Element counts of the fixture draft, from its dimensions (not from the reader).
 Q_OUT, KV_OUT = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
@@ -51,7 +52,7 @@ def draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_census_of_the_97_tensor_nvfp4_q8heads_layout(draft: Path) -> None:
-    c = gc.census(gc.read_header(draft))
+    c = analysis.census(gc.read_header(draft))
     assert c.counts() == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1}
     rows = {r.type_name: r for r in c.rows}
     assert rows["NVFP4"].n_elements == NVFP4_ELEMENTS == 2_949_120
@@ -114,7 +115,7 @@ def test_real_262k_vocab_file_within_time_and_memory_bounds() -> None:
     h = gc.read_header(path)
     elapsed = time.perf_counter() - t0
     # peak RSS growth of a fresh interpreter that parses it (tracemalloc would make this test 40x slower)
-    probe = ("import resource, sys; from dsparkcli import gguf_census as gc; "
+    probe = ("import resource, sys; from dsparkcli.gguf import reader as gc; "
              "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
              "gc.read_header(sys.argv[1]) if len(sys.argv) > 1 else None; "
              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
@@ -148,7 +149,7 @@ def test_census_of_a_20_gb_sparse_file_under_one_second(tmp_path: Path) -> None:
     path = write_sparse(tmp_path / "sparse-20g.gguf", 20 * 10**9)
     assert path.stat().st_size == 20 * 10**9 and path.stat().st_blocks * 512 < 1 << 20  # really a hole
     t0 = time.perf_counter()
-    c = gc.census(gc.read_header(path))
+    c = analysis.census(gc.read_header(path))
     elapsed = time.perf_counter() - t0
     assert elapsed < 1.0, elapsed
     assert c.counts() == {"F16": 97}
@@ -185,7 +186,7 @@ def test_file_object_source_works(draft: Path) -> None:
 
 def test_hash_file_matches_independent_hashes(tmp_path: Path, draft: Path) -> None:
     h = gc.read_header(draft)
-    fh = gc.hash_file(draft, h)
+    fh = analysis.hash_file(draft, h)
     data = draft.read_bytes()
     assert fh.file_sha256 == hashlib.sha256(data).hexdigest() and fh.n_bytes == len(data)
     assert len(fh.tensors) == 97
@@ -194,10 +195,10 @@ def test_hash_file_matches_independent_hashes(tmp_path: Path, draft: Path) -> No
 
 
 def test_hash_file_regions_crossing_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, draft: Path) -> None:
-    monkeypatch.setattr(gc, "HASH_CHUNK", 4099)  # odd chunk size: every tensor straddles reads
+    monkeypatch.setattr(analysis, "HASH_CHUNK", 4099)  # odd chunk size: every tensor straddles reads
     h = gc.read_header(draft)
     data = draft.read_bytes()
-    fh = gc.hash_file(draft, h)
+    fh = analysis.hash_file(draft, h)
     assert fh.file_sha256 == hashlib.sha256(data).hexdigest()
     assert all(fh.tensors[t.name] == hashlib.sha256(data[t.offset:t.offset + t.n_bytes]).hexdigest() for t in h.tensors)
 
@@ -209,7 +210,7 @@ def test_nvfp4_mxfp4_known_and_unknown_type_shown_not_crashing(tmp_path: Path) -
     a, b, c = h.tensors
     assert (a.type_name, a.n_bytes) == ("NVFP4", 72) and (b.type_name, b.n_bytes) == ("MXFP4", 34)
     assert (c.type_name, c.n_bytes) == ("type#77", None)
-    census = gc.census(h)
+    census = analysis.census(h)
     assert census.unknown_types == ("type#77",) and census.tensor_bytes == 106
     assert {r.type_name: r.n_bytes for r in census.rows}["type#77"] is None
 
@@ -303,4 +304,4 @@ def test_alignment_key_moves_the_data_offset(tmp_path: Path) -> None:
 
 def test_bf16_heads_variant_census(tmp_path: Path) -> None:
     path = write_draft(tmp_path / "bf16heads.gguf", DraftSpec(heads=Q.BF16, conf_shape=(E + RANK, 1)))
-    assert gc.census(gc.read_header(path)).counts() == {"NVFP4": 35, "BF16": 4, "F32": 58}
+    assert analysis.census(gc.read_header(path)).counts() == {"NVFP4": 35, "BF16": 4, "F32": 58}

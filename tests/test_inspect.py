@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
-from gguf_fixtures import (
+from support.gguf_fixtures import (
     HEAD_DIM,
     N_HEAD_KV,
     RANK,
@@ -24,13 +24,15 @@ from gguf_fixtures import (
     write_mmproj,
     write_target,
 )
-from hubserver import FakeHub
+from support.hubserver import FakeHub
 
-from dsparkcli import gguf_census as gc
 from dsparkcli import inspect as ins
-from dsparkcli import synth
 from dsparkcli.errors import ServerError, UsageError
-from dsparkcli.server import LlamaServer, ServerConfig
+from dsparkcli.gguf import analysis, pairing
+from dsparkcli.gguf import reader as gc
+from dsparkcli.hub.range import read_gguf
+from dsparkcli.llama.server import LlamaServer, ServerConfig
+from dsparkcli.synth import known_answer as synth
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_dspark_structure_of_the_draft(files: dict[str, Path]) -> None:
-    s = ins.dspark_structure(gc.read_header(files["draft"]))
+    s = analysis.dspark_structure(gc.read_header(files["draft"]))
     assert s is not None and s.kind == "dspark"
     assert (s.block_size, s.target_layers, s.mask_token_id, s.markov_rank) == (15, TAPS, 998, RANK)
     assert s.confidence_head and s.has_confidence_head_key is True and s.confidence_head_consistent
@@ -69,7 +71,7 @@ def test_dspark_structure_of_the_draft(files: dict[str, Path]) -> None:
     (DraftSpec(block_size=None), {"block_size": None, "max_spec_draft_n": None}),
 ])
 def test_structure_variants(tmp_path: Path, spec: DraftSpec, expected: dict) -> None:
-    s = ins.dspark_structure(gc.read_header(write_draft(tmp_path / "d.gguf", spec)))
+    s = analysis.dspark_structure(gc.read_header(write_draft(tmp_path / "d.gguf", spec)))
     for key, value in expected.items():
         assert getattr(s, key) == value, key
     if "problems" not in expected:
@@ -87,8 +89,8 @@ def test_kv_bytes_per_token_of_the_real_draft_dimensions(tmp_path: Path) -> None
     w.write_ti_data_to_file()
     w.close()
     h = gc.read_header(tmp_path / "real-dims.gguf")
-    assert ins.dspark_structure(h).kv_bytes_per_token == 10_240
-    m = ins.memory_estimate(h, 8192)
+    assert analysis.dspark_structure(h).kv_bytes_per_token == 10_240
+    m = analysis.memory_estimate(h, 8192)
     assert m.kv.bytes_per_token == 10_240 and m.kv_bytes == 10_240 * 8192
     assert m.kv.formula == "5 layers x 2 x 2 kv heads x 256 head dim x 2 B = 10240 B"
 
@@ -97,7 +99,7 @@ def test_kv_bytes_per_token_of_the_real_draft_dimensions(tmp_path: Path) -> None
 
 
 def test_matching_pair_with_mmproj_is_compatible(files: dict[str, Path]) -> None:
-    v = ins.check_pair(files["target"], files["draft"], files["mmproj"])
+    v = pairing.check_pair(files["target"], files["draft"], files["mmproj"])
     assert v.ok and v.reasons == ()
     assert {c.name for c in v.checks} == {"target role", "target exposes layer inputs", "draft arch", "vocab", "BOS",
                                            "EOS", "hidden size", "taps", "draft structure", "mmproj width"}
@@ -121,7 +123,7 @@ def test_each_mismatch_kind_fails_exactly_its_check(tmp_path: Path, kind: str) -
     draft_kw, target_kw, check, detail = MISMATCHES[kind]
     draft = write_draft(tmp_path / "d.gguf", DraftSpec(**draft_kw))
     target = write_target(tmp_path / "t.gguf", **target_kw)
-    v = ins.check_pair(target, draft)
+    v = pairing.check_pair(target, draft)
     assert not v.ok
     failed = [c for c in v.checks if c.ok is False]
     assert [c.name for c in failed] == [check], v.reasons
@@ -131,25 +133,25 @@ def test_each_mismatch_kind_fails_exactly_its_check(tmp_path: Path, kind: str) -
 
 def test_last_layer_tap_allowed_only_for_archs_that_expose_it(tmp_path: Path) -> None:
     draft = write_draft(tmp_path / "d.gguf", DraftSpec(taps=(4, 40)))
-    assert ins.check_pair(write_target(tmp_path / "n.gguf", arch="nemotron_h"), draft).ok
-    assert not ins.check_pair(write_target(tmp_path / "q.gguf", arch="qwen3"), draft).ok
+    assert pairing.check_pair(write_target(tmp_path / "n.gguf", arch="nemotron_h"), draft).ok
+    assert not pairing.check_pair(write_target(tmp_path / "q.gguf", arch="qwen3"), draft).ok
 
 
 def test_mmproj_width_mismatch(tmp_path: Path, files: dict[str, Path]) -> None:
-    v = ins.check_pair(files["target"], files["draft"], write_mmproj(tmp_path / "m.gguf", out_width=512))
+    v = pairing.check_pair(files["target"], files["draft"], write_mmproj(tmp_path / "m.gguf", out_width=512))
     assert [c.name for c in v.checks if c.ok is False] == ["mmproj width"]
     assert "512 from mm.2.weight ne[1] (mlp), target 256" in v.reasons[0]
 
 
 def test_mmproj_of_unknown_projector_is_unchecked_not_failed(tmp_path: Path, files: dict[str, Path]) -> None:
-    v = ins.check_pair(files["target"], None, write_mmproj(tmp_path / "m.gguf", projector="fancy\x1b[2J"))
+    v = pairing.check_pair(files["target"], None, write_mmproj(tmp_path / "m.gguf", projector="fancy\x1b[2J"))
     (width,) = [c for c in v.checks if c.name == "mmproj width"]
     assert width.ok is None and "\\x1b[2J" in width.detail and "\x1b" not in width.detail
     assert v.ok
 
 
 def test_draft_given_as_target_is_refused(files: dict[str, Path]) -> None:
-    v = ins.check_pair(files["draft"], files["draft"])
+    v = pairing.check_pair(files["draft"], files["draft"])
     assert not v.ok and "target role: arch dflash is not a text model" in v.reasons
 
 
@@ -157,16 +159,16 @@ def test_synthetic_pair_verdict_agrees_with_the_real_llama_server(tmp_path: Path
     """The pair inspect accepts loads in llama-server; the mmproj inspect rejects is refused by llama.cpp."""
     good = synth.write_pair(tmp_path / "a", vocab=128, vision=True, seed=1)
     other = synth.write_pair(tmp_path / "b", vocab=200, vision=True, seed=2)  # n_embd 256 instead of 128
-    v = ins.check_pair(good.target, good.draft, good.mmproj)
+    v = pairing.check_pair(good.target, good.draft, good.mmproj)
     assert v.ok, v.reasons
-    s = ins.dspark_structure(gc.read_header(good.draft))
+    s = analysis.dspark_structure(gc.read_header(good.draft))
     assert s.kind == "dspark" and s.block_size == 8 and s.mask_token_id == 127 and s.max_spec_draft_n == 8
     cfg = ServerConfig(model=good.target, draft=good.draft, mmproj=good.mmproj, n_max=7, ctx=512, threads=1)
     with LlamaServer(engine, cfg) as srv:
         out = srv.client.completion({"prompt": [1, 2, 3], "n_predict": 8, "temperature": 0})
         assert out["timings"]["draft_n"] > 0
 
-    bad = ins.check_pair(good.target, good.draft, other.mmproj)
+    bad = pairing.check_pair(good.target, good.draft, other.mmproj)
     assert [c.name for c in bad.checks if c.ok is False] == ["mmproj width"]
     assert "256 from mm.2.weight ne[1] (mlp), target 128" in bad.reasons[0]
     with pytest.raises(ServerError) as info, \
@@ -186,11 +188,11 @@ def test_census_of_the_synthetic_pair_matches_gguf_py(tmp_path: Path) -> None:
         for t in ref.tensors:
             expected_counts[t.tensor_type.name] = expected_counts.get(t.tensor_type.name, 0) + 1
             expected_bytes[t.tensor_type.name] = expected_bytes.get(t.tensor_type.name, 0) + int(t.n_bytes)
-        c = gc.census(gc.read_header(path))
+        c = analysis.census(gc.read_header(path))
         assert c.counts() == expected_counts
         assert {r.type_name: r.n_bytes for r in c.rows} == expected_bytes
         assert c.n_params == sum(int(t.n_elements) for t in ref.tensors)
-    s = ins.dspark_structure(gc.read_header(pair.draft))
+    s = analysis.dspark_structure(gc.read_header(pair.draft))
     assert s.confidence_head and s.confidence_head_consistent and s.markov_rank == 128
 
 
@@ -199,7 +201,7 @@ def test_census_of_the_synthetic_pair_matches_gguf_py(tmp_path: Path) -> None:
 
 def test_heads_requantised_pair_is_94_of_97_identical(files: dict[str, Path]) -> None:
     a, b = gc.read_header(files["bf16heads"]), gc.read_header(files["draft"])
-    d = ins.diff_tensors(a, gc.hash_file(files["bf16heads"], a), b, gc.hash_file(files["draft"], b))
+    d = analysis.diff_tensors(a, analysis.hash_file(files["bf16heads"], a), b, analysis.hash_file(files["draft"], b))
     assert len(d.identical) == 94 and (d.n_a, d.n_b) == (97, 97)
     assert d.summary == "94/97 identical, 3 changed, 0 only in A, 0 only in B"
     assert {c.name: (c.a_type, c.b_type) for c in d.changed} == {
@@ -213,7 +215,7 @@ def test_heads_requantised_pair_is_94_of_97_identical(files: dict[str, Path]) ->
 def test_diff_reports_tensors_only_in_one_file(tmp_path: Path, files: dict[str, Path]) -> None:
     c = write_draft(tmp_path / "noconf.gguf", DraftSpec(with_conf_proj=False, has_confidence_head=False))
     a, b = gc.read_header(files["draft"]), gc.read_header(c)
-    d = ins.diff_tensors(a, gc.hash_file(files["draft"], a), b, gc.hash_file(c, b))
+    d = analysis.diff_tensors(a, analysis.hash_file(files["draft"], a), b, analysis.hash_file(c, b))
     assert set(d.only_a) == {"conf_proj.weight", "conf_proj.bias"} and d.only_b == ()
     assert len(d.identical) == 95 and d.changed == ()
 
@@ -223,32 +225,30 @@ def test_diff_reports_tensors_only_in_one_file(tmp_path: Path, files: dict[str, 
 
 def test_memory_estimate_of_a_hybrid_target(files: dict[str, Path]) -> None:
     h = gc.read_header(files["target"])
-    m = ins.memory_estimate(h, 4096)
+    m = analysis.memory_estimate(h, 4096)
     # 40 blocks, full attention every 4th -> 10 KV layers x 2 x 2 heads x 64 x 2 bytes
     assert m.kv.n_kv_layers == 10 and m.kv.bytes_per_token == 10 * 2 * 2 * 64 * 2
     assert m.kv_bytes == 5120 * 4096
-    assert m.weights_bytes == gc.census(h).tensor_bytes and m.total_bytes == m.weights_bytes + m.kv_bytes
+    assert m.weights_bytes == analysis.census(h).tensor_bytes and m.total_bytes == m.weights_bytes + m.kv_bytes
     assert any("every 4th layer" in n for n in m.kv.notes)
     both = ins.inspect_files([str(files["target"]), str(files["draft"])], ctx=4096, auto_expect=False)
     draft_m = both.files[1].memory
     assert draft_m.kv_bytes == 5 * 2 * N_HEAD_KV * HEAD_DIM * 2 * 4096  # the draft's context is the target's
     assert both.memory_total == m.total_bytes + draft_m.weights_bytes + draft_m.kv_bytes
-    q8 = ins.memory_estimate(h, 4096, kv_type="q8_0")
+    q8 = analysis.memory_estimate(h, 4096, kv_type="q8_0")
     assert q8.kv.bytes_per_token == int(10 * 2 * 2 * 64 * 34 / 32)
     with pytest.raises(UsageError):
-        ins.memory_estimate(h, 0)
+        analysis.memory_estimate(h, 0)
 
 
 # ------------------------------------------------------------------ models.toml expectations
 
 
 @pytest.fixture
-def user_registry(tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+def user_registry(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, user_models) -> Path:
     draft = files["draft"]
-    conf = tmp_path / "config"
-    conf.mkdir()
-    sha = gc.hash_file(draft).file_sha256
-    (conf / "models.toml").write_text(f"""
+    sha = analysis.hash_file(draft).file_sha256
+    conf = user_models(f"""
 [pairs.testpair]
 description = "fixture pair"
 [pairs.testpair.target]
@@ -315,7 +315,7 @@ def test_file_named_like_a_pinned_registry_file_is_checked_automatically(files: 
 
 
 def test_packaged_registry_pins_the_real_draft_census() -> None:
-    from dsparkcli import registry
+    from dsparkcli.hub import registry
 
     mf = ins.find_expected("minicpm-v-4.7", "dspark-MiniCPM-V-4.7-35B-A3B-NVFP4A16-q8heads.gguf")
     assert mf.key == "nvfp4a16-q8heads" and mf.size == 303_989_824
@@ -326,8 +326,8 @@ def test_packaged_registry_pins_the_real_draft_census() -> None:
 
 
 def test_printable_escapes_terminal_controls() -> None:
-    assert ins.printable("a\x1b[31mb\nc\u202ed\x00") == "a\\x1b[31mb\\x0ac\\u202ed\\x00"
-    assert ins.printable("x" * 300, 10) == "xxxxxxxxxx… (+290 chars)"
+    assert analysis.printable("a\x1b[31mb\nc\u202ed\x00") == "a\\x1b[31mb\\x0ac\\u202ed\\x00"
+    assert analysis.printable("x" * 300, 10) == "xxxxxxxxxx… (+290 chars)"
 
 
 # ------------------------------------------------------------------ CLI
@@ -405,7 +405,7 @@ def test_hf_header_only_read_counts_bytes_served(tmp_path: Path) -> None:
     padded = data + bytes(32 << 20)  # 32 MB of trailing bytes that must never be fetched
     with FakeHub() as hub:
         hub.add_file("org/repo", "sub/t.gguf", padded)
-        h = ins.read_gguf("hf://org/repo/sub/t.gguf", endpoint=hub.endpoint)
+        h = read_gguf("hf://org/repo/sub/t.gguf", endpoint=hub.endpoint)
         local = gc.read_header(big_target)
         assert [t.name for t in h.tensors] == [t.name for t in local.tensors]
         assert h.kv["tokenizer.ggml.tokens"].sha256 == local.kv["tokenizer.ggml.tokens"].sha256
@@ -423,7 +423,7 @@ def test_hf_pairing_and_cli(files: dict[str, Path], cli, monkeypatch: pytest.Mon
         hub.add_file("org/target", "t.gguf", files["target"].read_bytes())
         hub.add_file("org/draft", "d.gguf", files["draft"].read_bytes(), revision="v1")
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-        v = ins.check_pair("hf://org/target/t.gguf", "hf://org/draft@v1/d.gguf")
+        v = pairing.check_pair(read_gguf("hf://org/target/t.gguf"), read_gguf("hf://org/draft@v1/d.gguf"))
         assert v.ok, v.reasons
         r = cli("inspect", "hf://org/target/t.gguf", "hf://org/draft@v1/d.gguf", "--json",
                 env={"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"})
@@ -455,11 +455,11 @@ def test_hf_gated_repo_needs_a_token_and_never_prints_it(files: dict[str, Path],
         hub.gate("org/gated", allowed_tokens=("hf_secret_token_123",))
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
         with pytest.raises(HubError, match="gated") as info:
-            ins.read_gguf("hf://org/gated/d.gguf")
+            read_gguf("hf://org/gated/d.gguf")
         assert info.value.exit_code == 5
         monkeypatch.setenv("HF_TOKEN", "hf_secret_token_123")
-        h = ins.read_gguf("hf://org/gated/d.gguf")
-        assert gc.census(h).counts() == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1}
+        h = read_gguf("hf://org/gated/d.gguf")
+        assert analysis.census(h).counts() == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1}
         assert all(r.authorized for r in hub.requests if r.status in (200, 206))
         assert "hf_secret_token_123" not in repr(h) and "hf_secret_token_123" not in str(info.value)
 
@@ -474,7 +474,7 @@ def test_split_shard_is_labelled(tmp_path: Path, engine) -> None:
                    check=True, capture_output=True, timeout=60)
     shards = sorted(tmp_path.glob("split-*.gguf"))
     assert len(shards) == 2
-    first, second = (ins.summarize(gc.read_header(p)) for p in shards)
+    first, second = (analysis.summarize(gc.read_header(p)) for p in shards)
     assert (first.split, second.split) == ("1 of 2", "2 of 2")
-    assert sum(gc.census(gc.read_header(p)).n_tensors for p in shards) == 3
-    assert ins.summarize(gc.read_header(target)).split is None
+    assert sum(analysis.census(gc.read_header(p)).n_tensors for p in shards) == 3
+    assert analysis.summarize(gc.read_header(target)).split is None

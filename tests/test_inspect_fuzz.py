@@ -21,9 +21,9 @@ from gguf import GGUFWriter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsparkcli import gguf_census as gc
-from dsparkcli import inspect as ins
 from dsparkcli.errors import GGUFError
+from dsparkcli.gguf import analysis, pairing
+from dsparkcli.gguf import reader as gc
 
 N_EXAMPLES = int(__import__("os").environ.get("DSPARK_FUZZ_EXAMPLES", "10000"))
 REPO = Path(__file__).resolve().parent.parent
@@ -113,13 +113,13 @@ def exercise(data: bytes) -> str:
         assert message and "\n" not in message and len(message) < 400, message
         assert e.exit_code == 2
         return "error"
-    gc.census(h)
-    ins.summarize(h)
-    ins.dspark_structure(h)
-    ins.metadata_json(h)
-    ins.mmproj_width(h)
-    ins.memory_estimate(h, 4096)
-    ins.check_pair(h, h, h)
+    analysis.census(h)
+    analysis.summarize(h)
+    analysis.dspark_structure(h)
+    analysis.metadata_json(h)
+    pairing.mmproj_width(h)
+    analysis.memory_estimate(h, 4096)
+    pairing.check_pair(h, h, h)
     return "ok"
 
 
@@ -176,7 +176,7 @@ TYPED = st.lists(st.tuples(st.integers(0, len(READ_KEYS) + len(GLOBAL_KEYS) - 1)
           suppress_health_check=[HealthCheck.too_slow])
 @given(arch=st.sampled_from(["dflash", "qwen35moe", "clip", "llama", "x\x1b"]), kvs=TYPED)
 def test_fuzz_wrongly_typed_metadata(arch: str, kvs: list[tuple[int, int, int]]) -> None:
-    from gguf_fixtures import kv_str, raw_header
+    from support.gguf_fixtures import kv_str, raw_header
 
     entries = [("general.architecture", 8, kv_str(arch))]
     for index, kind, n in kvs:

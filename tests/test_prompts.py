@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from dsparkcli import prompts
+from dsparkcli.bench import prompts
 from dsparkcli.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dsparkcli.errors import UsageError
-from dsparkcli.registry import load_registry, packaged_models_path, parse_models_file
+from dsparkcli.hub.registry import load_registry, packaged_models_path, parse_models_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,14 +60,12 @@ def test_root_models_toml_is_the_packaged_file():
     assert root.resolve() == (REPO / "dsparkcli" / "data" / "models.toml").resolve()
 
 
-def test_user_file_adds_pairs_and_overrides_by_name(tmp_path):
-    user = tmp_path / "cfg" / "models.toml"
-    user.parent.mkdir()
-    user.write_text(
+def test_user_file_adds_pairs_and_overrides_by_name(user_models):
+    user = user_models(
         'default = "tiny"\n' + MINIMAL
         + '[pairs."minicpm-v-4.7".target]\nrepo = "me/mine"\nfilename = "x.gguf"\n'
         + '[pairs."minicpm-v-4.7".drafts.only]\nrepo = "me/mine"\nfilename = "d.gguf"\nsize = 10\n'
-    )  # fmt: skip
+    ) / "models.toml"  # fmt: skip
     registry = load_registry()
     assert registry.default == "tiny"
     assert set(registry.pairs) == {"minicpm-v-4.7", "tiny"}
@@ -136,9 +134,7 @@ def test_default_must_name_a_pair(tmp_path):
         load_registry([extra])
 
 
-def test_bad_user_file_fails_every_lookup_with_its_path(tmp_path):
-    user = tmp_path / "cfg" / "models.toml"
-    user.parent.mkdir()
-    user.write_text(MINIMAL + 'sha256 = "abc"\n')
+def test_bad_user_file_fails_every_lookup_with_its_path(user_models):
+    user = user_models(MINIMAL + 'sha256 = "abc"\n') / "models.toml"
     with pytest.raises(UsageError, match=rf"^{user}: pairs.tiny.drafts.q8.sha256"):
         load_registry()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from dsparkcli import report
+from dsparkcli.bench import report
 
 
 def summary(config, category, median, lo, hi, speedup, *, synthetic=False, synth_len=None, drafted=None, **extra):

@@ -18,11 +18,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from support.cli import REPO, run_cli
 
-from dsparkcli import gguf_census, requant, synth
+from dsparkcli import requant
 from dsparkcli.errors import UsageError, VerificationError
-from dsparkcli.server import LlamaServer, ServerConfig
-from tests.conftest import REPO, run_cli
+from dsparkcli.gguf import reader
+from dsparkcli.llama.server import LlamaServer, ServerConfig
+from dsparkcli.synth import known_answer as synth
 
 HEADS = ("fc.weight", "markov_w1.weight", "markov_w2.weight")  # in file order
 Q8_ONE = 127 * float(np.float16(1 / 127))  # what Q8_0 makes of 1.0: scale fp16(amax/127), quant 127
@@ -104,7 +106,7 @@ def test_heads_become_q8_0_and_every_other_tensor_is_byte_identical(q8, bf16_dra
     assert v.kv_set == {"general.file_type": 7, "general.quantization_version": 2}
 
     out = work / "draft-q8heads.gguf"
-    h_in, h_out = gguf_census.read_header(bf16_draft), gguf_census.read_header(out)
+    h_in, h_out = reader.read_header(bf16_draft), reader.read_header(out)
     assert (q8.size_before, q8.size_after) == (bf16_draft.stat().st_size, out.stat().st_size)
     header_growth = h_out.data_offset - h_in.data_offset  # two KVs added (77 bytes), padded to 32
     assert header_growth in (64, 96)
@@ -112,7 +114,7 @@ def test_heads_become_q8_0_and_every_other_tensor_is_byte_identical(q8, bf16_dra
     assert q8.ratio == pytest.approx(q8.size_after / q8.size_before)
     assert leftovers(work) == []
 
-    # independent of gguf_census: gguf-py reads both files, raw bytes and dequantised heads
+    # independent of gguf.reader: gguf-py reads both files, raw bytes and dequantised heads
     r_in, r_out = gguf.GGUFReader(str(bf16_draft)), gguf.GGUFReader(str(out))
     t_in = {t.name: t for t in r_in.tensors}
     t_out = {t.name: t for t in r_out.tensors}

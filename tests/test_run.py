@@ -17,11 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from support.chat_oracle import expected_chat
 
 import dsparkcli
-from dsparkcli import runner, synth
-from dsparkcli.server import LlamaServer, ServerConfig
-from chat_oracle import expected_chat
+from dsparkcli import runner
+from dsparkcli.llama import protocol
+from dsparkcli.llama.server import LlamaServer, ServerConfig
+from dsparkcli.synth import known_answer as synth
 
 PROMPT = "What is in this image?"
 N = 40
@@ -40,7 +42,7 @@ def expected(engine, vpair):
     img = runner.load_image(vpair.image)
     cfg = ServerConfig(model=vpair.target, mmproj=vpair.mmproj, threads=2, ctx=1024)
     with LlamaServer(engine, cfg) as srv:
-        pred = expected_chat(srv.client, man, runner.build_messages(PROMPT, [img.data_url]), n_max=BUDGET, n_predict=N)
+        pred = expected_chat(srv.client, man, protocol.build_messages(PROMPT, [img.data_url]), n_max=BUDGET, n_predict=N)
     assert pred.draft_n > pred.draft_n_accepted > 0  # accept rate 0.7: a non-trivial case
     return pred
 
@@ -219,7 +221,7 @@ def test_dspark_adds_no_measurable_overhead(engine, vpair):
     only ever slows a run, so this guard compares the fastest run of each side (>= 0.95x) and the
     quickest first token (within 50 ms).
     """
-    from dsparkcli import overhead
+    from dsparkcli.bench import overhead
 
     # -t 1 leaves a core for the client: with llama.cpp's threads on every core of a 2-core machine, any
     # client's CPU time slows generation (measured: 0.95x at -t 2, 1.01x at -t 1; results/cpu/)
@@ -232,16 +234,14 @@ def test_dspark_adds_no_measurable_overhead(engine, vpair):
 
 
 @pytest.fixture
-def hub_env(tmp_path, vpair, engine):
+def hub_env(tmp_path, vpair, engine, user_models):
     """The synthetic vision pair served by FakeHub, a registry entry for it, an empty HF cache."""
-    from hubserver import FakeHub
+    from support.hubserver import FakeHub
 
     with FakeHub() as hub:
         for path in (vpair.target, vpair.draft, vpair.mmproj):
             hub.add_file("synth/pair", path.name, path.read_bytes())
-        cfg = tmp_path / "cfg"
-        cfg.mkdir()
-        (cfg / "models.toml").write_text(f"""
+        cfg = user_models(f"""
 [pairs.synth]
 budget = {BUDGET}
 default_draft = "q"

@@ -46,7 +46,7 @@ def test_selftest_passes_on_the_engine(engine):
 
 
 def test_selftest_fails_when_the_engine_drafts_differently(engine, wrong_budget_bin):
-    from dsparkcli import engine as engine_mod
+    from dsparkcli.llama import engine as engine_mod
 
     wrapped = engine_mod.describe(engine_mod.resolve_engine(str(wrong_budget_bin)))
     result = selftest.run_selftest(engine=wrapped)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dsparkcli import synth
 from dsparkcli.errors import ServerError, UsageError
-from dsparkcli.server import LlamaServer, ServerConfig, classify_log, parse_metrics
+from dsparkcli.llama.protocol import parse_metrics
+from dsparkcli.llama.server import LlamaServer, ServerConfig, classify_log
+from dsparkcli.synth import known_answer as synth
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -236,7 +237,7 @@ def test_api_key_is_not_in_argv_or_log(engine, pair, tmp_path):
     with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
         assert "sk-secret-123" not in " ".join(srv.argv)
         assert srv.client.completion({"prompt": [1], "n_predict": 2})["timings"]["predicted_n"] == 2
-        from dsparkcli.server import ServerClient
+        from dsparkcli.llama.server import ServerClient
 
         anon = ServerClient(srv.url)
         with pytest.raises(ServerError, match="HTTP 401"):
@@ -246,7 +247,7 @@ def test_api_key_is_not_in_argv_or_log(engine, pair, tmp_path):
 
 
 def test_default_log_folder_keeps_the_newest_logs(engine, pair, tmp_path, monkeypatch):
-    from dsparkcli.server import KEEP_LOGS
+    from dsparkcli.llama.server import KEEP_LOGS
 
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path))
     logs = tmp_path / "logs"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dsparkcli import synth
+from dsparkcli.synth import known_answer as synth
 
 
 def test_synth_writes_a_pair_and_reports_it(cli, tmp_path):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dsparkcli import synth
 from dsparkcli.errors import UsageError
-from dsparkcli.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.synth import known_answer as synth
 
 BLOCK = 8
 BUDGETS = (3, 7, BLOCK)

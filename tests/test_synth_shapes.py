@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.scripts import script
 
-from dsparkcli import synth_shapes as ss
 from dsparkcli.errors import UsageError
-from dsparkcli.server import LlamaServer, ServerConfig
+from dsparkcli.llama.server import LlamaServer, ServerConfig
+from dsparkcli.synth import full_width as ss
 
 # A native build on this AMX CPU segfaulted in ggml_backend_amx_mul_mat on these quantised files
 # (qwen35moe and qwen3moe, Q8_0 and Q4_K); the portable x86-64-v3 engine has no AMX path, and
@@ -134,13 +135,7 @@ def test_real_server_drafts_with_emulated_acceptance(engine, small_pair: ss.Full
 # ------------------------------------------------------------------ the GPU study's tooling, on CPU
 
 def _scripts():
-    import importlib
-    import sys
-
-    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module("gpu_sweep"), importlib.import_module("bench_to_md")
+    return script("gpu_sweep"), script("bench_to_md")
 
 
 def test_sweep_grid_respects_llama_cpp_limit() -> None:
@@ -231,4 +226,4 @@ def test_replicate_study_interleaves_loads_against_each_rounds_plain(engine, sma
     md = bench_to_md.render(bench_to_md.load([out]))
     ups = sorted(c["by_n_predict"]["32"]["speedup_median"] for c in configs[1::2])
     assert "Load-to-load variation" in md
-    assert (f"| L3.501-k3 | 32 | " in md and f"[{ups[0]:.2f}–{ups[1]:.2f}] (2 loads) | {ups[1] / ups[0] - 1:.1%} |" in md)
+    assert ("| L3.501-k3 | 32 | " in md and f"[{ups[0]:.2f}–{ups[1]:.2f}] (2 loads) | {ups[1] / ups[0] - 1:.1%} |" in md)

@@ -16,33 +16,44 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from dsparkcli import hub
 from dsparkcli.cli._output import err
 from dsparkcli.errors import UsageError
+from dsparkcli.hub.download import Progress as DownloadProgress
+from dsparkcli.hub.fetch import PlannedFile
+from dsparkcli.units import format_size
 
 
-def show_plan(planned: list[hub.PlannedFile]) -> None:
+def show_plan(planned: list[PlannedFile]) -> None:
     for p in planned:
-        state = "present" if p.present else (f"resume at {hub.format_size(p.partial_bytes)}" if p.partial_bytes else "download")
-        err.print(f"  {p.role:<7} {p.filename}  {hub.format_size(p.size)}  {p.repo}  [{state}]", markup=False)
+        state = "present" if p.present else (f"resume at {format_size(p.partial_bytes)}" if p.partial_bytes else "download")
+        err.print(f"  {p.role:<7} {p.filename}  {format_size(p.size)}  {p.repo}  [{state}]", markup=False)
 
 
-def confirm_downloads(planned: list[hub.PlannedFile]) -> bool:
-    """Show what will be downloaded and ask; without a terminal, refuse with a one-line hint."""
+def ask_to_download(planned: list[PlannedFile], *, what: str | None = None, show: bool = True) -> bool:
+    """Show what will be downloaded (``show``) and ask; without a terminal, refuse with a one-line hint.
+
+    The asking half of the one confirm policy: ``hub.fetch.confirm_large`` decides when to ask."""
     total = sum(p.to_download for p in planned)
     if not sys.stdin.isatty():
-        raise UsageError(f"{hub.format_size(total)} of downloads needed and stdin is not a terminal; pass --yes")
-    show_plan(planned)
-    return typer.confirm(f"Download {hub.format_size(total)}?", default=True, err=True)
+        need = f"{what} needs {format_size(total)} of downloads and" if what else f"{format_size(total)} of downloads needed and"
+        raise UsageError(f"{need} stdin is not a terminal; pass --yes")
+    if show:
+        show_plan(planned)
+    return typer.confirm(f"Download {format_size(total)}?", default=True, err=True)
+
+
+def confirm_downloads(planned: list[PlannedFile]) -> bool:
+    """The ``confirm`` callback of run and serve (hub.fetch.Confirm)."""
+    return ask_to_download(planned)
 
 
 @contextlib.contextmanager
-def download_progress(disable: bool = False) -> Iterator[Callable[[hub.Progress], None]]:
+def download_progress(disable: bool = False) -> Iterator[Callable[[DownloadProgress], None]]:
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True, disable=disable) as progress:
         tasks: dict[str, int] = {}
 
-        def on_progress(event: hub.Progress) -> None:
+        def on_progress(event: DownloadProgress) -> None:
             if event.role not in tasks:
                 verb = "verifying" if event.kind == "verify" else "fetching"
                 tasks[event.role] = progress.add_task(f"{verb} {event.role}", total=event.total or None)

@@ -18,9 +18,11 @@ from rich.progress import (
 from rich.table import Table
 from typer.core import TyperCommand
 
-from dsparkcli import bench as core
-from dsparkcli import prompts as kit
-from dsparkcli import report
+from dsparkcli.bench import plan as bench_plan
+from dsparkcli.bench import prompts as kit
+from dsparkcli.bench import report
+from dsparkcli.bench import run as core
+from dsparkcli.bench.records import ALL
 from dsparkcli.cli._common import (
     JsonOpt,
     LlamaBinOpt,
@@ -33,6 +35,8 @@ from dsparkcli.cli._common import (
 )
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
+from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.protocol import DEFAULT_BUDGET
 
 HELP = """Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit.
 
@@ -99,7 +103,7 @@ def render_table(summaries: list[dict[str, Any]]) -> Table:
         if last is not None and s["config"] != last:
             table.add_section()
         last = s["config"]
-        table.add_row(*row, style="bold" if s["category"] == core.ALL else None)
+        table.add_row(*row, style="bold" if s["category"] == ALL else None)
     return table
 
 
@@ -128,8 +132,6 @@ def bench(
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from dsparkcli import engine as engine_mod
-
     fmt = "json" if json_out else fmt.lower()
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)} (got {fmt})")
@@ -138,10 +140,10 @@ def bench(
     selected = kit.select(kit.load_prompts(prompts), category, limit)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
     engine_mod.require_dspark(eng)
-    inputs = core.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
-    plan = core.BenchPlan(
+    inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
+    plan = bench_plan.BenchPlan(
         target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts,
-        budgets=tuple(budget or [inputs.budget or core.DEFAULT_BUDGET]), prompts=selected,
+        budgets=tuple(budget or [inputs.budget or DEFAULT_BUDGET]), prompts=selected,
         reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_min, synth_len=synth_len,
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=passthrough_args(),
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name,
@@ -166,9 +168,7 @@ def bench(
             raise
     summaries = list(result.summaries)
     ov = result.overhead
-    overhead = {"wall_s": ov.wall_s, "generation_s": ov.generation_s, "load_s": ov.load_s, "request_s": ov.request_s,
-                "provenance_s": ov.provenance_s, "stop_s": ov.stop_s, "ratio": ov.ratio,
-                "ratio_after_hashing": ov.ratio_after_hashing}
+    overhead = ov.figures()
     if plot is not None:
         report.plot(summaries, plot)
     if fmt == "json":

@@ -12,8 +12,8 @@ from dsparkcli import doctor as core
 from dsparkcli import selftest
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._output import out, print_json
-from dsparkcli.engine import BUILD_HINT
 from dsparkcli.errors import EngineCapabilityError
+from dsparkcli.llama.engine import BUILD_HINT
 
 HELP = """Show the llama.cpp engine dspark uses and what it can do.
 

@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dsparkcli import engine as core
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.llama import engine as core
 
 BUILD_EXAMPLES = """Build llama.cpp (commit 0c1e570 from the llama-cpp-python 0.3.36 sdist) into the dspark cache.
 

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli import hub
 from dsparkcli.cli._common import JsonOpt
-from dsparkcli.cli._download import download_progress, show_plan
+from dsparkcli.cli._download import ask_to_download, download_progress, show_plan
 from dsparkcli.cli._output import err, out, print_json
-from dsparkcli.errors import DsparkError, UsageError
-from dsparkcli.registry import load_registry
+from dsparkcli.hub import fetch as hub
+from dsparkcli.hub.registry import load_registry
 
 HELP = """Download a model pair from the Hugging Face hub and verify it (size and sha256).
 
@@ -41,12 +39,8 @@ def fetch(
     planned = hub.plan(pair, draft, local_dir=local_dir, revision=revision)
     if not json_out:
         show_plan(planned)
-    total = sum(p.to_download for p in planned)
-    if total > hub.CONFIRM_ABOVE_BYTES and not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(f"{pair.name} needs {hub.format_size(total)} of downloads and stdin is not a terminal; pass --yes")
-        if not typer.confirm(f"Download {hub.format_size(total)}?", default=True, err=True):
-            raise DsparkError(f"fetch of {pair.name} cancelled; nothing was downloaded")
+    hub.confirm_large(planned, pair.name, yes=yes,
+                      confirm=lambda p: ask_to_download(p, what=pair.name, show=False))  # the plan is shown above
     with download_progress(disable=json_out) as on_progress:
         try:
             fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress)

@@ -20,6 +20,9 @@ from dsparkcli import inspect as core
 from dsparkcli.cli._common import JsonOpt
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import PairingError, VerificationError
+from dsparkcli.gguf.analysis import TensorDiff, printable
+from dsparkcli.gguf.pairing import PairVerdict
+from dsparkcli.units import format_size
 
 HELP = """Inspect GGUF files from their headers: tensor census, metadata, DSpark structure, pairing.
 
@@ -41,16 +44,11 @@ Examples:
 
 def _t(value: Any, max_len: int | None = 120) -> Text:
     """A table cell that rich will not parse as markup, with control characters escaped."""
-    return Text(core.printable("—" if value is None else value, max_len))
+    return Text(printable("—" if value is None else value, max_len))
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
+    return format_size(n, binary=True)
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -63,7 +61,7 @@ def _mark(ok: bool | None) -> str:
 
 def _render_file(f: core.FileReport) -> None:
     s = f.summary
-    out.print(Text(f"{core.printable(f.spec, 200)}  ({s.role}, {core.printable(s.arch, 40)}, {_size(f.file_size)})",
+    out.print(Text(f"{printable(f.spec, 200)}  ({s.role}, {printable(s.arch, 40)}, {_size(f.file_size)})",
                    style="bold"))
     meta = Table(show_header=False, box=None, pad_edge=False)
     rows: list[tuple[str, Any]] = [
@@ -119,7 +117,7 @@ def _render_file(f: core.FileReport) -> None:
             t.add_row(label, _t(value))
         out.print(t)
         for problem in st.problems:
-            out.print(Text(f"warning: {core.printable(problem, 300)}"))
+            out.print(Text(f"warning: {printable(problem, 300)}"))
 
     if f.file_sha256:
         speed = f" ({f.hash_mb_per_s:.0f} MB/s)" if f.hash_mb_per_s else ""
@@ -142,7 +140,7 @@ def _render_file(f: core.FileReport) -> None:
     if f.expect is not None:
         e = f.expect
         how = "expected" if e.explicit else "registry file of the same name"
-        out.print(Text(f"{how}: {e.model} {e.role} '{core.printable(e.key, 40)}' ({core.printable(e.pinned_file, 80)})"
+        out.print(Text(f"{how}: {e.model} {e.role} '{printable(e.key, 40)}' ({printable(e.pinned_file, 80)})"
                        f": {'matches' if e.ok else 'MISMATCH'}", style="bold"))
         et = Table("check", "result", "pinned", "this file", box=None, pad_edge=False)
         for ch in e.checks:
@@ -152,8 +150,8 @@ def _render_file(f: core.FileReport) -> None:
     out.print("")
 
 
-def _render_diff(d: core.TensorDiff) -> None:
-    out.print(Text(f"diff {core.printable(d.a, 120)} vs {core.printable(d.b, 120)}: {d.summary}", style="bold"))
+def _render_diff(d: TensorDiff) -> None:
+    out.print(Text(f"diff {printable(d.a, 120)} vs {printable(d.b, 120)}: {d.summary}", style="bold"))
     if d.changed:
         t = Table("changed", "type", "shape", "bytes", box=None, pad_edge=False)
         for c in d.changed:
@@ -161,15 +159,15 @@ def _render_diff(d: core.TensorDiff) -> None:
                       f"{_size(c.a_bytes)} -> {_size(c.b_bytes)}")
         out.print(t)
     for name, sa, sb in d.respelled:
-        out.print(Text(f"same data, shape spelled {_shape(sa)} vs {_shape(sb)}: {core.printable(name, 80)}"))
+        out.print(Text(f"same data, shape spelled {_shape(sa)} vs {_shape(sb)}: {printable(name, 80)}"))
     for name in d.only_a:
-        out.print(Text(f"only in A: {core.printable(name, 80)}"))
+        out.print(Text(f"only in A: {printable(name, 80)}"))
     for name in d.only_b:
-        out.print(Text(f"only in B: {core.printable(name, 80)}"))
+        out.print(Text(f"only in B: {printable(name, 80)}"))
     out.print("")
 
 
-def _render_pairing(v: core.PairVerdict) -> None:
+def _render_pairing(v: PairVerdict) -> None:
     out.print(Text("pairing", style="bold"))
     t = Table("check", "result", "detail", box=None, pad_edge=False)
     for c in v.checks:
@@ -214,7 +212,7 @@ def inspect(
     with Progress(*columns, console=err, transient=True, disable=json_out or not err.is_terminal) as progress:
 
         def on_hash(name: str, total: int) -> Callable[[int], None]:
-            task = progress.add_task(core.printable(name.rsplit("/", 1)[-1], 60), total=total)
+            task = progress.add_task(printable(name.rsplit("/", 1)[-1], 60), total=total)
             return lambda n: progress.advance(task, n)
 
         report = core.inspect_files(files, do_hash=do_hash, against=against, expect=expect, ctx=ctx,

@@ -8,10 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli import hub
 from dsparkcli.cli._common import JsonOpt
 from dsparkcli.cli._output import out, print_json
-from dsparkcli.registry import ModelFile, ModelPair, load_registry
+from dsparkcli.hub import fetch as hub
+from dsparkcli.hub.registry import ModelFile, ModelPair, load_registry
+from dsparkcli.units import format_size
 
 HELP = """List the model pairs dspark knows and what is already downloaded.
 
@@ -57,7 +58,7 @@ def models(local_dir: DirOpt = None, json_out: JsonOpt = False) -> None:
             role += " *" if f["role"] == "draft" and f["key"] == entry["default_draft"] else ""
             state = "present" if f["present"] else "missing"
             where = f["path"] if f["present"] else f"{f['repo']}/{f['filename'] or f['glob']}"
-            out.print(f"  {role:<24} {state:<8} {hub.format_size(f['size']):>9}  {where}")
+            out.print(f"  {role:<24} {state:<8} {format_size(f['size']):>9}  {where}")
         out.print("")
     out.print("* default draft. Fetch with `dspark fetch NAME [--draft KEY]`.")
 

@@ -11,8 +11,8 @@ import typer
 from dsparkcli import requant as core
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._output import err, out, print_json
-from dsparkcli.engine import resolve_engine
-from dsparkcli.gguf_census import Census
+from dsparkcli.gguf.analysis import Census
+from dsparkcli.llama.engine import resolve_engine
 
 HELP = """Change the type of a draft's heads (markov_w1, markov_w2, fc) and nothing else, verified.
 

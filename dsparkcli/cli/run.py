@@ -29,6 +29,7 @@ from dsparkcli.cli._common import (
 )
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
+from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs
 
 HELP = """Answer a prompt (optionally about images) with DSpark speculative decoding.
 
@@ -93,13 +94,15 @@ def run(
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    question = runner.Question(prompt, tuple(runner.load_image(p) for p in images), system=system,
+                               max_tokens=max_tokens, temp=temp, seed=seed)
+    pair = PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft)
+    knobs = ServerKnobs(budget=budget, p_min=p_min, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
+                        api_key=api_key)
     with download_progress(disable=json_out) as on_progress:
-        result = runner.run(
-            prompt, images, model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key,
-            budget=budget, no_draft=no_draft, p_min=p_min, max_tokens=max_tokens, temp=temp, seed=seed, ctx=ctx,
-            system=system, extra_args=passthrough_args(), server_url=server, api_key=api_key, llama_bin=llama_bin,
-            threads=threads, ngl=ngl, yes=yes, confirm=confirm_downloads, on_progress=on_progress,
-            on_text=None if json_out else on_text,
+        result = runner.answer(
+            question, pair, knobs, Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress),
+            server_url=server, llama_bin=llama_bin, on_text=None if json_out else on_text,
             on_status=None if json_out else (lambda msg: err.print(f"[dim]{msg}[/dim]")),
         )
     if json_out:

@@ -8,8 +8,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli import engine as engine_mod
-from dsparkcli import runner
 from dsparkcli.cli._common import (
     ApiKeyOpt,
     BudgetOpt,
@@ -30,7 +28,9 @@ from dsparkcli.cli._common import (
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import UsageError
-from dsparkcli.server import LlamaServer
+from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.server import LlamaServer
+from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
 
 HELP = """Serve a target + DSpark draft (+ vision projector) until Ctrl-C.
 
@@ -78,11 +78,11 @@ def serve(
         raise UsageError(f"--host {host} exposes the server beyond this machine: add --api-key")
     eng = engine_mod.resolve_engine(llama_bin)
     with download_progress(disable=json_out) as on_progress:
-        cfg, files = runner.prepare_server(model=name, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key,
-                                           budget=budget, no_draft=no_draft, p_min=p_min, ctx=ctx, threads=threads,
-                                           ngl=ngl, extra_args=passthrough_args(), host=host, port=port,
-                                           api_key=api_key, yes=yes, confirm=confirm_downloads,
-                                           on_progress=on_progress)
+        cfg, files = prepare_server(
+            PairSpec(model=name, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
+            ServerKnobs(budget=budget, p_min=p_min, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
+                        host=host, port=port, api_key=api_key),
+            Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress))
     with LlamaServer(eng, cfg) as srv:
         info = {"url": srv.url, "pid": srv.pid, "log": str(srv.log_path), "target": str(files.target),
                 "draft": str(files.draft) if files.draft else None, "mmproj": str(files.mmproj) if files.mmproj else None,

@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dsparkcli import synth as core
 from dsparkcli.cli._common import JsonOpt
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import UsageError
+from dsparkcli.synth import known_answer as core
 
 SYNTH_HELP = """Write a synthetic target/draft pair whose every draft outcome is known in advance.
 

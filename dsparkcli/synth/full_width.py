@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dsparkcli import __version__
 from dsparkcli.errors import UsageError
 
 SHAPES = ("minicpm-v-4.7-35b-a3b",)
@@ -550,8 +551,6 @@ def write_full_width(outdir: Path | str, *, shape: str = "minicpm-v-4.7-35b-a3b"
     d_stats = write_gguf(draft_path, draft_kv(d), d_specs, seed=seed + 1, on_progress=stage)
     offset = sum(s.nbytes for s in d_specs)
     t_stats = write_gguf(target_path, target_kv(t), t_specs, seed=seed, on_progress=stage)
-
-    from dsparkcli import __version__
 
     manifest = {
         "kind": "dspark-full-width-synthetic-pair",

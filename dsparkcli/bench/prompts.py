@@ -10,7 +10,6 @@ llama-server asserts when a prompt ends with an image.
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli.errors import UsageError
+from dsparkcli.llama import protocol
 
 # The upstream card's categories: four vision, three text.
 VISION_CATEGORIES = ("mmmu", "mathvista", "charxiv", "ocr")
@@ -48,9 +48,7 @@ class Prompt:
 
     def messages(self) -> list[dict[str, Any]]:
         """OpenAI-style chat messages; images first, the text after the last image."""
-        from dsparkcli.runner import build_messages
-
-        return build_messages(self.text, [image_data_url(p) for p in self.images], self.system)
+        return protocol.build_messages(self.text, [image_data_url(p) for p in self.images], self.system)
 
 
 def _mime(path: Path) -> str:
@@ -63,11 +61,11 @@ def _mime(path: Path) -> str:
 
 
 def image_base64(path: Path) -> str:
-    return base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return protocol.image_base64(Path(path).read_bytes())
 
 
 def image_data_url(path: Path) -> str:
-    return f"data:{_mime(path)};base64,{image_base64(path)}"
+    return protocol.image_data_url(_mime(path), Path(path).read_bytes())
 
 
 def kit_dir() -> Path:

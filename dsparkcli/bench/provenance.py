@@ -7,7 +7,6 @@ resolved path and invalidated when the file's mtime or size changes.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import shutil
@@ -19,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli import __version__, config
-from dsparkcli.engine import Engine
+from dsparkcli.gguf.analysis import hash_file
+from dsparkcli.llama.engine import Engine
 
 HASH_CACHE_NAME = "hashes.json"
-_CHUNK = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,14 +54,6 @@ def _save_cache(path: Path, data: dict[str, Any]) -> None:
         pass  # read-only cache dir: hashing still works, it is just not remembered
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def file_facts(path: Path, *, cache_path: Path | None = None) -> FileFacts:
     """Size and sha256 of ``path``; the digest comes from the cache when path, mtime and size match."""
     resolved = Path(path).expanduser().resolve()
@@ -74,26 +65,48 @@ def file_facts(path: Path, *, cache_path: Path | None = None) -> FileFacts:
     if isinstance(hit, dict) and hit.get("mtime_ns") == st.st_mtime_ns and hit.get("size") == st.st_size \
             and isinstance(hit.get("sha256"), str):
         return FileFacts(path=key, size=st.st_size, sha256=hit["sha256"])
-    digest = sha256_file(resolved)
+    digest = hash_file(resolved).file_sha256
     cache = _load_cache(cache_path)  # re-read: another process may have added entries meanwhile
     cache[key] = {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "sha256": digest}
     _save_cache(cache_path, cache)
     return FileFacts(path=key, size=st.st_size, sha256=digest)
 
 
-def gpu_names() -> list[str]:
-    """GPU names from nvidia-smi; empty when there is none (CPU runs say so through this)."""
+def _query_gpus(fields: tuple[str, ...], timeout: float = 15) -> list[str] | None:
+    """nvidia-smi's CSV lines for ``--query-gpu=FIELDS`` (one per GPU); None without nvidia-smi or on failure."""
     smi = shutil.which("nvidia-smi")
     if not smi:
-        return []
+        return None
     try:
-        proc = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=15, stdin=subprocess.DEVNULL)
+        proc = subprocess.run([smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
-        return []
+        return None
     if proc.returncode != 0:
-        return []
+        return None
     return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+
+def gpu_names() -> list[str]:
+    """GPU names from nvidia-smi; empty when there is none (CPU runs say so through this)."""
+    return _query_gpus(("name",)) or []
+
+
+GPU_FACT_FIELDS = (("name", "name"), ("memory_total", "memory.total"), ("driver", "driver_version"),
+                   ("mem_clock_max", "clocks.max.memory"))
+
+
+def gpu_facts() -> dict[str, Any]:
+    """The first GPU's name, memory, driver and memory clock, and the GPU count (the GPU study's record);
+    falls back to the name alone when the driver rejects a field."""
+    if not shutil.which("nvidia-smi"):
+        return {"name": "none (CPU)"}
+    for n_fields in (len(GPU_FACT_FIELDS), 1):
+        keys, fields = zip(*GPU_FACT_FIELDS[:n_fields])
+        lines = _query_gpus(fields, timeout=20)
+        if lines:
+            return dict(zip(keys, lines[0].split(", "))) | {"count": len(lines)}
+    return {"name": "unknown"}
 
 
 def build_record(engine: Engine) -> dict[str, Any] | None:

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from dsparkcli.errors import UsageError
-from dsparkcli.provenance import sha256_file
+from dsparkcli.errors import UsageError, VerificationError
+from dsparkcli.gguf.analysis import hash_file
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -339,7 +339,7 @@ def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0
         _write_mmproj(mmproj, n_embd, seed)
         _write_png(image, seed)
 
-    files = {role: {"name": p.name, "sha256": sha256_file(p), "bytes": p.stat().st_size}
+    files = {role: {"name": p.name, "sha256": hash_file(p).file_sha256, "bytes": p.stat().st_size}
              for role, p in (("target", target), ("draft", draft), ("mmproj", mmproj), ("image", image)) if p}
     doc = {
         "version": MANIFEST_VERSION,
@@ -398,15 +398,13 @@ def load_manifest(path: str | Path) -> Manifest:
 
 def verify_files(man: Manifest) -> None:
     """Raise VerificationError if a file next to the manifest is missing or differs from its recorded sha256."""
-    from dsparkcli.errors import VerificationError
-
     if man.path is None:
         return
     for role, rec in man.files.items():
         f = man.path.parent / rec["name"]
         if not f.is_file():
             raise VerificationError(f"synthetic {role} missing: {f}")
-        if sha256_file(f) != rec["sha256"]:
+        if hash_file(f).file_sha256 != rec["sha256"]:
             raise VerificationError(f"synthetic {role} was modified since it was written: {f}")
 
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from dsparkcli.config import user_models_path
 from dsparkcli.errors import UsageError
+from dsparkcli.llama.protocol import DEFAULT_BUDGET
 
 ROLES = ("target", "mmproj", "draft")
-DEFAULT_BUDGET = 5
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census"}
 _PAIR_KEYS = {"description", "budget", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts"}

@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from typing import Any
 import httpx
 
 from dsparkcli import config
-from dsparkcli.engine import Engine
 from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.llama import protocol
+from dsparkcli.llama.engine import Engine
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -124,20 +125,6 @@ def _key_line(text: str) -> str:
 # ------------------------------------------------------------------ HTTP client
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text → {name or name{labels}: value}; comments skipped."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            values[name.strip()] = float(value)
-        except ValueError:
-            continue
-    return values
-
-
 class ServerClient:
     """HTTP calls to a running llama-server (ours or the user's ``--server URL``)."""
 
@@ -193,10 +180,10 @@ class ServerClient:
                     resp.read()
                     self._raise_for(resp, "POST /v1/chat/completions")
                 for line in resp.iter_lines():
-                    if not line.startswith("data:"):
+                    data = protocol.sse_data(line)
+                    if data is None:
                         continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    if data == protocol.SSE_DONE:
                         return
                     chunk = json.loads(data)
                     if "error" in chunk:
@@ -224,7 +211,41 @@ class ServerClient:
     def metrics(self) -> dict[str, float]:
         resp = self._request("GET", "/metrics")
         self._raise_for(resp, "GET /metrics")
-        return parse_metrics(resp.text)
+        return protocol.parse_metrics(resp.text)
+
+
+def metrics_or_none(client: ServerClient) -> dict[str, float] | None:
+    try:
+        return client.metrics()
+    except ServerError:
+        return None  # a user's server started without --metrics
+
+
+def stream_chat(
+    client: ServerClient,
+    payload: dict[str, Any],
+    *,
+    on_text: Callable[[str], None] | None = None,
+) -> tuple[str, dict[str, Any], str | None, float, float]:
+    """Send one streamed chat request. Returns (text, timings, finish_reason, ttft_s, wall_s)."""
+    parts: list[str] = []
+    timings: dict[str, Any] = {}
+    finish: str | None = None
+    started = time.perf_counter()
+    ttft = 0.0
+    for chunk in client.chat_stream(payload):
+        if "timings" in chunk:
+            timings = chunk["timings"]
+        pieces, chunk_finish = protocol.chunk_text(chunk)
+        for delta in pieces:
+            if not parts:
+                ttft = time.perf_counter() - started
+            parts.append(delta)
+            if on_text:
+                on_text(delta)
+        finish = chunk_finish or finish
+    wall = time.perf_counter() - started
+    return "".join(parts), timings, finish, ttft, wall
 
 
 # ------------------------------------------------------------------ the process

@@ -1,6 +1,7 @@
-"""The one bounded GGUF header reader: KVs, tensor infos, a per-type census and data-region hashes.
+"""The one bounded GGUF header reader: KVs and tensor infos, from a local file or any byte-range source.
 
-Used by inspect, pairing (``dsparkcli.inspect.check_pair``), requant and bench provenance. It parses the
+Used by inspect, pairing (``gguf.pairing.check_pair``), requant and bench provenance; remote reads plug in
+a range source (``hub.range.HubRangeSource``). It parses the
 header itself (no gguf-py, no mmap of the whole file) from anything that can read a byte range, so the
 same code reads a local file and the first megabytes of a remote ``hf://`` file.
 
@@ -15,8 +16,6 @@ import hashlib
 import io
 import os
 import struct
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -260,31 +259,6 @@ class GGUFHeader:
         return {t.name: t for t in self.tensors}
 
 
-@dataclass(frozen=True)
-class CensusRow:
-    type_name: str
-    type_id: int
-    count: int
-    n_elements: int
-    n_bytes: int | None
-    share: float | None  # of all known tensor bytes
-    bits_per_weight: float | None
-
-
-@dataclass(frozen=True)
-class Census:
-    rows: tuple[CensusRow, ...]  # by bytes, largest first
-    n_tensors: int
-    n_params: int
-    tensor_bytes: int  # known types only
-    file_size: int
-    file_bits_per_weight: float | None  # file size * 8 / params, as llama.cpp's loader prints
-    unknown_types: tuple[str, ...]
-
-    def counts(self) -> dict[str, int]:
-        return {r.type_name: r.count for r in self.rows}
-
-
 # ------------------------------------------------------------------ parsing
 
 
@@ -484,99 +458,3 @@ def _check_layout(src: ByteSource, tensors: tuple[TensorInfo, ...]) -> None:
         if prev is not None and prev.n_bytes is not None and t.offset < prev.offset + prev.n_bytes:
             raise GGUFError(f"{src.name}: tensors {_q(prev.name)} and {_q(t.name)} overlap")
         prev = t
-
-
-# ------------------------------------------------------------------ census
-
-
-def census(header: GGUFHeader) -> Census:
-    """Tensor count, bytes, share and bits per weight per ggml type."""
-    by_type: dict[int, list[TensorInfo]] = {}
-    for t in header.tensors:
-        by_type.setdefault(t.type_id, []).append(t)
-    known_bytes = sum(t.n_bytes for t in header.tensors if t.n_bytes is not None)
-    rows = []
-    for type_id, group in by_type.items():
-        n_el = sum(t.n_elements for t in group)
-        sizes = [t.n_bytes for t in group]
-        n_bytes = None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
-        rows.append(CensusRow(
-            type_name=ggml_type_name(type_id), type_id=type_id, count=len(group), n_elements=n_el, n_bytes=n_bytes,
-            share=(n_bytes / known_bytes) if n_bytes is not None and known_bytes else None,
-            bits_per_weight=(n_bytes * 8 / n_el) if n_bytes is not None and n_el else None,
-        ))
-    rows.sort(key=lambda r: (-(r.n_bytes or 0), r.type_id))
-    n_params = sum(t.n_elements for t in header.tensors)
-    return Census(
-        rows=tuple(rows), n_tensors=len(header.tensors), n_params=n_params, tensor_bytes=known_bytes,
-        file_size=header.file_size,
-        file_bits_per_weight=(header.file_size * 8 / n_params) if n_params else None,
-        unknown_types=tuple(sorted({r.type_name for r in rows if r.n_bytes is None})),
-    )
-
-
-# ------------------------------------------------------------------ hashing
-
-
-HASH_CHUNK = 8 << 20
-
-
-@dataclass(frozen=True)
-class FileHashes:
-    file_sha256: str
-    tensors: dict[str, str]  # tensor name -> sha256 of its data region
-    n_bytes: int
-    seconds: float
-
-
-def hash_file(path: str | os.PathLike[str], header: GGUFHeader | None = None,
-              progress: Callable[[int], None] | None = None) -> FileHashes:
-    """sha256 of the whole file and of every tensor data region, in one pass of 8 MiB reads.
-
-    The whole-file digest runs on a worker thread (hashlib releases the GIL), the per-tensor digests on
-    this one, so hashing both costs about as much wall time as one ``sha256sum``.
-    """
-    import queue
-    import time
-
-    regions = sorted(((t.offset, t.offset + t.n_bytes, t.name) for t in (header.tensors if header else ())
-                      if t.n_bytes is not None), key=lambda r: r[0])
-    file_hasher = hashlib.sha256()
-    tensor_hashers = {name: hashlib.sha256() for _, _, name in regions}
-    chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)  # bounded: at most ~32 MiB in flight
-
-    def file_worker() -> None:
-        while (chunk := chunks.get()) is not None:
-            file_hasher.update(chunk)
-
-    worker = threading.Thread(target=file_worker, name="dspark-sha256", daemon=True)
-    started = time.perf_counter()
-    worker.start()
-    pos = 0
-    ri = 0
-    try:
-        with open(path, "rb", buffering=0) as f:
-            while True:
-                chunk = f.read(HASH_CHUNK)
-                if not chunk:
-                    break
-                chunks.put(chunk)
-                end = pos + len(chunk)
-                view = memoryview(chunk)
-                while ri < len(regions) and regions[ri][0] < end:
-                    start, stop, name = regions[ri]
-                    lo, hi = max(start, pos), min(stop, end)
-                    if hi > lo:
-                        tensor_hashers[name].update(view[lo - pos:hi - pos])
-                    if stop <= end:
-                        ri += 1
-                    else:
-                        break
-                pos = end
-                if progress is not None:
-                    progress(len(chunk))
-    finally:
-        chunks.put(None)
-        worker.join()
-    return FileHashes(file_hasher.hexdigest(), {name: h.hexdigest() for name, h in tensor_hashers.items()}, pos,
-                      time.perf_counter() - started)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsparkcli import synth
-from dsparkcli.server import ServerClient
+from dsparkcli.llama.server import ServerClient
+from dsparkcli.synth import known_answer as synth
 
 
 def expected_chat(client: ServerClient, man: synth.Manifest, messages: list[dict[str, Any]], *, n_max: int,

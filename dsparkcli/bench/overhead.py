@@ -1,4 +1,4 @@
-"""dspark's own cost on one request: `runner.ask` vs a bare HTTP client, same server, same request.
+"""dspark's own cost on one request: its streamed-chat client (`llama.server.stream_chat`, what `run` uses) vs a bare HTTP client, same server, same request.
 
 Both sides send the identical streamed chat request, interleaved, ``reps`` times each. Compared:
 the decode tok/s llama-server reports in ``timings`` (does dspark slow generation down, e.g. by
@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from dsparkcli import runner
-from dsparkcli.server import ServerClient
+from dsparkcli.llama import protocol
+from dsparkcli.llama.server import ServerClient, stream_chat
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class OverheadResult:
 
 
 def bare_request(http: httpx.Client, payload: dict[str, Any]) -> tuple[float, float]:
-    """A minimal client: raw SSE lines, no parsing beyond what it takes to find timings.
+    """A minimal client: raw SSE lines, no parsing beyond what it takes to find timings (deliberately not
+    ``llama.protocol``'s SSE handling: this is the baseline dspark's client is measured against).
 
     Returns (server-reported decode tok/s, client time to first content chunk).
     """
@@ -73,19 +74,19 @@ def bare_request(http: httpx.Client, payload: dict[str, Any]) -> tuple[float, fl
 
 
 def measure(client: ServerClient, prompt: str, *, reps: int = 10, n_predict: int = 512) -> OverheadResult:
-    payload = runner.request_payload(runner.build_messages(prompt), max_tokens=n_predict, temp=0.0, seed=0,
-                                     ignore_eos=True)
+    payload = protocol.chat_payload(protocol.build_messages(prompt), max_tokens=n_predict, temp=0.0, seed=0,
+                                    ignore_eos=True)
     sink = open(os.devnull, "w")  # dspark writes every streamed piece, as the CLI does to stdout
     bare_tps, bare_ttft, ds_tps, ds_ttft = [], [], [], []
     http = httpx.Client(base_url=client.base_url, timeout=600)  # kept alive, like dspark's own client
     try:
         bare_request(http, payload)  # warm-up, not counted
-        runner.stream_chat(client, payload)
+        stream_chat(client, payload)
         for _ in range(reps):
             tps, ttft = bare_request(http, payload)
             bare_tps.append(tps)
             bare_ttft.append(ttft)
-            text, timings, _, ttft, _ = runner.stream_chat(client, payload, on_text=sink.write)
+            text, timings, _, ttft, _ = stream_chat(client, payload, on_text=sink.write)
             ds_tps.append(float(timings.get("predicted_per_second", 0.0)))
             ds_ttft.append(ttft)
     finally:

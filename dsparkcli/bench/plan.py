@@ -1,0 +1,169 @@
+"""What a bench runs: the drafts, budgets and prompts of a plan, validated before any server starts,
+and the files it runs on (resolved through ``pairs``, every draft checked against the target first)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsparkcli.bench.prompts import Prompt
+from dsparkcli.bench.records import PLAIN
+from dsparkcli.errors import UsageError
+from dsparkcli.hub.registry import load_registry
+from dsparkcli.pairs import Downloads, PairSpec, check_pairing, resolve_files
+
+
+@dataclass(frozen=True)
+class Draft:
+    label: str  # registry key or file stem: names the configuration
+    path: Path
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One server configuration: plain, or one draft at one budget."""
+
+    name: str
+    draft: Draft | None = None
+    budget: int | None = None
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    target: Path
+    drafts: tuple[Draft, ...]
+    budgets: tuple[int, ...]
+    prompts: tuple[Prompt, ...]
+    mmproj: Path | None = None
+    reps: int = 3
+    warmup: int = 1
+    n_predict: int = 256
+    ctx: int | None = 4096
+    p_min: float | None = None
+    synth_len: float | None = None  # llama.cpp's emulated acceptance: every figure is then synthetic
+    ignore_eos: bool = False
+    seed: int = 0
+    threads: int | None = None
+    extra_args: tuple[str, ...] = ()
+    upstream_acceptance: tuple[tuple[str, float], ...] = ()  # (category, upstream acceptance length)
+    model_name: str | None = None
+
+    @property
+    def synthetic(self) -> bool:
+        return self.synth_len is not None
+
+    def arms(self) -> list[Arm]:
+        arms = [Arm(PLAIN)]
+        for d in self.drafts:
+            arms += [Arm(f"{d.label}@{b}", d, b) for b in self.budgets]
+        return arms
+
+    def total_requests(self) -> int:
+        return len(self.arms()) * (self.warmup + len(self.prompts) * self.reps)
+
+    def validate(self) -> None:
+        if not self.drafts:
+            raise UsageError("bench needs at least one draft (--draft or --model)")
+        if not self.budgets:
+            raise UsageError("bench needs at least one --budget")
+        if any(b < 1 for b in self.budgets):
+            raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")
+        if len(set(self.budgets)) != len(self.budgets):
+            raise UsageError("--budget values must be distinct")
+        labels = [d.label for d in self.drafts]
+        if len(set(labels)) != len(labels):
+            raise UsageError(f"two drafts share the label '{next(lb for lb in labels if labels.count(lb) > 1)}'")
+        if self.reps < 1:
+            raise UsageError("--reps must be at least 1")
+        if self.warmup < 0:
+            raise UsageError("--warmup must be >= 0")
+        if self.n_predict < 1:
+            raise UsageError("--n-predict must be at least 1")
+        if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
+            raise UsageError(f"--p-min must be within [0, 1] (got {self.p_min})")
+        if self.synth_len is not None:
+            worst = min(self.budgets)
+            if not 1.0 <= self.synth_len <= worst + 1:
+                raise UsageError(f"--synth-len must be within [1, {worst + 1}] for budget {worst} (got {self.synth_len})")
+        if not self.prompts:
+            raise UsageError("no prompts selected")
+        if self.mmproj is None:
+            vision = [p.id for p in self.prompts if p.has_images]
+            if vision:
+                raise UsageError(f"{len(vision)} prompts have images (e.g. {vision[0]}) but no --mmproj was given",
+                                 hint="pass --mmproj, or --category text")
+
+
+@dataclass(frozen=True)
+class BenchInputs:
+    """The files a bench runs on, and what the registry says about them."""
+
+    target: Path
+    mmproj: Path | None
+    drafts: tuple[Draft, ...]
+    upstream_acceptance: tuple[tuple[str, float], ...] = ()
+    budget: int | None = None  # the registry pair's default budget
+    model_name: str | None = None
+
+
+def _split_label(spec: str) -> tuple[str | None, str]:
+    """``LABEL=PATH`` names a draft in tables; a bare path or registry key has no label."""
+    label, sep, rest = spec.partition("=")
+    if sep and label and rest and "/" not in label and not label.startswith("hf:"):
+        return label, rest
+    return None, spec
+
+
+def _label(path: str, taken: set[str]) -> str:
+    stem = Path(path).name.removesuffix(".gguf") or "draft"
+    label, n = stem, 2
+    while label in taken:
+        label, n = f"{stem}-{n}", n + 1
+    return label
+
+
+def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None,
+                   yes: bool = False) -> BenchInputs:
+    """Local paths (or hf:// refs) with --target, else the registry pair (``drafts``: keys or paths,
+    each optionally ``LABEL=...`` to name its configurations).
+
+    Every draft is checked against the target first: a wrong pair fails in one line, not as a
+    llama.cpp assert in each configuration.
+    """
+    downloads = Downloads(yes=yes)
+    resolved: list[Draft] = []
+    taken: set[str] = set()
+    if target is not None:
+        if model is not None:
+            raise UsageError("give either --model or --target, not both")
+        if not drafts:
+            raise UsageError("--target needs at least one --draft")
+        for spec in drafts:
+            given, d = _split_label(spec)
+            files = resolve_files(PairSpec(target=target, draft=d, mmproj=mmproj), downloads)
+            check_pairing(files)
+            label = given or _label(d, taken)
+            taken.add(label)
+            resolved.append(Draft(label, files.draft))  # type: ignore[arg-type]
+        return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved))
+    reg = load_registry()
+    name = model or reg.default
+    if name is None:
+        raise UsageError("no --model given and the registry has no default pair; pass --target and --draft")
+    pair = reg.get(name)
+    for spec in drafts or [pair.default_draft]:
+        given, d = _split_label(spec)
+        if d in pair.drafts:
+            files = resolve_files(PairSpec(model=name, draft_key=d, mmproj=mmproj), downloads)
+            label = given or d
+        else:
+            files = resolve_files(PairSpec(model=name, draft=d, mmproj=mmproj), downloads)
+            label = given or _label(d, taken)
+        if files.draft is None:
+            raise UsageError(f"pair {name} has no draft '{d}' (known: {', '.join(pair.drafts)})")
+        check_pairing(files)
+        taken.add(label)
+        resolved.append(Draft(label, files.draft))
+    return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),
+                       upstream_acceptance=tuple(pair.acceptance.items()), budget=pair.budget, model_name=name)

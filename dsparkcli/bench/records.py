@@ -1,0 +1,332 @@
+"""The JSONL records of `dspark bench`, typed: one frozen class per record kind, each with
+``to_record`` (the exact JSON object written, schema unchanged) and ``from_record`` (tolerant of the
+fields older or hand-made records lack). Plus the line-per-record file I/O that bench and the GPU
+sweep script share.
+
+Kinds (field ``record``): ``prompt``, ``request``, ``counters``, ``summary``, ``overhead``. Every line
+also carries ``run_id`` and ``provenance``, which the writer adds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from dsparkcli.llama.protocol import SpecCounters
+
+PLAIN = "plain"  # the configuration without a draft
+ALL = "all"  # the summary category over every category
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median, min and max of some values (all None for none)."""
+
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+    def to_record(self) -> dict[str, float | None]:
+        return {"median": self.median, "min": self.min, "max": self.max}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Spread:
+        return cls(rec.get("median"), rec.get("min"), rec.get("max"))
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    prompt_id: str
+    category: str
+    rendered: str  # the templated text sent to /completion
+    images_sha256: tuple[str, ...]
+    media_marker: str
+
+    def to_record(self) -> dict[str, Any]:
+        return {"record": "prompt", "prompt_id": self.prompt_id, "category": self.category, "rendered": self.rendered,
+                "images_sha256": list(self.images_sha256), "media_marker": self.media_marker}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """How one draft request's output compares with plain decoding of the same prompt and rep."""
+
+    identical_to_plain: bool
+    first_divergence: int | None
+    plain_sha256: str | None
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    config: str
+    category: str
+    prompt_id: str
+    rep: int
+    n_predicted: int
+    predicted_ms: float
+    draft: str | None = None
+    budget: int | None = None
+    synthetic: bool = False
+    synth_len: float | None = None
+    prompt_n: int = 0
+    prompt_ms: float | None = None
+    tok_s: float | None = None
+    request_ms: float = 0.0
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+    stop_type: str | None = None
+    truncated: bool | None = None
+    tokens: tuple[int, ...] = ()
+    tokens_sha256: str = ""
+    output_sha256: str = ""
+    server_argv: tuple[str, ...] = ()
+    identity: Identity | None = None  # None for plain decoding (nothing to compare with)
+
+    def to_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "record": "request", "config": self.config, "draft": self.draft, "budget": self.budget,
+            "synthetic": self.synthetic, "synth_len": self.synth_len, "category": self.category,
+            "prompt_id": self.prompt_id, "rep": self.rep, "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
+            "n_predicted": self.n_predicted, "predicted_ms": self.predicted_ms, "tok_s": self.tok_s,
+            "request_ms": self.request_ms, "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
+            "stop_type": self.stop_type, "truncated": self.truncated, "tokens": list(self.tokens),
+            "tokens_sha256": self.tokens_sha256, "output_sha256": self.output_sha256,
+            "server_argv": list(self.server_argv),
+        }
+        if self.identity is not None:
+            rec.update({"identical_to_plain": self.identity.identical_to_plain,
+                        "first_divergence": self.identity.first_divergence,
+                        "plain_sha256": self.identity.plain_sha256})
+        return rec
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> RequestRecord:
+        identity = None
+        if "identical_to_plain" in rec or "first_divergence" in rec:
+            identity = Identity(rec.get("identical_to_plain") is not False, rec.get("first_divergence"),
+                                rec.get("plain_sha256"))
+        return cls(
+            config=rec["config"], category=rec["category"], prompt_id=rec["prompt_id"], rep=rec["rep"],
+            n_predicted=rec["n_predicted"], predicted_ms=rec["predicted_ms"], draft=rec.get("draft"),
+            budget=rec.get("budget"), synthetic=bool(rec.get("synthetic")), synth_len=rec.get("synth_len"),
+            prompt_n=rec.get("prompt_n", 0), prompt_ms=rec.get("prompt_ms"), tok_s=rec.get("tok_s"),
+            request_ms=rec.get("request_ms", 0.0), draft_n=rec.get("draft_n", 0),
+            draft_n_accepted=rec.get("draft_n_accepted", 0), stop_type=rec.get("stop_type"),
+            truncated=rec.get("truncated"), tokens=tuple(rec.get("tokens") or ()),
+            tokens_sha256=rec.get("tokens_sha256", ""), output_sha256=rec.get("output_sha256", ""),
+            server_argv=tuple(rec.get("server_argv") or ()), identity=identity,
+        )
+
+
+@dataclass(frozen=True)
+class CountersRecord:
+    """/metrics deltas over one (rep, category) block of one draft configuration."""
+
+    config: str
+    category: str
+    rep: int
+    counters: SpecCounters
+    draft: str | None = None
+    budget: int | None = None
+    synthetic: bool = False
+    server_argv: tuple[str, ...] = ()
+
+    def to_record(self) -> dict[str, Any]:
+        return {"record": "counters", "config": self.config, "draft": self.draft, "budget": self.budget,
+                "category": self.category, "rep": self.rep, **self.counters.to_record(),
+                "synthetic": self.synthetic, "server_argv": list(self.server_argv)}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> CountersRecord:
+        return cls(config=rec["config"], category=rec["category"], rep=rec["rep"],
+                   counters=SpecCounters.from_record(rec), draft=rec.get("draft"), budget=rec.get("budget"),
+                   synthetic=bool(rec.get("synthetic")), server_argv=tuple(rec.get("server_argv") or ()))
+
+
+@dataclass(frozen=True)
+class Divergence:
+    prompt_id: str
+    first_divergence: int | None
+    output_sha256: str
+    plain_sha256: str | None
+
+    def to_record(self) -> dict[str, Any]:
+        return {"prompt_id": self.prompt_id, "first_divergence": self.first_divergence,
+                "output_sha256": self.output_sha256, "plain_sha256": self.plain_sha256}
+
+
+@dataclass(frozen=True)
+class DraftSummary:
+    """What a draft configuration's summary adds to plain's: acceptance and identity."""
+
+    counters: SpecCounters
+    timings_drafted: int
+    timings_accepted: int
+    identical: int
+    prompts: int
+    divergent: tuple[Divergence, ...]
+
+    @property
+    def identical_pct(self) -> float | None:
+        return 100.0 * self.identical / self.prompts if self.prompts else None
+
+    @property
+    def acceptance_per_pos(self) -> list[float]:
+        steps = self.counters.steps
+        return [v / steps for v in self.counters.accepted_per_pos] if steps else []
+
+    def to_record(self) -> dict[str, Any]:
+        c = self.counters
+        return {"drafted": c.drafted, "accepted": c.accepted, "steps": c.steps, "acceptance_rate": c.acceptance_rate,
+                "mean_length": c.mean_length, "accepted_per_pos": list(c.accepted_per_pos),
+                "acceptance_per_pos": self.acceptance_per_pos, "timings_drafted": self.timings_drafted,
+                "timings_accepted": self.timings_accepted, "identical": self.identical, "prompts": self.prompts,
+                "identical_pct": self.identical_pct, "divergent": [d.to_record() for d in self.divergent]}
+
+
+@dataclass(frozen=True)
+class SummaryRecord:
+    """The figures the report shows for one configuration × category (or ``all``)."""
+
+    config: str
+    category: str
+    draft: str | None
+    budget: int | None
+    synthetic: bool
+    synth_len: float | None
+    prompts: int
+    reps: int
+    requests: int
+    tokens: int
+    tok_s: Spread
+    speedup: float | None
+    upstream_acceptance_length: float | None
+    drafting: DraftSummary | None = None  # None for plain decoding
+    load_s: float | None = None  # on the ``all`` row of a measured run: time to healthy
+
+    def to_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "record": "summary", "config": self.config, "draft": self.draft, "budget": self.budget,
+            "category": self.category, "synthetic": self.synthetic, "synth_len": self.synth_len,
+            "prompts": self.prompts, "reps": self.reps, "requests": self.requests, "tokens": self.tokens,
+            "tok_s": self.tok_s.to_record(), "speedup": self.speedup,
+            "upstream_acceptance_length": self.upstream_acceptance_length,
+        }
+        if self.drafting is not None:
+            rec.update(self.drafting.to_record())
+        if self.load_s is not None:
+            rec["load_s"] = self.load_s
+        return rec
+
+
+@dataclass(frozen=True)
+class OverheadRecord:
+    wall_s: float  # the whole bench, servers' start and stop included
+    generation_s: float  # Σ server-side prompt + generation time of every request (warm-up included)
+    load_s: float  # Σ time to healthy, one load per configuration
+    request_s: float  # Σ client-side round trips (generation + the server's untimed work + HTTP)
+    provenance_s: float  # part of wall spent waiting for the file sha256s
+    stop_s: float  # part of wall: Σ server shutdowns
+    configurations: int
+    requests: int
+    synthetic: bool
+
+    @property
+    def ratio(self) -> float:
+        """wall / (generation + load)."""
+        denom = self.generation_s + self.load_s
+        return self.wall_s / denom if denom > 0 else float("inf")
+
+    @property
+    def ratio_after_hashing(self) -> float:
+        """The ratio without the one-time provenance hashing (what a re-run with a warm hash cache sees)."""
+        denom = self.generation_s + self.load_s
+        return (self.wall_s - self.provenance_s) / denom if denom > 0 else float("inf")
+
+    def to_record(self) -> dict[str, Any]:
+        return {"record": "overhead", "wall_s": self.wall_s, "generation_s": self.generation_s,
+                "load_s": self.load_s, "request_s": self.request_s, "provenance_s": self.provenance_s,
+                "stop_s": self.stop_s, "ratio": self.ratio, "ratio_after_hashing": self.ratio_after_hashing,
+                "configurations": self.configurations, "requests": self.requests, "synthetic": self.synthetic}
+
+    def figures(self) -> dict[str, float]:
+        """The --json document's ``overhead`` block."""
+        return {"wall_s": self.wall_s, "generation_s": self.generation_s, "load_s": self.load_s,
+                "request_s": self.request_s, "provenance_s": self.provenance_s, "stop_s": self.stop_s,
+                "ratio": self.ratio, "ratio_after_hashing": self.ratio_after_hashing}
+
+
+def measured(records: Sequence[Mapping[str, Any]]) -> tuple[list[RequestRecord], list[CountersRecord]]:
+    """The request and counters records among any records (others are ignored)."""
+    requests = [RequestRecord.from_record(r) for r in records if r.get("record") == "request"]
+    counters = [CountersRecord.from_record(r) for r in records if r.get("record") == "counters"]
+    return requests, counters
+
+
+# ------------------------------------------------------------------ JSONL files
+
+
+def dumps(rec: Mapping[str, Any], *, compact: bool = True) -> str:
+    return json.dumps(rec, separators=(",", ":")) if compact else json.dumps(rec)
+
+
+class JsonlSink:
+    """Appends one JSON line per record and flushes it: an interrupted run keeps every finished line.
+
+    ``mirrors``: more files that get every line too; ``fsync``: survive the machine going away, not
+    only the process.
+    """
+
+    def __init__(self, path: Path | TextIO, *, mirrors: Sequence[Path] = (), compact: bool = True,
+                 fsync: bool = False) -> None:
+        self.fhs: list[TextIO] = []
+        self._owned: list[TextIO] = []
+        for p in [path, *mirrors]:
+            if isinstance(p, Path):
+                p.parent.mkdir(parents=True, exist_ok=True)
+                fh = open(p, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+                self._owned.append(fh)
+            else:
+                fh = p
+            self.fhs.append(fh)
+        self.compact, self.fsync = compact, fsync
+
+    def write(self, rec: Mapping[str, Any]) -> None:
+        line = dumps(rec, compact=self.compact) + "\n"
+        for fh in self.fhs:
+            fh.write(line)
+            fh.flush()
+            if self.fsync:
+                os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        for fh in self._owned:
+            fh.close()
+
+
+def iter_jsonl(path: Path, on_bad_line: Callable[[int, str], None] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) of every non-empty line. A line that is not JSON raises, unless
+    ``on_bad_line(lineno, line)`` is given (a file cut mid-line by a killed run)."""
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if on_bad_line is None:
+                raise
+            on_bad_line(n, line)
+            continue
+        yield n, rec
+
+
+def read_jsonl(path: Path, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Records of one run (the last one in the file when ``run_id`` is None)."""
+    records = [rec for _, rec in iter_jsonl(path)]
+    if run_id is None and records:
+        run_id = records[-1].get("run_id")
+    return [r for r in records if r.get("run_id") == run_id]

@@ -1,0 +1,309 @@
+"""`dspark bench`: plain decoding vs every draft × budget, on one prompt kit, with identity checks.
+
+One llama-server per configuration (this llama.cpp compiled out per-request draft settings), started
+before timing and warmed up; every prompt × rep runs greedy through ``/completion`` with
+``return_tokens`` so outputs are compared token by token against plain decoding from the same run.
+``/metrics`` is read around each (rep, category) block: its counters give verification steps and
+per-position acceptance, which the per-response ``timings`` lack.
+
+Everything lands in a JSONL file, one line flushed per event, so Ctrl-C keeps what was measured:
+
+* ``prompt``    once per prompt: the templated text that was sent (images by sha256)
+* ``request``   one per config × prompt × rep: timings, output tokens, hashes, identity vs plain
+* ``counters``  one per config × rep × category: /metrics deltas (drafted, accepted, steps, per position)
+* ``summary``   one per config × category (and category ``all``): the figures the report shows
+* ``overhead``  one per run: wall time vs Σ generation time + one load per configuration
+
+Each carries the run's provenance. Each configuration is summarised from its own records as soon as it
+ends (``stats.summarize_config``); ``stats.summarize`` rebuilds the same rows from a JSONL file.
+Plan and inputs: ``bench.plan``; record types: ``bench.records``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as _dt
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from dsparkcli import config
+from dsparkcli.bench import provenance
+from dsparkcli.bench.plan import Arm, BenchPlan
+from dsparkcli.bench.prompts import Prompt, image_base64
+from dsparkcli.bench.records import (
+    ALL,
+    PLAIN,
+    CountersRecord,
+    Identity,
+    OverheadRecord,
+    PromptRecord,
+    RequestRecord,
+    SummaryRecord,
+    dumps,
+)
+from dsparkcli.bench.stats import first_divergence, medians, summarize_config, text_sha256, tokens_sha256
+from dsparkcli.errors import BenchError
+from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.protocol import COMPLETION_FIELDS, SpecCounters, completion_payload, timings_drafts
+from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
+
+# Pinned so the templated prompts rendered on the first server stay valid on every later one
+# (llama-server otherwise draws a random marker per process).
+MEDIA_MARKER = "<__media__>"
+
+
+MEDIA_MARKER = "<__media__>"
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    run_id: str
+    out: Path
+    summaries: tuple[dict[str, Any], ...]  # the summary lines as written (with run_id and provenance)
+    overhead: OverheadRecord
+    synthetic: bool
+
+
+def render_prompts(client: ServerClient, prompts: Sequence[Prompt]) -> dict[str, str]:
+    """Each prompt through the target's chat template, with pinned media markers."""
+    rendered = {}
+    for p in prompts:
+        # thinking off, as in the upstream acceptance measurements; templates without the switch ignore it
+        rendered[p.id] = client.apply_template(p.messages(), chat_template_kwargs={"enable_thinking": False})
+    return rendered
+
+
+def _payload(plan: BenchPlan, rendered: str, images_b64: list[str]) -> dict[str, Any]:
+    prompt: Any = {"prompt_string": rendered, "multimodal_data": images_b64} if images_b64 else rendered
+    return completion_payload(prompt, n_predict=plan.n_predict, seed=plan.seed, ignore_eos=plan.ignore_eos,
+                              response_fields=COMPLETION_FIELDS)
+
+
+class _Writer:
+    """Appends one JSON line per record and flushes it: an interrupted bench keeps every finished line.
+
+    The provenance block (file sha256s: ~20 s for a 20 GB target the first time) is computed in a thread
+    while the first configuration loads and runs; records wait in ``pending`` until it is ready, and
+    ``flush(wait=True)`` (end of run, or interruption) writes them all with it.
+    """
+
+    def __init__(self, fh: TextIO, run_id: str, provenance_block: concurrent.futures.Future[dict[str, Any]]) -> None:
+        self.fh, self.run_id, self.provenance = fh, run_id, provenance_block
+        self.summaries: list[dict[str, Any]] = []
+        self.pending: list[dict[str, Any]] = []
+        self.waited_s = 0.0  # time the bench sat waiting for the hashes (counts as overhead)
+
+    def write(self, rec: dict[str, Any]) -> dict[str, Any]:
+        full = {**rec, "run_id": self.run_id}
+        if full["record"] == "summary":
+            self.summaries.append(full)
+        self.pending.append(full)
+        self.flush()
+        return full
+
+    def flush(self, *, wait: bool = False) -> None:
+        if not self.pending or not (wait or self.provenance.done()):
+            return
+        t0 = time.perf_counter()
+        block = self.provenance.result()
+        self.waited_s += time.perf_counter() - t0
+        for rec in self.pending:
+            rec["provenance"] = block
+            self.fh.write(dumps(rec) + "\n")
+        self.fh.flush()
+        self.pending.clear()
+
+
+def default_out_path(run_id: str) -> Path:
+    return config.cache_dir() / "bench" / f"bench-{run_id}.jsonl"
+
+
+def new_run_id() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+
+
+@dataclass
+class _Totals:
+    """Running sums for the overhead record."""
+
+    generation_s: float = 0.0  # server-side prompt + generation time (timings)
+    request_s: float = 0.0  # client-side round trips of the same requests
+    load_s: float = 0.0  # time to healthy, per configuration
+    stop_s: float = 0.0  # server shutdown (freeing a large model's memory is not free)
+
+
+@dataclass
+class _RunState:
+    """What later configurations need from earlier ones: plain outputs, plain's medians, the rendered prompts."""
+
+    rendered: dict[str, str] | None = None
+    plain_tokens: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
+    plain_sha: dict[tuple[str, int], str] = field(default_factory=dict)
+    plain_median: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class _ArmRecords:
+    """One configuration's own measurements: all its summary needs."""
+
+    requests: list[RequestRecord] = field(default_factory=list)
+    counters: list[CountersRecord] = field(default_factory=list)
+
+
+def _timed_completion(client: ServerClient, payload: dict[str, Any], totals: _Totals) -> tuple[dict[str, Any], float]:
+    t0 = time.perf_counter()
+    resp = client.completion(payload)
+    request_ms = 1000.0 * (time.perf_counter() - t0)
+    t = resp.get("timings") or {}
+    totals.request_s += request_ms / 1000.0
+    totals.generation_s += (t.get("prompt_ms", 0.0) + t.get("predicted_ms", 0.0)) / 1000.0
+    return resp, request_ms
+
+
+def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[str, Any], request_ms: float,
+                    server_argv: Sequence[str], state: _RunState) -> RequestRecord:
+    t = resp.get("timings") or {}
+    tokens = tuple(int(x) for x in resp.get("tokens") or [])
+    output_sha = text_sha256(str(resp.get("content", "")))
+    key = (p.id, rep)
+    identity = None
+    if arm.draft is None:
+        state.plain_tokens[key] = tokens
+        state.plain_sha[key] = output_sha
+    else:
+        div = first_divergence(state.plain_tokens[key], tokens)
+        identity = Identity(identical_to_plain=div is None, first_divergence=div, plain_sha256=state.plain_sha[key])
+    draft_n, draft_n_accepted = timings_drafts(t)
+    return RequestRecord(
+        config=arm.name, draft=arm.draft.label if arm.draft else None, budget=arm.budget, synthetic=plan.synthetic,
+        synth_len=plan.synth_len if arm.draft else None, category=p.category, prompt_id=p.id, rep=rep,
+        prompt_n=int(resp.get("tokens_evaluated", t.get("prompt_n", 0))), prompt_ms=t.get("prompt_ms"),
+        n_predicted=int(t.get("predicted_n", len(tokens))), predicted_ms=float(t.get("predicted_ms", 0.0)),
+        tok_s=t.get("predicted_per_second"), request_ms=request_ms, draft_n=draft_n,
+        draft_n_accepted=draft_n_accepted, stop_type=resp.get("stop_type"), truncated=resp.get("truncated"),
+        tokens=tokens, tokens_sha256=tokens_sha256(tokens), output_sha256=output_sha,
+        server_argv=tuple(server_argv), identity=identity,
+    )
+
+
+def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: _RunState, totals: _Totals,
+             images_b64: dict[str, list[str]], image_sha: dict[str, list[str]], categories: list[str],
+             on_request: Callable[[str, str], None] | None) -> tuple[float, _ArmRecords]:
+    """One configuration: start its server, warm up, run every rep × category × prompt.
+    Returns (load seconds, its records)."""
+    is_draft = arm.draft is not None
+    cfg = ServerConfig(
+        model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj, n_max=arm.budget,
+        p_min=plan.p_min if is_draft else None, synth_len=plan.synth_len if is_draft else None, ctx=plan.ctx,
+        threads=plan.threads, extra_args=plan.extra_args,
+    )
+    mine = _ArmRecords()
+    srv = LlamaServer(engine, cfg, env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
+    t_load0 = time.perf_counter()
+    with srv:
+        load_s = time.perf_counter() - t_load0
+        totals.load_s += load_s
+        client = srv.client
+        assert client is not None
+        server_argv = srv.argv
+        if state.rendered is None:  # same target, same template: render once, on the first server
+            state.rendered = render_prompts(client, plan.prompts)
+            for p in plan.prompts:
+                writer.write(PromptRecord(p.id, p.category, state.rendered[p.id], tuple(image_sha[p.id]),
+                                          MEDIA_MARKER).to_record())
+        rendered = state.rendered
+
+        def request(p: Prompt) -> tuple[dict[str, Any], float]:
+            result = _timed_completion(client, _payload(plan, rendered[p.id], images_b64[p.id]), totals)
+            if on_request:
+                on_request(arm.name, p.id)
+            return result
+
+        for i in range(plan.warmup):  # untimed: first-use allocations, caches, page-ins
+            request(plan.prompts[i % len(plan.prompts)])
+
+        drafted = 0
+        # counters only move while a request runs, so each block's "after" is the next one's "before"
+        before = SpecCounters.from_metrics(client.metrics()) if is_draft else None
+        for rep in range(plan.reps):
+            for category in categories:
+                for p in (q for q in plan.prompts if q.category == category):
+                    resp, request_ms = request(p)
+                    rec = _request_record(plan, arm, p, rep, resp, request_ms, server_argv, state)
+                    mine.requests.append(rec)
+                    writer.write(rec.to_record())
+                if before is not None:
+                    after = SpecCounters.from_metrics(client.metrics())
+                    block = CountersRecord(config=arm.name, category=category, rep=rep, counters=after.minus(before),
+                                           draft=arm.draft.label if arm.draft else None, budget=arm.budget,
+                                           synthetic=plan.synthetic, server_argv=tuple(server_argv))
+                    before = after
+                    drafted += block.counters.drafted
+                    mine.counters.append(block)
+                    writer.write(block.to_record())
+            if is_draft and drafted == 0:  # a whole pass without one draft: fail now, not in an hour
+                raise BenchError(
+                    f"configuration {arm.name} drafted nothing in {len(plan.prompts) * (rep + 1)} requests "
+                    f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
+                    hint=f"server log: {srv.log_path}")
+        t_stop0 = time.perf_counter()
+    totals.stop_s += time.perf_counter() - t_stop0
+    return load_s, mine
+
+
+def _summaries(arm: Arm, mine: _ArmRecords, categories: list[str], state: _RunState,
+               upstream: dict[str, float], load_s: float) -> list[SummaryRecord]:
+    """The configuration's summary rows, from its own records; the ``all`` row carries its load time."""
+    rows = summarize_config(mine.requests, mine.counters, categories, state.plain_median, upstream)
+    if arm.name == PLAIN:
+        state.plain_median = medians(rows)
+    return [replace(r, load_s=load_s) if r.category == ALL else r for r in rows]
+
+
+def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_id: str | None = None,
+              argv: list[str] | None = None, on_request: Callable[[str, str], None] | None = None) -> BenchResult:
+    """Run every configuration of ``plan``; append records to ``out`` (JSONL) as they are measured.
+
+    ``on_request(config, prompt_id)`` is called after each request (warm-up included), for progress.
+    Raises BenchError when a draft configuration drafts nothing over a whole pass of the prompts.
+    """
+    t_wall0 = time.perf_counter()
+    plan.validate()
+    run_id = run_id or new_run_id()
+    out = Path(out) if out is not None else default_out_path(run_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path | None] = {"target": plan.target, "mmproj": plan.mmproj}
+    files.update({f"draft:{d.label}": d.path for d in plan.drafts})
+    hashing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-provenance")
+    prov = hashing.submit(provenance.collect, engine, files, argv=argv, reps=plan.reps, extra={
+        "run_id": run_id, "model": plan.model_name, "n_predict": plan.n_predict, "warmup": plan.warmup,
+        "seed": plan.seed, "ignore_eos": plan.ignore_eos, "p_min": plan.p_min, "synth_len": plan.synth_len,
+        "synthetic": plan.synthetic, "ctx": plan.ctx,
+    })
+    hashing.shutdown(wait=False)
+    images_b64 = {p.id: [image_base64(i) for i in p.images] for p in plan.prompts}
+    image_sha = {p.id: [provenance.file_facts(i).sha256 for i in p.images] for p in plan.prompts}
+    categories = list(dict.fromkeys(p.category for p in plan.prompts))  # kit order
+    upstream = dict(plan.upstream_acceptance)
+    totals, state = _Totals(), _RunState()
+    with open(out, "a", encoding="utf-8") as fh:
+        writer = _Writer(fh, run_id, prov)
+        try:
+            for arm in plan.arms():
+                load_s, mine = _run_arm(engine, plan, arm, writer, state, totals, images_b64, image_sha, categories,
+                                        on_request)
+                for row in _summaries(arm, mine, categories, state, upstream, load_s):
+                    writer.write(row.to_record())
+        finally:
+            writer.flush(wait=True)  # whatever happened, every measured line reaches the file, with provenance
+        overhead = OverheadRecord(wall_s=time.perf_counter() - t_wall0, generation_s=totals.generation_s,
+                                  load_s=totals.load_s, request_s=totals.request_s, provenance_s=writer.waited_s,
+                                  stop_s=totals.stop_s, configurations=len(plan.arms()),
+                                  requests=plan.total_requests(), synthetic=plan.synthetic)
+        writer.write(overhead.to_record())
+    return BenchResult(run_id=run_id, out=out, summaries=tuple(writer.summaries), overhead=overhead,
+                       synthetic=plan.synthetic)

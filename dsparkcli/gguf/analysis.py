@@ -1,0 +1,527 @@
+"""What a GGUF header says: per-type census, data-region hashes, metadata summary, DSpark/DFlash
+structure, per-tensor diff and a memory (KV cache) estimate; plus the sanitising of untrusted text.
+
+Pure functions of a ``GGUFHeader`` (``gguf.reader``), except ``hash_file``, which reads the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import queue
+import threading
+import time
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dsparkcli.errors import UsageError
+from dsparkcli.gguf.reader import GGUFArray, GGUFHeader, TensorInfo, ggml_type_name
+
+RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+HYBRID_ARCHS = frozenset({
+    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next",
+    "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "minimax-01",
+})
+
+# Required tensors of a plain (Qwen3-backbone) DFlash/DSpark draft: src/models/dflash.cpp:108-260.
+DRAFT_GLOBAL_TENSORS = ("fc.weight", "enc.output_norm.weight", "output_norm.weight")
+DRAFT_LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm",
+                       "ffn_gate", "ffn_up", "ffn_down")
+DSPARK_TENSORS = ("markov_w1.weight", "markov_w2.weight")
+HEAD_TENSORS = ("fc.weight", "markov_w1.weight", "markov_w2.weight", "conf_proj.weight")
+
+KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                 "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+
+
+# ------------------------------------------------------------------ text safety
+
+
+def printable(text: Any, max_len: int | None = 200) -> str:
+    """Metadata is untrusted: escape control/format characters (terminal injection) and truncate."""
+    s = str(text)
+    if max_len is not None and len(s) > max_len:
+        s = s[:max_len] + f"… (+{len(s) - max_len} chars)"
+    out = []
+    for ch in s:
+        if ch in "\t\n\r" or unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def role_of(h: GGUFHeader) -> str:
+    """target | draft | mmproj, from the architecture."""
+    return {"dflash": "draft", "clip": "mmproj"}.get(h.arch, "target")
+
+
+# ------------------------------------------------------------------ census
+
+
+@dataclass(frozen=True)
+class CensusRow:
+    type_name: str
+    type_id: int
+    count: int
+    n_elements: int
+    n_bytes: int | None
+    share: float | None  # of all known tensor bytes
+    bits_per_weight: float | None
+
+
+@dataclass(frozen=True)
+class Census:
+    rows: tuple[CensusRow, ...]  # by bytes, largest first
+    n_tensors: int
+    n_params: int
+    tensor_bytes: int  # known types only
+    file_size: int
+    file_bits_per_weight: float | None  # file size * 8 / params, as llama.cpp's loader prints
+    unknown_types: tuple[str, ...]
+
+    def counts(self) -> dict[str, int]:
+        return {r.type_name: r.count for r in self.rows}
+
+
+def census(header: GGUFHeader) -> Census:
+    """Tensor count, bytes, share and bits per weight per ggml type."""
+    by_type: dict[int, list[TensorInfo]] = {}
+    for t in header.tensors:
+        by_type.setdefault(t.type_id, []).append(t)
+    known_bytes = sum(t.n_bytes for t in header.tensors if t.n_bytes is not None)
+    rows = []
+    for type_id, group in by_type.items():
+        n_el = sum(t.n_elements for t in group)
+        sizes = [t.n_bytes for t in group]
+        n_bytes = None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
+        rows.append(CensusRow(
+            type_name=ggml_type_name(type_id), type_id=type_id, count=len(group), n_elements=n_el, n_bytes=n_bytes,
+            share=(n_bytes / known_bytes) if n_bytes is not None and known_bytes else None,
+            bits_per_weight=(n_bytes * 8 / n_el) if n_bytes is not None and n_el else None,
+        ))
+    rows.sort(key=lambda r: (-(r.n_bytes or 0), r.type_id))
+    n_params = sum(t.n_elements for t in header.tensors)
+    return Census(
+        rows=tuple(rows), n_tensors=len(header.tensors), n_params=n_params, tensor_bytes=known_bytes,
+        file_size=header.file_size,
+        file_bits_per_weight=(header.file_size * 8 / n_params) if n_params else None,
+        unknown_types=tuple(sorted({r.type_name for r in rows if r.n_bytes is None})),
+    )
+
+
+# ------------------------------------------------------------------ hashing
+
+
+HASH_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class FileHashes:
+    file_sha256: str
+    tensors: dict[str, str]  # tensor name -> sha256 of its data region
+    n_bytes: int
+    seconds: float
+
+
+def hash_file(path: str | os.PathLike[str], header: GGUFHeader | None = None,
+              progress: Callable[[int], None] | None = None) -> FileHashes:
+    """sha256 of the whole file and of every tensor data region, in one pass of 8 MiB reads.
+
+    The whole-file digest runs on a worker thread (hashlib releases the GIL), the per-tensor digests on
+    this one, so hashing both costs about as much wall time as one ``sha256sum``.
+    """
+    regions = sorted(((t.offset, t.offset + t.n_bytes, t.name) for t in (header.tensors if header else ())
+                      if t.n_bytes is not None), key=lambda r: r[0])
+    file_hasher = hashlib.sha256()
+    tensor_hashers = {name: hashlib.sha256() for _, _, name in regions}
+    chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)  # bounded: at most ~32 MiB in flight
+
+    def file_worker() -> None:
+        while (chunk := chunks.get()) is not None:
+            file_hasher.update(chunk)
+
+    worker = threading.Thread(target=file_worker, name="dspark-sha256", daemon=True)
+    started = time.perf_counter()
+    worker.start()
+    pos = 0
+    ri = 0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                chunk = f.read(HASH_CHUNK)
+                if not chunk:
+                    break
+                chunks.put(chunk)
+                end = pos + len(chunk)
+                view = memoryview(chunk)
+                while ri < len(regions) and regions[ri][0] < end:
+                    start, stop, name = regions[ri]
+                    lo, hi = max(start, pos), min(stop, end)
+                    if hi > lo:
+                        tensor_hashers[name].update(view[lo - pos:hi - pos])
+                    if stop <= end:
+                        ri += 1
+                    else:
+                        break
+                pos = end
+                if progress is not None:
+                    progress(len(chunk))
+    finally:
+        chunks.put(None)
+        worker.join()
+    return FileHashes(file_hasher.hexdigest(), {name: h.hexdigest() for name, h in tensor_hashers.items()}, pos,
+                      time.perf_counter() - started)
+
+
+# ------------------------------------------------------------------ metadata summary
+
+
+@dataclass(frozen=True)
+class MetadataSummary:
+    arch: str
+    role: str  # target | draft | mmproj
+    name: str | None
+    blocks: int | None
+    context: int | None
+    embedding: int | None
+    heads: int | None
+    heads_kv: int | None
+    vocab_size: int | None
+    tokens_sha256: str | None
+    tokenizer_model: str | None
+    tokenizer_pre: str | None
+    bos: int | None
+    eos: int | None
+    chat_template_chars: int | None
+    chat_template_sha256: str | None
+    file_type: int | None  # general.file_type: advisory, quantizers do not always update it
+    file_type_name: str | None
+    split: str | None = None  # "1 of 3" for a gguf-split shard: its census covers this shard only
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, GGUFArray):
+        return max((x for x in (v.items or ()) if isinstance(x, int)), default=None)  # per-layer arrays: the max
+    return v
+
+
+def int_of(v: Any) -> int | None:
+    v = _scalar(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def ints_of(v: Any) -> tuple[int, ...]:
+    """An integer array's items; anything else (strings, floats, nested arrays: hostile metadata) is empty."""
+    if not isinstance(v, GGUFArray) or not v.items or v.elem_type not in INT_TYPES:
+        return ()
+    return tuple(int(x) for x in v.items)
+
+
+INT_TYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})
+
+
+def str_of(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def summarize(h: GGUFHeader) -> MetadataSummary:
+    tokens = h.get("tokenizer.ggml.tokens")
+    tmpl = str_of(h.get("tokenizer.chat_template"))
+    ft = int_of(h.get("general.file_type"))
+    ft_name = None
+    if ft is not None:
+        try:
+            from gguf import LlamaFileType
+
+            ft_name = LlamaFileType(ft).name
+        except Exception:  # noqa: BLE001 - unknown or newer ids are shown as numbers
+            ft_name = None
+    return MetadataSummary(
+        arch=h.arch or "?", role=role_of(h), name=str_of(h.get("general.name")),
+        blocks=int_of(h.arch_key("block_count")), context=int_of(h.arch_key("context_length")),
+        embedding=int_of(h.arch_key("embedding_length")), heads=int_of(h.arch_key("attention.head_count")),
+        heads_kv=int_of(h.arch_key("attention.head_count_kv")),
+        vocab_size=tokens.count if isinstance(tokens, GGUFArray) else None,
+        tokens_sha256=tokens.sha256 if isinstance(tokens, GGUFArray) else None,
+        tokenizer_model=str_of(h.get("tokenizer.ggml.model")), tokenizer_pre=str_of(h.get("tokenizer.ggml.pre")),
+        bos=int_of(h.get("tokenizer.ggml.bos_token_id")), eos=int_of(h.get("tokenizer.ggml.eos_token_id")),
+        chat_template_chars=len(tmpl) if tmpl is not None else None,
+        chat_template_sha256=hashlib.sha256(tmpl.encode("utf-8", "surrogatepass")).hexdigest() if tmpl else None,
+        file_type=ft, file_type_name=ft_name,
+        split=(f"{(int_of(h.get('split.no')) or 0) + 1} of {int_of(h.get('split.count'))}"
+               if (int_of(h.get("split.count")) or 0) > 1 else None),
+    )
+
+
+def metadata_json(h: GGUFHeader, max_string: int = 4096, max_items: int = 16) -> dict[str, Any]:
+    """All KVs, JSON-friendly: arrays as {type, count, sha256, head}, very long strings cut."""
+    out: dict[str, Any] = {}
+    for key, value in h.kv.items():
+        if isinstance(value, GGUFArray):
+            head = list(value.items[:max_items]) if value.items is not None else None
+            out[key] = {"type": value.elem_type, "count": value.count, "sha256": value.sha256,
+                        "head": [_json_item(x) for x in head] if head is not None else None}
+        elif isinstance(value, str) and len(value) > max_string:
+            out[key] = value[:max_string] + f"… (+{len(value) - max_string} chars)"
+        else:
+            out[key] = _json_item(value)
+    return out
+
+
+def _json_item(x: Any) -> Any:
+    if isinstance(x, GGUFArray):
+        return {"type": x.elem_type, "count": x.count, "sha256": x.sha256}
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)  # strict JSON has no NaN/Infinity
+    return x
+
+
+# ------------------------------------------------------------------ DSpark / DFlash structure
+
+
+@dataclass(frozen=True)
+class DSparkStructure:
+    kind: str  # dspark (has markov_w1) | dflash
+    n_layer: int | None
+    block_size: int | None
+    target_layers: tuple[int, ...]
+    mask_token_id: int | None
+    markov_rank: int | None
+    sample_from_anchor: bool  # llama.cpp's default is true when the key is absent
+    confidence_head: bool  # conf_proj.weight present
+    has_confidence_head_key: bool | None  # dflash.has_confidence_head (None: absent, llama.cpp assumes true)
+    confidence_head_consistent: bool
+    required_missing: tuple[str, ...]
+    head_types: dict[str, str]
+    max_spec_draft_n: int | None  # the largest --spec-draft-n-max that is not clamped
+    n_head_kv: int | None
+    head_dim: int | None
+    kv_bytes_per_token: int | None  # f16 K and V
+    problems: tuple[str, ...]
+
+
+def _head_dim(h: GGUFHeader) -> int | None:
+    key_len = int_of(h.arch_key("attention.key_length"))
+    if key_len:
+        return key_len
+    e, n_head = int_of(h.arch_key("embedding_length")), int_of(h.arch_key("attention.head_count"))
+    return e // n_head if e and n_head else None
+
+
+def dspark_structure(h: GGUFHeader) -> DSparkStructure | None:
+    """Block layout, heads and required tensors of a dflash-arch draft (None for anything else)."""
+    if h.arch != "dflash":
+        return None
+    tensors = h.tensor_map()
+    n_layer = int_of(h.arch_key("block_count"))
+    block_size = int_of(h.arch_key("block_size"))
+    taps_raw = h.arch_key("target_layers")
+    taps = ints_of(taps_raw)
+    mask = int_of(h.get("tokenizer.ggml.mask_token_id"))
+    w1 = tensors.get("markov_w1.weight")
+    kind = "dspark" if w1 is not None else "dflash"
+    anchor_raw = h.arch_key("sample_from_anchor")
+    anchor = bool(anchor_raw) if isinstance(anchor_raw, bool) else True
+    conf = "conf_proj.weight" in tensors
+    conf_key_raw = h.arch_key("has_confidence_head")
+    conf_key = conf_key_raw if isinstance(conf_key_raw, bool) else None
+    consistent = conf == (conf_key if conf_key is not None else True)
+
+    required = list(DRAFT_GLOBAL_TENSORS)
+    for b in range(min(n_layer or 0, 4096)):
+        required += [f"blk.{b}.{t}.weight" for t in DRAFT_LAYER_TENSORS]
+    if kind == "dspark":
+        required += list(DSPARK_TENSORS)
+    missing = tuple(t for t in required if t not in tensors)
+
+    problems: list[str] = []
+    if kind == "dspark" and block_size is None:
+        problems.append("dflash.block_size is missing (llama.cpp asserts on DSpark drafts without it)")
+    if not taps:
+        problems.append("dflash.target_layers is missing (llama.cpp refuses the draft)")
+    tokens = h.get("tokenizer.ggml.tokens")
+    n_vocab = tokens.count if isinstance(tokens, GGUFArray) else None
+    if mask is None:
+        problems.append("tokenizer.ggml.mask_token_id is missing (every mask slot becomes an invalid token)")
+    elif n_vocab is not None and mask >= n_vocab:
+        problems.append(f"mask_token_id {mask} is outside the vocabulary ({n_vocab} tokens)")
+    if n_vocab is None:
+        problems.append("no tokenizer.ggml.tokens (convert the draft with --target-model-dir)")
+    if w1 is not None and n_vocab is not None and len(w1.shape) > 1 and w1.shape[1] != n_vocab:
+        problems.append(f"markov_w1 has {w1.shape[1]} rows but the vocabulary has {n_vocab} tokens")
+    if missing:
+        problems.append(f"{len(missing)} required tensor(s) missing: {', '.join(missing[:5])}"
+                        + (" …" if len(missing) > 5 else ""))
+    if not consistent:
+        if conf:
+            problems.append("conf_proj.weight present but dflash.has_confidence_head = false "
+                            "(--spec-draft-p-min > 0 will be refused)")
+        else:
+            problems.append("no conf_proj.weight but dflash.has_confidence_head is not false "
+                            "(keep --spec-draft-p-min 0)")
+
+    if block_size is None:
+        max_n = None if kind == "dspark" else 16 - 1  # DFlash falls back to a block of 16 at runtime
+    else:
+        max_n = block_size if (kind == "dspark" and anchor) else block_size - 1
+    n_head_kv = int_of(h.arch_key("attention.head_count_kv")) or int_of(h.arch_key("attention.head_count"))
+    head_dim = _head_dim(h)
+    kv = n_layer * 2 * n_head_kv * head_dim * 2 if n_layer and n_head_kv and head_dim else None
+    return DSparkStructure(
+        kind=kind, n_layer=n_layer, block_size=block_size, target_layers=taps, mask_token_id=mask,
+        markov_rank=w1.shape[0] if w1 is not None and w1.shape else None, sample_from_anchor=anchor,
+        confidence_head=conf, has_confidence_head_key=conf_key, confidence_head_consistent=consistent,
+        required_missing=missing, head_types={n: tensors[n].type_name for n in HEAD_TENSORS if n in tensors},
+        max_spec_draft_n=max_n, n_head_kv=n_head_kv, head_dim=head_dim, kv_bytes_per_token=kv,
+        problems=tuple(problems),
+    )
+
+
+# ------------------------------------------------------------------ per-tensor diff
+
+
+@dataclass(frozen=True)
+class TensorChange:
+    name: str
+    a_type: str
+    b_type: str
+    a_shape: tuple[int, ...]
+    b_shape: tuple[int, ...]
+    a_bytes: int | None
+    b_bytes: int | None
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    a: str
+    b: str
+    n_a: int
+    n_b: int
+    identical: tuple[str, ...]  # same type, same element count, same data sha256
+    respelled: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # identical but shape written differently
+    changed: tuple[TensorChange, ...]
+    only_a: tuple[str, ...]
+    only_b: tuple[str, ...]
+
+    @property
+    def summary(self) -> str:
+        return (f"{len(self.identical)}/{max(self.n_a, self.n_b)} identical, {len(self.changed)} changed, "
+                f"{len(self.only_a)} only in A, {len(self.only_b)} only in B")
+
+
+def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(x for x in shape if x != 1) or (1,)
+
+
+def diff_tensors(a: GGUFHeader, a_hashes: FileHashes, b: GGUFHeader, b_hashes: FileHashes) -> TensorDiff:
+    """Every tensor's data region compared by sha256; (2304, 1) and (2304) count as the same shape."""
+    ta, tb = a.tensor_map(), b.tensor_map()
+    identical, respelled, changed = [], [], []
+    for name, x in ta.items():
+        y = tb.get(name)
+        if y is None:
+            continue
+        same = (x.type_id == y.type_id and x.n_elements == y.n_elements and _squeeze(x.shape) == _squeeze(y.shape)
+                and a_hashes.tensors.get(name) is not None and a_hashes.tensors.get(name) == b_hashes.tensors.get(name))
+        if same:
+            identical.append(name)
+            if x.shape != y.shape:
+                respelled.append((name, x.shape, y.shape))
+        else:
+            changed.append(TensorChange(name, x.type_name, y.type_name, x.shape, y.shape, x.n_bytes, y.n_bytes))
+    return TensorDiff(a=a.name, b=b.name, n_a=len(ta), n_b=len(tb), identical=tuple(identical),
+                      respelled=tuple(respelled), changed=tuple(changed),
+                      only_a=tuple(n for n in ta if n not in tb), only_b=tuple(n for n in tb if n not in ta))
+
+
+# ------------------------------------------------------------------ memory estimate
+
+
+@dataclass(frozen=True)
+class KVCacheEstimate:
+    n_layer: int
+    n_kv_layers: int  # layers that keep K/V per token (hybrid archs: only the attention layers)
+    n_head_kv: int
+    key_length: int
+    value_length: int
+    bytes_per_element: float
+    bytes_per_token: int
+    formula: str
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    name: str
+    role: str
+    weights_by_type: dict[str, int]
+    weights_bytes: int
+    ctx: int
+    kv: KVCacheEstimate | None
+    kv_bytes: int
+    total_bytes: int
+
+
+def kv_cache_estimate(h: GGUFHeader, kv_type: str = "f16") -> KVCacheEstimate | None:
+    """llama-style K/V bytes per context token: n_kv_layers x n_head_kv x (k_len + v_len) x bytes."""
+    if role_of(h) == "mmproj":
+        return None
+    arch = h.arch
+    n_layer = int_of(h.arch_key("block_count"))
+    if not n_layer:
+        return None
+    per_elem = KV_TYPE_BYTES[kv_type]
+    notes: list[str] = []
+    if arch in RECURRENT_ARCHS:
+        return KVCacheEstimate(n_layer, 0, 0, 0, 0, per_elem, 0, "0 (recurrent: a fixed state per sequence)",
+                               ("recurrent arch: the state does not grow with context",))
+    heads_kv_raw = h.arch_key("attention.head_count_kv")
+    n_head = int_of(h.arch_key("attention.head_count")) or 0
+    head_dim = _head_dim(h) or 0
+    k_len = int_of(h.arch_key("attention.key_length")) or head_dim
+    v_len = int_of(h.arch_key("attention.value_length")) or head_dim
+    if isinstance(heads_kv_raw, GGUFArray) and heads_kv_raw.items:
+        per_layer = list(ints_of(heads_kv_raw))[:n_layer]
+        kv_layers = [x for x in per_layer if x > 0]
+        n_kv_layers, n_head_kv = len(kv_layers), max(kv_layers, default=0)
+        total_heads = sum(kv_layers)
+        if n_kv_layers < n_layer:
+            notes.append(f"hybrid: {n_kv_layers} of {n_layer} layers are attention layers (per-layer head_count_kv)")
+    else:
+        n_head_kv = int_of(heads_kv_raw) or n_head
+        interval = int_of(h.arch_key("full_attention_interval"))
+        n_kv_layers = n_layer // interval if interval else n_layer
+        if interval:
+            notes.append(f"hybrid: every {interval}th layer is full attention ({n_kv_layers} of {n_layer})")
+        total_heads = n_kv_layers * n_head_kv
+    if arch in HYBRID_ARCHS or arch in RECURRENT_ARCHS:
+        notes.append("recurrent layers add a fixed per-sequence state, not counted here")
+    if h.arch_key("attention.sliding_window") is not None:
+        notes.append(f"sliding-window layers keep at most {int_of(h.arch_key('attention.sliding_window'))} tokens; "
+                     "this counts every layer at full context")
+    per_token = int(total_heads * (k_len + v_len) * per_elem)
+    if k_len == v_len:
+        formula = f"{n_kv_layers} layers x 2 x {n_head_kv} kv heads x {k_len} head dim x {per_elem:g} B = {per_token} B"
+    else:
+        formula = (f"{n_kv_layers} layers x {n_head_kv} kv heads x ({k_len} + {v_len}) x {per_elem:g} B "
+                   f"= {per_token} B")
+    return KVCacheEstimate(n_layer, n_kv_layers, n_head_kv, k_len, v_len, per_elem, per_token,
+                           formula, tuple(notes))
+
+
+def memory_estimate(h: GGUFHeader, ctx: int, kv_type: str = "f16") -> MemoryEstimate:
+    if ctx <= 0:
+        raise UsageError(f"-c must be a positive context size, got {ctx}")
+    c = census(h)
+    weights = {r.type_name: r.n_bytes for r in c.rows if r.n_bytes is not None}
+    kv = kv_cache_estimate(h, kv_type)
+    kv_bytes = kv.bytes_per_token * ctx if kv else 0
+    return MemoryEstimate(name=h.name, role=role_of(h), weights_by_type=weights, weights_bytes=c.tensor_bytes, ctx=ctx,
+                          kv=kv, kv_bytes=kv_bytes, total_bytes=c.tensor_bytes + kv_bytes)

@@ -1,0 +1,161 @@
+"""Does a draft (and/or a vision projector) fit a target? Headers only, cheap enough to run before launch.
+
+``check_pair`` is the one pairing rule: ``dspark inspect`` shows its checks, and ``pairs.check_pairing``
+refuses a wrong pair with it before llama.cpp can assert on it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsparkcli.errors import UsageError
+from dsparkcli.gguf.analysis import dspark_structure, int_of, printable, role_of, str_of
+from dsparkcli.gguf.reader import GGUFArray, GGUFHeader, read_header
+
+# Target archs whose graph fills t_layer_inp (llama.cpp 0c1e570, grep t_layer_inp in src/models/); only
+# these can feed a DFlash/DSpark draft. The second set also exposes index n_layer (the last layer's output).
+LAYER_INPUT_ARCHS = frozenset({
+    "llama", "llama-embed", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "lfm2",
+    "mimo2", "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "nemotron_h_moe", "gpt-oss",
+    "bailingmoe3", "hunyuan_vl", "deepseek4",
+})
+LAST_LAYER_TAP_ARCHS = frozenset({"mimo2", "nemotron_h", "nemotron_h_moe", "deepseek4"})
+
+# clip projector type -> (tensor, ne index) giving the width it feeds the text model (clip_n_mmproj_embd).
+MMPROJ_WIDTH = {
+    **{p: ("mm.2.weight", 1) for p in ("mlp", "phi4", "pixtral", "lightonocr", "dots_ocr", "muse-glimmer", "ultravox",
+                                       "voxtral", "musicflamingo", "qwen3a", "glma", "lfm2", "kimivl", "paddleocr",
+                                       "kimik25", "yasa2", "deepseek4v", "mimo_audio")},
+    "mlp_norm": ("mm.3.bias", 0),
+    "resampler": ("resampler.proj.weight", 0),
+    "minicpmv4_6": ("mm.down.weight", 1),
+    "glm4v": ("mm.down.weight", 1), "glm5v": ("mm.down.weight", 1),
+    "qwen2vl_merger": ("mm.2.bias", 0), "qwen2.5vl_merger": ("mm.2.bias", 0), "ling3vl": ("mm.2.bias", 0),
+    "gemma3": ("mm.input_projection.weight", 0), "gemma3nv": ("mm.input_projection.weight", 0),
+    "gemma4v": ("mm.input_projection.weight", 1), "gemma4uv": ("mm.input_projection.weight", 1),
+    "idefics3": ("mm.model.fc.weight", 1), "internvl": ("mm.3.weight", 1), "nemotron_v2_vl": ("mm.3.weight", 1),
+}
+
+
+# ------------------------------------------------------------------ pairing
+
+
+@dataclass(frozen=True)
+class PairCheck:
+    name: str
+    ok: bool | None  # None: could not be checked (shown, but does not fail the pair)
+    detail: str
+
+
+@dataclass(frozen=True)
+class PairVerdict:
+    ok: bool
+    reasons: tuple[str, ...]  # one per failed check
+    checks: tuple[PairCheck, ...]
+    target: str = ""
+    draft: str | None = None
+    mmproj: str | None = None
+
+
+def _first_token_difference(a: GGUFArray, b: GGUFArray) -> str:
+    if a.items is None or b.items is None:
+        return ""
+    for i, (x, y) in enumerate(zip(a.items, b.items)):
+        if x != y:
+            return f"; first difference at id {i}: {printable(x, 24)!s} vs {printable(y, 24)!s}"
+    return ""
+
+
+def mmproj_width(h: GGUFHeader) -> tuple[int | None, str]:
+    """(width the projector feeds the text model, how it was found)."""
+    ptype = str_of(h.get("clip.vision.projector_type")) or str_of(h.get("clip.projector_type")) or "mlp"
+    tensors = h.tensor_map()
+    if ptype in MMPROJ_WIDTH:
+        name, axis = MMPROJ_WIDTH[ptype]
+        t = tensors.get(name)
+        if t is not None and len(t.shape) > axis:
+            return t.shape[axis], f"{name} ne[{axis}] ({printable(ptype, 40)})"
+    if ptype == "qwen3vl_merger":
+        t = tensors.get("mm.2.bias")
+        deep = h.get("clip.vision.is_deepstack_layers")
+        n_deep = sum(1 for x in (deep.items or ()) if x) if isinstance(deep, GGUFArray) else 0
+        if t is not None and t.shape:
+            return t.shape[0] * (1 + n_deep), f"mm.2.bias ne[0] x (1 + {n_deep} deepstack) (qwen3vl_merger)"
+    return None, f"projector type '{printable(ptype, 40)}' not known to dspark"
+
+
+def open_header(spec: str | os.PathLike[str] | GGUFHeader) -> GGUFHeader:
+    """A local file's header (a header passes through: remote ``hf://`` files are read by ``hub.range``)."""
+    if isinstance(spec, GGUFHeader):
+        return spec
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise UsageError(f"file not found: {printable(str(spec))}")
+    return read_header(path)
+
+
+def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.PathLike[str] | GGUFHeader | None = None,
+               mmproj: str | os.PathLike[str] | GGUFHeader | None = None) -> PairVerdict:
+    """Does this draft (and/or mmproj) fit this target? Headers only, so cheap enough to run before launch."""
+    t = open_header(target)
+    d = open_header(draft) if draft is not None else None
+    m = open_header(mmproj) if mmproj is not None else None
+    checks: list[PairCheck] = []
+    t_layers = int_of(t.arch_key("block_count"))
+    t_embd = int_of(t.arch_key("embedding_length"))
+    checks.append(PairCheck("target role", role_of(t) == "target",
+                            f"arch {printable(t.arch or '?', 40)}" + ("" if role_of(t) == "target" else
+                                                                      " is not a text model")))
+    if d is not None:
+        arch_ok = t.arch in LAYER_INPUT_ARCHS
+        checks.append(PairCheck("target exposes layer inputs", arch_ok,
+                                f"{printable(t.arch or '?', 40)} " + ("fills t_layer_inp" if arch_ok else
+                                "does not fill t_layer_inp: llama.cpp cannot feed a DFlash/DSpark draft from it")))
+        checks.append(PairCheck("draft arch", d.arch == "dflash", f"{printable(d.arch or '?', 40)}"
+                                + ("" if d.arch == "dflash" else " (expected dflash)")))
+        tt, dt = t.get("tokenizer.ggml.tokens"), d.get("tokenizer.ggml.tokens")
+        if not isinstance(tt, GGUFArray) or not isinstance(dt, GGUFArray):
+            which = "target" if not isinstance(tt, GGUFArray) else "draft"
+            checks.append(PairCheck("vocab", False, f"{which} has no tokenizer.ggml.tokens"))
+        elif tt.count != dt.count:
+            checks.append(PairCheck("vocab", False, f"target has {tt.count} tokens, draft {dt.count}"))
+        elif tt.sha256 != dt.sha256:
+            checks.append(PairCheck("vocab", False, f"same count ({tt.count}) but different token strings"
+                                    + _first_token_difference(tt, dt)))
+        else:
+            checks.append(PairCheck("vocab", True, f"{tt.count} tokens, sha256 {tt.sha256[:12]} in both"))
+        for key, label in (("tokenizer.ggml.bos_token_id", "BOS"), ("tokenizer.ggml.eos_token_id", "EOS")):
+            tv, dv = int_of(t.get(key)), int_of(d.get(key))
+            checks.append(PairCheck(label, tv == dv, f"target {tv if tv is not None else 'unset'}, "
+                                                     f"draft {dv if dv is not None else 'unset'}"))
+        d_embd = int_of(d.arch_key("embedding_length"))
+        checks.append(PairCheck("hidden size", t_embd is not None and t_embd == d_embd,
+                                f"target {t_embd}, draft {d_embd}"))
+        s = dspark_structure(d)
+        taps = s.target_layers if s else ()
+        limit = (t_layers + 1) if (t_layers is not None and t.arch in LAST_LAYER_TAP_ARCHS) else t_layers
+        if not taps:
+            checks.append(PairCheck("taps", False, "draft has no dflash.target_layers"))
+        elif limit is None:
+            checks.append(PairCheck("taps", False, f"target has no {printable(t.arch, 40)}.block_count"))
+        else:
+            bad = [x for x in taps if not 0 <= x < limit]
+            checks.append(PairCheck("taps", not bad, f"{list(taps)} vs {t_layers} target blocks"
+                                    + (f": {bad} out of range (must be < {limit})" if bad else "")))
+        if s is not None:
+            checks.append(PairCheck("draft structure", not s.problems, "; ".join(s.problems) or
+                                    f"{s.kind}, block {s.block_size}, all required tensors present"))
+    if m is not None:
+        if m.arch != "clip":
+            checks.append(PairCheck("mmproj arch", False, f"{printable(m.arch or '?', 40)} (expected clip)"))
+        else:
+            width, how = mmproj_width(m)
+            if width is None:
+                checks.append(PairCheck("mmproj width", None, how))
+            else:
+                checks.append(PairCheck("mmproj width", width == t_embd, f"{width} from {how}, target {t_embd}"))
+    reasons = tuple(f"{c.name}: {c.detail}" for c in checks if c.ok is False)
+    return PairVerdict(ok=not reasons, reasons=reasons, checks=tuple(checks), target=t.name,
+                       draft=d.name if d else None, mmproj=m.name if m else None)

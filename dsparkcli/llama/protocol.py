@@ -1,0 +1,199 @@
+"""llama.cpp's wire protocol, written once: /metrics names and counters, chat messages, request bodies,
+image data URLs and server-sent events.
+
+Pure (no I/O, no HTTP): the server client, run, bench, selftest and the scripts all read and write
+llama-server's protocol through this module, so a renamed counter or field is changed in one place.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dsparkcli.errors import UsageError
+
+DEFAULT_BUDGET = 5  # --spec-draft-n-max when neither the user nor the registry pair gives one
+
+# Counters llama-server exposes at /metrics with --metrics (llamacpp_dspark.md §2.2)
+M_DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
+M_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
+M_STEPS = "llamacpp:spec_decode_num_drafts_total"  # verification steps
+M_PER_POS = 'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="'  # + i + '"}'
+
+# /completion fields bench keeps (llama-server otherwise returns the whole generation state)
+COMPLETION_FIELDS = ["content", "tokens", "timings", "stop_type", "tokens_evaluated", "truncated"]
+
+SSE_DONE = "[DONE]"
+
+
+# ------------------------------------------------------------------ /metrics
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {name or name{labels}: value}; comments skipped."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            values[name.strip()] = float(value)
+        except ValueError:
+            continue
+    return values
+
+
+def mean_acceptance_length(accepted: float, steps: float) -> float | None:
+    """Mean acceptance length, llama.cpp's definition (its "draft acceptance" log line and
+    ``common/speculative.cpp``): tokens per verification step, 1 + accepted / steps. None without steps."""
+    return 1.0 + accepted / steps if steps else None
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """The speculative-decoding counters of one /metrics scrape, or the difference of two."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0  # verification steps
+    accepted_per_pos: tuple[int, ...] = ()  # accepted drafts at block position i
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, float] | str) -> SpecCounters:
+        """From parsed /metrics (or its text); missing counters read as 0."""
+        values = parse_metrics(metrics) if isinstance(metrics, str) else metrics
+        per_pos: dict[int, int] = {}
+        for key, value in values.items():
+            if key.startswith(M_PER_POS):
+                per_pos[int(key[len(M_PER_POS):].split('"', 1)[0])] = int(value)
+        width = max(per_pos) + 1 if per_pos else 0
+        return cls(drafted=int(values.get(M_DRAFTED, 0)), accepted=int(values.get(M_ACCEPTED, 0)),
+                   steps=int(values.get(M_STEPS, 0)), accepted_per_pos=tuple(per_pos.get(i, 0) for i in range(width)))
+
+    def minus(self, before: SpecCounters) -> SpecCounters:
+        """What moved between ``before`` and this scrape (the per-position list grows when first used)."""
+        width = max(len(before.accepted_per_pos), len(self.accepted_per_pos))
+        after_pp, before_pp = _pad(self.accepted_per_pos, width), _pad(before.accepted_per_pos, width)
+        return SpecCounters(drafted=self.drafted - before.drafted, accepted=self.accepted - before.accepted,
+                            steps=self.steps - before.steps,
+                            accepted_per_pos=tuple(a - b for a, b in zip(after_pp, before_pp)))
+
+    def plus(self, other: SpecCounters) -> SpecCounters:
+        width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        return SpecCounters(drafted=self.drafted + other.drafted, accepted=self.accepted + other.accepted,
+                            steps=self.steps + other.steps,
+                            accepted_per_pos=tuple(a + b for a, b in zip(_pad(self.accepted_per_pos, width),
+                                                                         _pad(other.accepted_per_pos, width))))
+
+    @staticmethod
+    def total(items: Iterable[SpecCounters]) -> SpecCounters:
+        out = SpecCounters()
+        for c in items:
+            out = out.plus(c)
+        return out
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_length(self) -> float | None:
+        return mean_acceptance_length(self.accepted, self.steps)
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSONL/--json form: plain ints and a list."""
+        return {"drafted": self.drafted, "accepted": self.accepted, "steps": self.steps,
+                "accepted_per_pos": list(self.accepted_per_pos)}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> SpecCounters:
+        return cls(drafted=int(rec["drafted"]), accepted=int(rec["accepted"]), steps=int(rec["steps"]),
+                   accepted_per_pos=tuple(int(x) for x in rec.get("accepted_per_pos") or ()))
+
+
+def _pad(xs: Sequence[int], width: int) -> tuple[int, ...]:
+    return tuple(xs) + (0,) * (width - len(xs))
+
+
+def timings_drafts(timings: Mapping[str, Any]) -> tuple[int, int]:
+    """(draft_n, draft_n_accepted) of a response's ``timings``; both are absent when nothing was drafted."""
+    return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+
+
+# ------------------------------------------------------------------ requests
+
+
+def image_base64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def image_data_url(mime: str, raw: bytes) -> str:
+    """The one data-URL builder for images in chat messages."""
+    return f"data:{mime};base64,{image_base64(raw)}"
+
+
+def build_messages(prompt: str, image_urls: Sequence[str] = (), system: str | None = None) -> list[dict[str, Any]]:
+    """OpenAI chat messages (images as data URLs); the text always follows the last image (llama.cpp
+    asserts otherwise). The one place that lays out a request, for run, serve clients, bench and selftest."""
+    if not prompt.strip():
+        raise UsageError("the prompt is empty")
+    messages: list[dict[str, Any]] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    if image_urls:
+        content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}} for url in image_urls]
+        content.append({"type": "text", "text": prompt})
+        messages.append({"role": "user", "content": content})
+    else:
+        messages.append({"role": "user", "content": prompt})
+    return messages
+
+
+def chat_payload(messages: list[dict[str, Any]], *, max_tokens: int, temp: float, seed: int | None,
+                 ignore_eos: bool = False, stream: bool = True) -> dict[str, Any]:
+    """A /v1/chat/completions body."""
+    payload: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temp, "stream": stream}
+    if seed is not None:
+        payload["seed"] = seed
+    if ignore_eos:
+        payload["ignore_eos"] = True
+    return payload
+
+
+def completion_payload(prompt: Any, *, n_predict: int, seed: int | None = None, ignore_eos: bool | None = None,
+                       return_tokens: bool | None = True, cache_prompt: bool = False,
+                       response_fields: Sequence[str] | None = None) -> dict[str, Any]:
+    """A greedy /completion body. ``prompt``: token ids, a string, or {prompt_string, multimodal_data}.
+    ``None`` leaves a field out (llama-server's default)."""
+    payload: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": 0}
+    optional = {"seed": seed, "return_tokens": return_tokens, "ignore_eos": ignore_eos}
+    payload.update({k: v for k, v in optional.items() if v is not None})
+    payload["cache_prompt"] = cache_prompt
+    if response_fields is not None:
+        payload["response_fields"] = list(response_fields)
+    return payload
+
+
+# ------------------------------------------------------------------ server-sent events
+
+
+def sse_data(line: str) -> str | None:
+    """The payload of one SSE ``data:`` line (``[DONE]`` included); None for any other line."""
+    if not line.startswith("data:"):
+        return None
+    return line[5:].strip()
+
+
+def chunk_text(chunk: Mapping[str, Any]) -> tuple[list[str], str | None]:
+    """(content pieces, finish reason) of one streamed chat chunk."""
+    pieces: list[str] = []
+    finish: str | None = None
+    for choice in chunk.get("choices", []):
+        delta = choice.get("delta", {}).get("content")
+        if delta:
+            pieces.append(delta)
+        if choice.get("finish_reason"):
+            finish = choice["finish_reason"]
+    return pieces, finish

@@ -1,0 +1,148 @@
+"""A target + draft (+ vision projector) pair: the one way run, serve and bench turn names and paths
+into checked files and a llama-server configuration.
+
+The CLI builds a ``PairSpec`` (which files), ``ServerKnobs`` (how to serve them) and ``Downloads`` (how
+missing files may be fetched) once; ``prepare_server`` resolves the files (registry + hub, or local
+paths / hf:// refs), refuses a wrong pair from the headers before anything is launched, and gives the
+``ServerConfig``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsparkcli.errors import PairingError, UsageError
+from dsparkcli.gguf.pairing import check_pair
+from dsparkcli.hub import fetch as hub
+from dsparkcli.hub.download import OnProgress
+from dsparkcli.hub.registry import load_registry
+from dsparkcli.llama.protocol import DEFAULT_BUDGET
+from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig
+
+Confirm = Callable[[list[hub.PlannedFile]], bool]  # shown the planned downloads, answers go/no-go
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Which files: a registry pair (``model``, default pair when None) unless ``target`` is given;
+    a given draft or mmproj (path or hf:// ref) replaces the registry's."""
+
+    model: str | None = None
+    target: str | Path | None = None
+    draft: str | Path | None = None
+    mmproj: str | Path | None = None
+    draft_key: str | None = None  # which of the registry pair's drafts
+    no_draft: bool = False  # plain decoding: the draft is neither fetched nor loaded
+
+
+@dataclass(frozen=True)
+class ServerKnobs:
+    """How the pair is served; ``None`` leaves llama.cpp's (or the registry's) default."""
+
+    budget: int | None = None  # --spec-draft-n-max
+    p_min: float | None = None
+    ctx: int | None = None
+    threads: int | None = None
+    ngl: str | int | None = None
+    extra_args: tuple[str, ...] = ()
+    host: str = DEFAULT_HOST
+    port: int = 0
+    api_key: str | None = None
+
+    def validate(self) -> None:
+        if self.budget is not None and self.budget < 1:
+            raise UsageError(f"--budget must be >= 1 (got {self.budget})")
+        if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
+            raise UsageError(f"--p-min must be within [0, 1] (got {self.p_min})")
+
+
+@dataclass(frozen=True)
+class Downloads:
+    """Whether (``yes``, ``confirm``) and with what progress display missing files are fetched."""
+
+    yes: bool = False
+    confirm: Confirm | None = None
+    on_progress: OnProgress | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedFiles:
+    target: Path
+    draft: Path | None
+    mmproj: Path | None
+    budget: int | None  # the registry's default budget, when the files came from the registry
+
+    def by_role(self) -> dict[str, str]:
+        """role -> path of the files in use (for records and --json)."""
+        return {k: str(v) for k, v in (("target", self.target), ("draft", self.draft), ("mmproj", self.mmproj)) if v}
+
+
+def _local_or_ref(value: str | Path | None, role: str, downloads: Downloads) -> Path | None:
+    if value is None:
+        return None
+    text = str(value)
+    if text.startswith("hf://"):
+        return hub.fetch_ref(text, role=role, yes=downloads.yes, confirm=downloads.confirm,
+                             on_progress=downloads.on_progress)
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise UsageError(f"{role} model not found: {path}")
+    return path
+
+
+def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> ResolvedFiles:
+    """Local paths and hf:// refs win; otherwise the registry pair (default pair when no model)."""
+    if spec.target is None:
+        reg = load_registry()
+        pair = reg.get(spec.model) if spec.model else reg.get(reg.default)
+        wanted = ({"target"} | ({"draft"} if spec.draft is None and not spec.no_draft else set())
+                  | ({"mmproj"} if spec.mmproj is None else set()))
+        files = hub.ensure_files(pair, spec.draft_key, yes=downloads.yes, confirm=downloads.confirm,
+                                 on_progress=downloads.on_progress, roles=wanted)
+        draft = None if spec.no_draft else (_local_or_ref(spec.draft, "draft", downloads) or files.get("draft"))
+        mmproj = _local_or_ref(spec.mmproj, "mmproj", downloads) or files.get("mmproj")
+        return ResolvedFiles(target=files["target"], draft=draft, mmproj=mmproj, budget=pair.budget)
+    if spec.model is not None:
+        raise UsageError("give either --model or --target, not both")
+    target = _local_or_ref(spec.target, "target", downloads)
+    assert target is not None
+    draft = None if spec.no_draft else _local_or_ref(spec.draft, "draft", downloads)
+    return ResolvedFiles(target=target, draft=draft, mmproj=_local_or_ref(spec.mmproj, "mmproj", downloads),
+                         budget=None)
+
+
+def check_pairing(files: ResolvedFiles) -> None:
+    """Refuse a wrong pair with one line, before llama.cpp can assert on it."""
+    if files.draft is None and files.mmproj is None:
+        return
+    verdict = check_pair(files.target, files.draft, files.mmproj)
+    if not verdict.ok:
+        raise PairingError(f"{files.draft or files.mmproj} does not fit {files.target}: " + "; ".join(verdict.reasons),
+                           hint="dspark inspect TARGET DRAFT shows every check")
+
+
+def server_config(files: ResolvedFiles, knobs: ServerKnobs) -> ServerConfig:
+    """llama-server's configuration for checked files: the draft's budget from the knobs, else the
+    registry pair's, else DEFAULT_BUDGET; draft-only settings only with a draft."""
+    drafting = files.draft is not None
+    return ServerConfig(
+        model=files.target, draft=files.draft, mmproj=files.mmproj,
+        n_max=(knobs.budget or files.budget or DEFAULT_BUDGET) if drafting else None,
+        p_min=knobs.p_min if drafting else None, ctx=knobs.ctx, threads=knobs.threads, ngl=knobs.ngl,
+        ngld=knobs.ngl if drafting else None, host=knobs.host, port=knobs.port, api_key=knobs.api_key,
+        extra_args=tuple(knobs.extra_args),
+    )
+
+
+def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Downloads(), *,
+                   need_vision: bool = False) -> tuple[ServerConfig, ResolvedFiles]:
+    """Files resolved and checked, and the llama-server configuration for them (run and serve)."""
+    knobs.validate()
+    files = resolve_files(spec, downloads)
+    if need_vision and files.mmproj is None:
+        raise UsageError("images given but no --mmproj (the model's vision projector) is known")
+    check_pairing(files)
+    return server_config(files, knobs), files
+
