@@ -17,6 +17,7 @@ from pathlib import Path
 from dsparkcli.bench import overhead, provenance
 from dsparkcli.synth import known_answer as synth
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 
 
@@ -27,7 +28,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target")
     ap.add_argument("--draft")
-    ap.add_argument("--budget", type=int, default=5)
+    ap.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--n-predict", type=int, default=512)
     ap.add_argument("--ctx", type=int, default=4096)

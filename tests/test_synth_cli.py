@@ -80,6 +80,13 @@ def test_unknown_shape_is_a_clean_error(cli, tmp_path):
     assert proc.stderr.startswith("dspark: error: ") and "Traceback" not in proc.stderr
 
 
+def test_shape_names_the_known_shapes(cli, tmp_path):
+    """--shape reaches synth.full_width (no "not available in this install" fallback for a module that ships)."""
+    proc = cli("synth", str(tmp_path), "--shape", "no-such-model")
+    assert proc.returncode == 2
+    assert "unknown shape 'no-such-model'; choose one of minicpm-v-4.7-35b-a3b" in proc.stderr
+
+
 @pytest.mark.parametrize("command", ["synth", "synth-predict"])
 def test_help_has_examples(cli, command):
     proc = cli(command, "--help")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,6 +12,7 @@ from rich.table import Table
 from dsparkcli.cli._common import JsonOpt
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import UsageError
+from dsparkcli.synth import full_width
 from dsparkcli.synth import known_answer as core
 
 SYNTH_HELP = """Write a synthetic target/draft pair whose every draft outcome is known in advance.
@@ -54,11 +54,7 @@ def _parse_tokens(text: str) -> list[int]:
 
 
 def _write_shape(outdir: Path, shape: str, qtype: str, seed: int, json_out: bool) -> None:
-    try:  # written by another module; imported only when asked for
-        shapes = importlib.import_module("dsparkcli.synth_shapes")
-    except ModuleNotFoundError:
-        raise UsageError("--shape is not available in this install (dsparkcli.synth_shapes is missing)") from None
-    result = shapes.write_full_width(outdir, shape=shape, qtype=qtype, seed=seed)
+    result = full_width.write_full_width(outdir, shape=shape, qtype=qtype, seed=seed)
     if json_out:
         print_json(result)
         return
