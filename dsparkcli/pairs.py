@@ -9,7 +9,6 @@ paths / hf:// refs), refuses a wrong pair from the headers before anything is la
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,11 +16,10 @@ from dsparkcli.errors import PairingError, UsageError
 from dsparkcli.gguf.pairing import check_pair
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.download import OnProgress
+from dsparkcli.hub.fetch import Confirm
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig
-
-Confirm = Callable[[list[hub.PlannedFile]], bool]  # shown the planned downloads, answers go/no-go
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.hub.fetch import Confirm
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.server import LlamaServer, ServerClient, metrics_or_none, stream_chat
-from dsparkcli.pairs import Confirm, Downloads, PairSpec, ServerKnobs, prepare_server
+from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
 
 IMAGE_FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "BMP": "image/bmp", "GIF": "image/gif"}
 MAX_IMAGE_BYTES = 32 * 1024 * 1024

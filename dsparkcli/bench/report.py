@@ -1,7 +1,7 @@
 """Render bench summaries: table rows, CSV, Markdown, JSON-ready dicts and a PNG plot.
 
-Input is the ``summary`` records ``dsparkcli.bench`` writes (or ``bench.summarize`` recomputes from a
-JSONL file). A run with ``--spec-synth-len`` is labelled synthetic in every format.
+Input is the ``summary`` records ``bench.run`` writes (``bench.records.SummaryRecord.to_record``), or
+``bench.stats.summarize`` recomputes from a JSONL file. A run with ``--spec-synth-len`` is labelled synthetic in every format.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class FetchedFile:
     hash_wait_seconds: float  # time spent waiting for the hash after the last byte arrived
 
 
-Confirm = Callable[[list[PlannedFile]], bool]
+Confirm = Callable[[list[PlannedFile]], bool]  # shown the planned downloads, answers go/no-go
 
 
 def fetch_ref(
