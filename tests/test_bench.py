@@ -25,7 +25,7 @@ from support.chat_oracle import expected_chat
 from dsparkcli.bench import prompts, stats
 from dsparkcli.bench import run as bench
 from dsparkcli.bench.plan import BenchPlan, Draft
-from dsparkcli.bench.records import read_jsonl
+from dsparkcli.bench.records import from_record, read_jsonl
 from dsparkcli.errors import BenchError
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
@@ -157,6 +157,14 @@ def test_records_carry_provenance(bench_run, engine, vpair):
     printed = [{k: v for k, v in s.items() if k != "load_s"} for s in doc["summaries"]]
     rebuilt = stats.summarize(read_jsonl(out))
     assert [{k: v for k, v in s.items()} for s in rebuilt] == printed
+
+
+def test_every_record_round_trips_through_its_type(bench_run):
+    """bench.records types the JSONL without changing it: to_record(from_record(line)) is the line."""
+    _, written, _, _ = bench_run
+    for r in written:
+        plain = {k: v for k, v in r.items() if k not in ("run_id", "provenance")}
+        assert from_record(r).to_record() == plain, r["record"]
 
 
 def test_plot_is_a_png(bench_run):

@@ -1,6 +1,6 @@
 """Fetch + verify with the REAL huggingface_hub client against FakeHub (tests/support/hubserver.py).
 
-In-process tests drive ``dsparkcli.hub`` (which reads HF_* variables at call time); CLI tests run
+In-process tests drive ``dsparkcli.hub.fetch`` (which reads HF_* variables at call time); CLI tests run
 ``dspark`` in a subprocess with the environment set, because huggingface_hub reads some variables
 at import time.
 """

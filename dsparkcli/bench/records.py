@@ -50,6 +50,11 @@ class PromptRecord:
         return {"record": "prompt", "prompt_id": self.prompt_id, "category": self.category, "rendered": self.rendered,
                 "images_sha256": list(self.images_sha256), "media_marker": self.media_marker}
 
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> PromptRecord:
+        return cls(rec["prompt_id"], rec["category"], rec["rendered"], tuple(rec.get("images_sha256") or ()),
+                   rec.get("media_marker", ""))
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -158,6 +163,10 @@ class Divergence:
         return {"prompt_id": self.prompt_id, "first_divergence": self.first_divergence,
                 "output_sha256": self.output_sha256, "plain_sha256": self.plain_sha256}
 
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Divergence:
+        return cls(rec["prompt_id"], rec.get("first_divergence"), rec.get("output_sha256", ""), rec.get("plain_sha256"))
+
 
 @dataclass(frozen=True)
 class DraftSummary:
@@ -186,6 +195,14 @@ class DraftSummary:
                 "acceptance_per_pos": self.acceptance_per_pos, "timings_drafted": self.timings_drafted,
                 "timings_accepted": self.timings_accepted, "identical": self.identical, "prompts": self.prompts,
                 "identical_pct": self.identical_pct, "divergent": [d.to_record() for d in self.divergent]}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> DraftSummary:
+        """From a summary row (rate, mean length and per-position shares are derived, not read)."""
+        return cls(counters=SpecCounters.from_record(rec), timings_drafted=rec.get("timings_drafted", 0),
+                   timings_accepted=rec.get("timings_accepted", 0), identical=rec.get("identical", 0),
+                   prompts=rec.get("prompts", 0),
+                   divergent=tuple(Divergence.from_record(d) for d in rec.get("divergent") or ()))
 
 
 @dataclass(frozen=True)
@@ -222,6 +239,17 @@ class SummaryRecord:
             rec["load_s"] = self.load_s
         return rec
 
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> SummaryRecord:
+        return cls(
+            config=rec["config"], category=rec["category"], draft=rec.get("draft"), budget=rec.get("budget"),
+            synthetic=bool(rec.get("synthetic")), synth_len=rec.get("synth_len"), prompts=rec.get("prompts", 0),
+            reps=rec.get("reps", 0), requests=rec.get("requests", 0), tokens=rec.get("tokens", 0),
+            tok_s=Spread.from_record(rec.get("tok_s") or {}), speedup=rec.get("speedup"),
+            upstream_acceptance_length=rec.get("upstream_acceptance_length"),
+            drafting=DraftSummary.from_record(rec) if "drafted" in rec else None, load_s=rec.get("load_s"),
+        )
+
 
 @dataclass(frozen=True)
 class OverheadRecord:
@@ -253,11 +281,31 @@ class OverheadRecord:
                 "stop_s": self.stop_s, "ratio": self.ratio, "ratio_after_hashing": self.ratio_after_hashing,
                 "configurations": self.configurations, "requests": self.requests, "synthetic": self.synthetic}
 
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> OverheadRecord:
+        """The measured parts (the ratios are derived from them, not read)."""
+        return cls(wall_s=rec["wall_s"], generation_s=rec["generation_s"], load_s=rec["load_s"],
+                   request_s=rec["request_s"], provenance_s=rec.get("provenance_s", 0.0), stop_s=rec.get("stop_s", 0.0),
+                   configurations=rec.get("configurations", 0), requests=rec.get("requests", 0),
+                   synthetic=bool(rec.get("synthetic")))
+
     def figures(self) -> dict[str, float]:
         """The --json document's ``overhead`` block."""
         return {"wall_s": self.wall_s, "generation_s": self.generation_s, "load_s": self.load_s,
                 "request_s": self.request_s, "provenance_s": self.provenance_s, "stop_s": self.stop_s,
                 "ratio": self.ratio, "ratio_after_hashing": self.ratio_after_hashing}
+
+
+RECORD_TYPES: dict[str, Any] = {"prompt": PromptRecord, "request": RequestRecord, "counters": CountersRecord,
+                                "summary": SummaryRecord, "overhead": OverheadRecord}
+
+
+def from_record(rec: Mapping[str, Any]) -> PromptRecord | RequestRecord | CountersRecord | SummaryRecord | OverheadRecord:
+    """The typed record of one JSON object (by its ``record`` field); run_id and provenance are not part of it."""
+    kind = rec.get("record")
+    if kind not in RECORD_TYPES:
+        raise ValueError(f"not a bench record: record={kind!r}")
+    return RECORD_TYPES[kind].from_record(rec)
 
 
 def measured(records: Sequence[Mapping[str, Any]]) -> tuple[list[RequestRecord], list[CountersRecord]]:
