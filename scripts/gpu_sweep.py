@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 # Python packages (gpu_study.sh), which need not hold dspark's; the server side is imported where used.
 from dsparkcli import __version__
 from dsparkcli.bench.records import JsonlSink
-from dsparkcli.bench.stats import spread as _spread
+from dsparkcli.bench.stats import spread
 from dsparkcli.llama import protocol
 
 if TYPE_CHECKING:
@@ -102,11 +102,6 @@ class Sink:
         return rec
 
 
-def spread(values: list[float]) -> dict[str, float | None]:
-    """bench.stats.spread with the count: this script's records carry ``n``."""
-    return _spread(values, count=True)
-
-
 def measure_hbm(sink: Sink, gib: float = 4.0, reps: int = 20) -> None:
     """Device-to-device copy bandwidth: a copy reads and writes every byte, so 2 x size per copy."""
     import torch
@@ -133,7 +128,8 @@ def measure_hbm(sink: Sink, gib: float = 4.0, reps: int = 20) -> None:
     from dsparkcli.bench.provenance import gpu_facts  # needs platformdirs: see the imports at the top
 
     sink.write("hbm", method="torch dst.copy_(src), bytes moved = 2 x size", size_bytes=n * 4, reps=reps,
-               gb_per_s=spread(gbps), device=torch.cuda.get_device_name(0), torch_version=torch.__version__,
+               gb_per_s=spread(gbps, count=True), device=torch.cuda.get_device_name(0),
+               torch_version=torch.__version__,
                gpu=gpu_facts())
 
 
@@ -227,10 +223,11 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
                                "engine": {"commit": engine.commit, "backend": engine.backend, "version": engine.version},
                                "gpu": args.gpu_name, "files": files, "by_n_predict": {}}
     for n_predict, recs in per_np.items():
-        s = {"tok_s": spread([r["tok_s"] for r in recs]), "t_step_ms": spread([r["t_step_ms"] for r in recs if r.get("t_step_ms")])}
+        s = {"tok_s": spread([r["tok_s"] for r in recs], count=True),
+             "t_step_ms": spread([r["t_step_ms"] for r in recs if r.get("t_step_ms")], count=True)}
         if c.budget is not None:
-            s["mean_len"] = spread([r["mean_len"] for r in recs if r.get("mean_len")])
-            s["t_draft_ms"] = spread([r["t_draft_ms"] for r in recs if r.get("t_draft_ms")])
+            s["mean_len"] = spread([r["mean_len"] for r in recs if r.get("mean_len")], count=True)
+            s["t_draft_ms"] = spread([r["t_draft_ms"] for r in recs if r.get("t_draft_ms")], count=True)
             s["draft_n"] = sum(r["draft_n"] for r in recs)
             s["draft_n_accepted"] = sum(r["draft_n_accepted"] for r in recs)
             s["steps"] = sum(r["steps"] for r in recs)
@@ -259,7 +256,8 @@ def measure_verify_cost(args, sink: Sink, srv, c: Config) -> dict[str, float]:
                                                                      return_tokens=None))
             if resp["timings"]["prompt_n"] == m:
                 ms.append(resp["timings"]["prompt_ms"])
-        sink.write("verify_cost", m=m, prompt_ms=spread(ms), method="prompt eval of m fresh tokens, plain server")
+        sink.write("verify_cost", m=m, prompt_ms=spread(ms, count=True),
+                   method="prompt eval of m fresh tokens, plain server")
         if ms:
             out[str(m)] = statistics.median(ms)
     return out
