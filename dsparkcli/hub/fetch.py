@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub import HfApi, hf_hub_url
 
@@ -127,26 +128,11 @@ def confirm_large(planned: list[PlannedFile], what: str, *, yes: bool, confirm: 
         raise DsparkError(f"fetch of {what} cancelled; nothing was downloaded")
 
 
-def ensure_files(
-    pair: ModelPair,
-    draft_key: str | None = None,
-    *,
-    local_dir: Path | str | None = None,
-    revision: str | None = None,
-    yes: bool = False,
-    confirm: Confirm | None = None,
-    on_progress: OnProgress | None = None,
-    roles: Collection[str] | None = None,
-) -> dict[str, Path]:
-    """role (target, mmproj, draft) -> verified local path, downloading what is missing.
-
-    ``roles`` limits it to some files (e.g. no draft for plain decoding: nothing unused is downloaded).
-    """
-    fetched = fetch(
-        pair, draft_key, local_dir=local_dir, revision=revision, yes=yes, confirm=confirm, on_progress=on_progress,
-        roles=roles,
-    )
-    return {f.role: f.path for f in fetched}
+def ensure_files(pair: ModelPair, draft_key: str | None = None, **options: Any) -> dict[str, Path]:
+    """role (target, mmproj, draft) -> verified local path, downloading what is missing: ``fetch``'s
+    result by role, with ``fetch``'s options (``roles`` limits it to some files, e.g. no draft for plain
+    decoding: nothing unused is downloaded)."""
+    return {f.role: f.path for f in fetch(pair, draft_key, **options)}
 
 
 def fetch(
