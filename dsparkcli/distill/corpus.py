@@ -1,0 +1,210 @@
+"""Training prompts for `dspark distill`: varied, seeded, and never the evaluation kit.
+
+A quick probe showed that prompt diversity, not draft capacity, limits a small draft: 3 k templated
+prompts were memorised and transferred poorly. So the corpus combines (a) many task templates x many
+subjects x random numbers across the text categories, and (b) questions the target writes itself from
+meta-prompts (see data.py), sampled at temperature. The 84-prompt bench kit is the held-out evaluation
+set: any prompt that shares most of its word trigrams with a kit prompt is dropped (``held_out``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsparkcli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class TrainPrompt:
+    category: str
+    text: str
+
+
+LANGS = ("Python", "JavaScript", "TypeScript", "C", "C++", "Rust", "Go", "Java", "Ruby", "bash", "SQL",
+         "Kotlin", "C#", "PHP", "Haskell", "Lua")
+CODE_TASKS = (
+    "reverses the words in a sentence", "checks whether a string is a palindrome", "counts the vowels in a string",
+    "merges two sorted lists", "removes duplicates from a list while keeping order", "flattens a nested list",
+    "finds the maximum element of an array", "computes the factorial of a number", "checks whether a number is prime",
+    "converts Celsius to Fahrenheit", "sums the digits of an integer", "rotates an array by k positions",
+    "finds the second largest number in a list", "counts word frequencies in a text", "validates an email address",
+    "parses a CSV line into fields", "reads a file and prints its line count", "computes the greatest common divisor",
+    "converts a decimal number to binary", "capitalises the first letter of each word", "transposes a matrix",
+    "checks whether two strings are anagrams", "computes the mean and median of a list", "implements bubble sort",
+    "implements insertion sort", "implements quicksort", "implements merge sort", "implements a stack",
+    "implements a queue using two stacks", "builds a binary search tree with insert and search",
+    "performs a breadth-first search on a graph", "performs a depth-first search on a graph",
+    "detects a cycle in a linked list", "finds the longest common prefix of a list of strings",
+    "generates all permutations of a string", "computes the power set of a list", "chunks a list into groups of n",
+    "finds the most common element in a list", "converts a Roman numeral to an integer",
+    "formats a number with thousands separators", "parses a date string and prints the weekday",
+    "retries a function call up to three times", "memoizes a slow function", "throttles repeated calls",
+    "reads JSON from a file and prints one field", "writes a list of records to a CSV file",
+    "counts the lines of code in a directory", "checks balanced parentheses in an expression",
+    "computes the edit distance between two strings", "finds all pairs in an array that sum to a target",
+    "returns the n-th triangular number", "generates a random password", "computes compound interest",
+    "evaluates a simple arithmetic expression", "implements a min-heap", "finds the median of two sorted arrays",
+    "converts snake_case to camelCase", "splits a string on commas and trims spaces", "zips two lists into a dict",
+    "computes the dot product of two vectors", "implements a simple hash map", "draws a text progress bar",
+)
+CODE_FORMS = (
+    "Write a {lang} function that {task}.", "Implement a {lang} program that {task}.",
+    "Show me {lang} code that {task}, with a short explanation.", "In {lang}, write a function that {task} and add comments.",
+    "How would you write a {lang} function that {task}? Give an example.",
+    "Write a {lang} snippet that {task}, then explain its time complexity.",
+    "Give a {lang} solution that {task} and show a usage example.",
+    "Write clean, idiomatic {lang} that {task}.",
+)
+CODE_EXTRA = (
+    "Explain what a {concept} is in programming, with a short {lang} example.",
+    "What is the difference between {concept} and {concept2}? Use {lang} to illustrate.",
+    "Write a unit test in {lang} for a function that {task}.",
+    "Find and fix the bug in a {lang} function that is supposed to say it {task}; explain the fix.",
+)
+CONCEPTS = ("closure", "recursion", "a hash table", "a linked list", "an iterator", "a decorator", "polymorphism",
+            "inheritance", "an interface", "a mutex", "a race condition", "garbage collection", "a pointer",
+            "a lambda function", "immutability", "a REST API", "a database index", "a transaction", "big-O notation",
+            "dynamic programming", "a binary heap", "a trie", "memoization", "a callback", "an exception",
+            "a generic type", "a coroutine", "a deadlock", "tail recursion", "a bloom filter")
+
+MATH_FORMS = (
+    "Solve for x: {a}x + {b} = {c}. Show your work.", "Solve the equation {a}x - {b} = {c}x + {d}.",
+    "What is {a} percent of {big}? Explain the steps.", "Compute {a} * {b} + {c} * {d} step by step.",
+    "Find the area of a rectangle with sides {a} cm and {b} cm, and its perimeter.",
+    "A car travels {big} km in {a} hours. What is its average speed?",
+    "Find the roots of x^2 - {s}x + {p} = 0.", "Simplify the fraction {num}/{den}.",
+    "What is the least common multiple of {a} and {b}?", "What is the greatest common divisor of {big} and {big2}?",
+    "A shop sells pens at {a} dollars each. How much do {b} pens cost after a {c}% discount?",
+    "Compute the derivative of f(x) = {a}x^3 - {b}x^2 + {c}x.", "Integrate {a}x^2 + {b}x + {c} with respect to x.",
+    "A circle has radius {a}. Find its area and circumference.", "Convert {big} minutes into hours and minutes.",
+    "If {a} workers build a wall in {b} days, how long do {c} workers take?",
+    "Find the sum of the first {big} positive integers.", "What is {a}^{e}? Show the multiplication.",
+    "A triangle has sides {a}, {b} and {c}. Is it a right triangle? Explain.",
+    "The average of {a}, {b}, {c} and x is {d}. Find x.", "Expand ({a}x + {b})^2.",
+    "Solve the system: x + y = {s}, x - y = {d}.", "What is the probability of rolling a sum of {s2} with two dice?",
+    "A bank account earns {e}% interest per year. What is {big} dollars worth after {a} years?",
+    "Find the mean, median and mode of: {a}, {b}, {c}, {d}, {b}.", "Factorise x^2 + {s}x + {p}.",
+    "Prove that the sum of two even numbers is even.", "Prove that the product of two odd numbers is odd.",
+    "Explain why any number divisible by {a} and {b} is divisible by their least common multiple.",
+    "How many minutes are there in {a} days?", "Round {num}.{den} to the nearest whole number and explain.",
+    "Is {big} a prime number? Explain how you check.", "Find the slope of the line through ({a}, {b}) and ({c}, {d}).",
+    "Write {num}/{den} as a decimal and as a percentage.", "Compute {a}! and explain what a factorial is.",
+)
+
+GENERAL_TOPICS = (
+    "volcanoes", "photosynthesis", "the water cycle", "black holes", "the French Revolution", "honeybees",
+    "electric cars", "the human heart", "coffee", "the Roman Empire", "solar panels", "sleep", "recycling",
+    "the moon landing", "earthquakes", "vaccines", "the internet", "climate change", "chess", "gardening",
+    "the ocean tides", "dinosaurs", "the printing press", "meditation", "rainforests", "the stock market",
+    "learning a new language", "public speaking", "time management", "healthy breakfast ideas", "the Olympic games",
+    "jazz music", "the pyramids of Egypt", "penguins", "wind turbines", "friendship", "cloud computing",
+    "the immune system", "bread baking", "renewable energy", "the Great Wall of China", "octopuses",
+    "saving money", "running a marathon", "birds migrating", "the Renaissance", "glaciers", "bicycles",
+    "board games", "the solar system", "artificial intelligence", "tea ceremonies", "museums", "deserts",
+    "the history of writing", "trains", "volunteering", "camping", "electricity", "bees and flowers",
+    "the invention of the telephone", "cooking pasta", "mountain climbing", "libraries", "the Northern Lights",
+    "recycling plastic", "job interviews", "moving to a new city", "adopting a dog", "caring for houseplants",
+    "learning to swim", "the seasons", "lightning", "whales", "coral reefs", "the printing of money",
+    "city parks", "photography", "knitting", "the first computers", "space telescopes", "fossils", "kites",
+)
+GENERAL_FORMS = (
+    "Explain {topic} to a ten-year-old.", "Write a short paragraph about {topic}.",
+    "Give me five interesting facts about {topic}.", "What are the pros and cons of {topic}?",
+    "Write a short poem about {topic}.", "Summarise the history of {topic} in a few sentences.",
+    "Give three tips for someone who is new to {topic}.", "Write a friendly email to a friend about {topic}.",
+    "Describe {topic} in simple words.", "Why is {topic} important? Answer in a short paragraph.",
+    "Write a short story opening that involves {topic}.", "List some common misconceptions about {topic}.",
+    "How would you explain {topic} to someone from the 1800s?", "Write a haiku about {topic}.",
+    "What questions should I ask to learn more about {topic}?", "Compare {topic} and {topic2} briefly.",
+)
+
+# Meta-prompts: the target writes its own questions (sampled), so the corpus is not only our templates.
+META_FORMS = {
+    "code": "Write one short programming question about {concept} that a student might ask. Reply with the question only.",
+    "math": "Write one short math word problem about {topic} with numbers in it. Reply with the problem only.",
+    "general": "Write one interesting question someone might ask about {topic}. Reply with the question only.",
+}
+
+
+def _trigrams(text: str) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {tuple(words[i:i + 3]) for i in range(len(words) - 2)}
+
+
+def held_out(prompts: Iterable[TrainPrompt], evaluation: Iterable[str], overlap: float = 0.5) -> list[TrainPrompt]:
+    """Drop training prompts that share more than ``overlap`` of their word trigrams with an eval prompt."""
+    evals = [g for g in (_trigrams(e) for e in evaluation) if g]
+    kept = []
+    for p in prompts:
+        g = _trigrams(p.text)
+        if g and any(len(g & e) / min(len(g), len(e)) > overlap for e in evals):
+            continue
+        kept.append(p)
+    return kept
+
+
+def templated(n: int, seed: int) -> list[TrainPrompt]:
+    """``n`` distinct templated prompts, a third per text category, reproducible from ``seed``."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out: list[TrainPrompt] = []
+    makers = {
+        "code": lambda: rng.choice(CODE_FORMS + CODE_EXTRA).format(
+            lang=rng.choice(LANGS), task=rng.choice(CODE_TASKS), concept=rng.choice(CONCEPTS),
+            concept2=rng.choice(CONCEPTS)),
+        "math": lambda: rng.choice(MATH_FORMS).format(
+            a=rng.randint(2, 19), b=rng.randint(2, 29), c=rng.randint(2, 40), d=rng.randint(1, 30),
+            e=rng.randint(2, 6), s=rng.randint(3, 15), p=rng.randint(2, 50), s2=rng.randint(2, 12),
+            big=rng.randint(40, 960), big2=rng.randint(40, 960), num=rng.randint(2, 99), den=rng.randint(2, 99)),
+        "general": lambda: rng.choice(GENERAL_FORMS).format(
+            topic=rng.choice(GENERAL_TOPICS), topic2=rng.choice(GENERAL_TOPICS)),
+    }
+    cats = list(makers)
+    tries = 0
+    while len(out) < n and tries < n * 50:
+        tries += 1
+        cat = cats[len(out) % len(cats)]
+        text = makers[cat]()
+        if text not in seen:
+            seen.add(text)
+            out.append(TrainPrompt(cat, text))
+    return out
+
+
+def meta_prompts(n: int, seed: int) -> list[TrainPrompt]:
+    rng = random.Random(seed + 1)
+    out = []
+    for i in range(n):
+        cat = ("code", "math", "general")[i % 3]
+        out.append(TrainPrompt(cat, META_FORMS[cat].format(concept=rng.choice(CONCEPTS),
+                                                           topic=rng.choice(GENERAL_TOPICS))))
+    return out
+
+
+def load_user_prompts(path: Path) -> list[TrainPrompt]:
+    """``--prompts FILE``: one prompt per line, or JSONL objects with ``prompt`` (and ``category``)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read prompts file {path}: {e.__class__.__name__}") from e
+    out = []
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+                out.append(TrainPrompt(str(obj.get("category", "user")), str(obj["prompt"])))
+            except (ValueError, KeyError, TypeError) as e:
+                raise UsageError(f"{path}:{n}: not a JSON object with a 'prompt' field") from e
+        else:
+            out.append(TrainPrompt("user", line))
+    if not out:
+        raise UsageError(f"prompts file {path} has no prompts")
+    return out

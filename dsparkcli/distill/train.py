@@ -1,0 +1,359 @@
+"""Distil a DSpark draft from a GGUF target: data (data.py) -> features -> training -> GGUF (export.py).
+
+Training follows the published DSpark recipe where it fits the pinned engine (see model.py for the
+graph): random anchors in the target's responses, block = [anchor, MASK x (B-1)], slot i predicts the
+token at anchor+i+1, the Markov head's previous token teacher-forced, cross-entropy against the
+target's greedy tokens weighted exp(-i/gamma), and a confidence head trained (BCE) to predict whether
+slot i's argmax is right. The target's tapped features are computed once and kept (on the GPU: a few
+GB for ~2 M tokens), so each step costs only the draft.
+
+Held-out sequences give the simulated acceptance after each evaluation: 1 + the leading matches of the
+greedy Markov chain against the target's greedy tokens, per budget 1..B (a block's slot i sees only
+slots <= i, so budget k's proposals are the first k of budget B's). The best evaluation is exported.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dsparkcli.distill.data import Dataset
+from dsparkcli.distill.model import DraftConfig, DSparkDraft
+from dsparkcli.distill.target import Target, TargetTokenizer
+from dsparkcli.errors import UsageError
+
+# Texts llama.cpp treats as end of generation: a mask token must never be one of them.
+_EOG_TEXTS = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
+              "</s>", "<EOT>", "<|file_sep|>", "<|return|>", "<|call|>", "<|eom_id|>"}
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    layers: int = 2
+    block_size: int = 8
+    taps: tuple[int, ...] | None = None  # llama.cpp layer-input ids; None: spread like SpecForge
+    n_taps: int = 3
+    markov_rank: int = 64
+    n_ff: int | None = None  # None: the target's
+    minutes: float | None = None
+    steps: int | None = None
+    seed: int = 0
+    batch: int = 16  # sequences per step
+    anchors: int = 48  # blocks per sequence per step
+    lr: float = 1e-3
+    gamma: float = 4.0
+    conf_weight: float = 0.1
+    max_len: int = 1024
+    val_fraction: float = 0.03
+    eval_every_s: float = 60.0
+    checkpoint_every_s: float = 60.0
+    mask_token_id: int | None = None
+
+
+@dataclass
+class TrainResult:
+    config: DraftConfig
+    steps: int
+    seconds: float
+    train_tokens: int
+    val_sequences: int
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss since the last entry)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # {step, seconds, tau: {cat: [tau_k ...]}}
+    best: dict[str, Any] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"steps": self.steps, "seconds": round(self.seconds, 1), "train_tokens": self.train_tokens,
+                "val_sequences": self.val_sequences, "final_loss": self.losses[-1][1] if self.losses else None,
+                "best": self.best}
+
+
+def default_taps(n_layer: int, n: int) -> tuple[int, ...]:
+    """SpecForge spreads HF layer ids from 1 to n-3; llama.cpp's ids are layer inputs, i.e. HF id + 1."""
+    if n <= 1:
+        return (n_layer // 2 + 1,)
+    hf = np.linspace(1, max(1, n_layer - 3), n).round().astype(int)
+    return tuple(sorted({int(x) + 1 for x in hf}))
+
+
+def pick_mask_token(tok: TargetTokenizer) -> int:
+    """A control token that is no special id and no end-of-generation marker (the highest such id)."""
+    special = set(tok.special.values())
+    types = tok.token_types or []
+    for i in range(len(tok.tokens) - 1, -1, -1):
+        if i in special or tok.tokens[i] in _EOG_TEXTS:
+            continue
+        if types and types[i] == 3:  # CONTROL
+            return i
+    for i in range(len(tok.tokens) - 1, -1, -1):  # no control tokens (e.g. the "test" tokenizer)
+        if i not in special and tok.tokens[i] not in _EOG_TEXTS:
+            return i
+    raise UsageError("the target's vocabulary has no token usable as the draft's mask")
+
+
+def draft_config(target: Target, tok: TargetTokenizer, opt: TrainOptions) -> DraftConfig:
+    c = target.cfg
+    taps = opt.taps or default_taps(c.n_layer, opt.n_taps)
+    if any(t < 0 or t >= c.n_layer for t in taps):
+        raise UsageError(f"taps must be layer inputs 0..{c.n_layer - 1} of this {c.n_layer}-layer target")
+    if opt.block_size < 1 or opt.block_size > 16:
+        raise UsageError("block size must be 1..16")
+    mask = opt.mask_token_id if opt.mask_token_id is not None else pick_mask_token(tok)
+    if tok.tokens[mask] in _EOG_TEXTS or mask in set(tok.special.values()):
+        raise UsageError(f"mask token {mask} ({tok.tokens[mask]!r}) is a special/end-of-generation token")
+    return DraftConfig(n_embd=c.n_embd, n_layer=opt.layers, n_head=c.n_head, n_head_kv=c.n_head_kv,
+                       head_dim=c.head_dim, n_ff=opt.n_ff or c.n_ff, vocab=c.vocab, taps=tuple(taps),
+                       block_size=opt.block_size, markov_rank=opt.markov_rank, rope_base=c.rope_base,
+                       eps=c.eps, mask_token_id=mask, context_length=c.context_length)
+
+
+# ------------------------------------------------------------------ the target's features, computed once
+
+
+@dataclass(frozen=True)
+class Features:
+    """Per-token tap features for every sequence of a Dataset, on the training device."""
+
+    data: torch.Tensor  # [n_tokens, nt*E]
+    tokens: torch.Tensor  # [n_tokens] int64
+    offsets: list[int]
+    lens: list[int]
+    prompt_lens: list[int]
+
+
+def compute_features(target: Target, ds: Dataset, taps: Sequence[int], max_len: int, dtype: torch.dtype,
+                     progress: Callable[[str, int, int], None] | None = None, batch_tokens: int = 32768) -> Features:
+    dev = target.device
+    lens = [min(int(ds.offsets[i + 1] - ds.offsets[i]), max_len) for i in range(len(ds))]
+    offs = [0]
+    for n in lens:
+        offs.append(offs[-1] + n)
+    feat = torch.empty(offs[-1], len(taps) * target.cfg.n_embd, dtype=dtype, device=dev)
+    toks = torch.empty(offs[-1], dtype=torch.long, device=dev)
+    order = sorted(range(len(ds)), key=lambda i: lens[i])
+    i = 0
+    while i < len(order):
+        tmax = lens[order[min(len(order) - 1, i)]]
+        j = i
+        while j < len(order) and (j - i + 1) * max(tmax, lens[order[j]]) <= batch_tokens:
+            j += 1
+        j = max(j, i + 1)
+        idx = order[i:j]
+        t = max(lens[k] for k in idx)
+        x = torch.zeros(len(idx), t, dtype=torch.long, device=dev)
+        for r, k in enumerate(idx):
+            x[r, : lens[k]] = torch.from_numpy(ds.seq(k)[: lens[k]].astype(np.int64))
+        _, f = target(x, taps, logits=False)
+        for r, k in enumerate(idx):
+            feat[offs[k]: offs[k + 1]] = f[r, : lens[k]].to(dtype)
+            toks[offs[k]: offs[k + 1]] = x[r, : lens[k]]
+        i = j
+        if progress:
+            progress("features", i, len(order))
+    return Features(feat, toks, offs, lens, [min(int(p), n) for p, n in zip(ds.prompt_lens, lens)])
+
+
+def _batch(fs: Features, idx: Sequence[int], anchors: int, size: int, rng: np.random.Generator,
+           dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens [B, T], features [B, T, F], anchors [B, A] for the chosen sequences."""
+    t = max(fs.lens[i] for i in idx)
+    b = len(idx)
+    tokens = torch.zeros(b, t, dtype=torch.long, device=dev)
+    feats = torch.zeros(b, t, fs.data.shape[1], dtype=fs.data.dtype, device=dev)
+    anc = np.zeros((b, anchors), dtype=np.int64)
+    for r, i in enumerate(idx):
+        n = fs.lens[i]
+        tokens[r, :n] = fs.tokens[fs.offsets[i]: fs.offsets[i + 1]]
+        feats[r, :n] = fs.data[fs.offsets[i]: fs.offsets[i + 1]]
+        lo, hi = fs.prompt_lens[i], n - 2  # an anchor is a generated token with at least one after it
+        if hi < lo:
+            lo = hi = max(0, n - 2)
+        anc[r] = rng.integers(lo, hi + 1, size=anchors)
+    return tokens, feats, torch.from_numpy(anc).to(dev)
+
+
+def _slot_targets(tokens: torch.Tensor, anchors: torch.Tensor, size: int, lens: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher-forced previous tokens, labels and validity [B, A, S]."""
+    s = torch.arange(size, device=tokens.device)
+    pos = anchors[:, :, None] + s  # the slot's own position; it predicts pos+1
+    t = tokens.shape[1]
+    valid = (pos + 1) < lens[:, None, None]
+    flat = lambda p: tokens.gather(1, p.clamp(max=t - 1).flatten(1)).view_as(p)  # noqa: E731
+    return flat(pos), flat(pos + 1), valid
+
+
+def loss_fn(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, lens: torch.Tensor,
+            embed: torch.Tensor, head: torch.Tensor, gamma: float, conf_weight: float) -> torch.Tensor:
+    size = draft.cfg.block_size
+    te, _ = draft.blocks(tokens, feats, anchors, size, embed)
+    prev, labels, valid = _slot_targets(tokens, anchors, size, lens)
+    bias, w1 = draft.markov_bias(prev)
+    logits = (te @ head.T.to(te.dtype)).float() + bias.float()
+    w = torch.exp(-torch.arange(size, device=te.device, dtype=torch.float32) / gamma) * valid
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(w)
+    right = (logits.argmax(-1) == labels).float()
+    conf = draft.confidence(te, w1.to(te.dtype)).float().clamp(1e-6, 1 - 1e-6)
+    bce = F.binary_cross_entropy(conf, right, reduction="none")
+    denom = w.sum().clamp(min=1.0)
+    return (ce * w).sum() / denom + conf_weight * (bce * w).sum() / denom
+
+
+@torch.no_grad()
+def evaluate(draft: DSparkDraft, fs: Features, idx: Sequence[int], categories: Sequence[str], embed: torch.Tensor,
+             head: torch.Tensor, anchors: int = 64, seed: int = 1234) -> dict[str, list[float]]:
+    """Simulated mean acceptance length per category at budgets 1..B (index k-1), on held-out sequences."""
+    size = draft.cfg.block_size
+    rng = np.random.default_rng(seed)
+    dev = fs.data.device
+    per_cat: dict[str, list[np.ndarray]] = {}
+    draft.eval()
+    for chunk in [idx[i:i + 8] for i in range(0, len(idx), 8)]:
+        tokens, feats, anc = _batch(fs, chunk, anchors, size, rng, dev)
+        lens = torch.tensor([fs.lens[i] for i in chunk], device=dev)
+        props, _ = draft.propose(tokens, feats, anc, size, embed, head)
+        _, labels, valid = _slot_targets(tokens, anc, size, lens)
+        ok = ((props == labels) & valid).int().cumprod(-1)  # a slot counts only if all before it matched
+        lead = ok.sum(-1).cpu().numpy()  # [B, A]
+        full = valid.all(-1).cpu().numpy()  # only blocks wholly inside the response
+        for r, i in enumerate(chunk):
+            per_cat.setdefault(categories[i], []).append(lead[r][full[r]])
+    draft.train()
+    out = {}
+    for cat, leads in sorted(per_cat.items()):
+        lead = np.concatenate(leads)
+        if lead.size:
+            out[cat] = [round(float(1 + np.minimum(lead, k).mean()), 4) for k in range(1, size + 1)]
+    return out
+
+
+def _score(tau: dict[str, list[float]]) -> float:
+    return float(np.mean([v[-1] for v in tau.values()])) if tau else 0.0
+
+
+def _save_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, work: Path,
+          progress: Callable[[str, int, int, dict[str, Any]], None] | None = None,
+          should_stop: Callable[[], bool] | None = None) -> tuple[DSparkDraft, TrainResult]:
+    """Train (or resume from ``work/ckpt.pt``) and return the best draft by held-out simulated acceptance."""
+    if opt.minutes is None and opt.steps is None:
+        raise UsageError("give --minutes or --steps")
+    dev = target.device
+    gpu = dev.type == "cuda"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    torch.manual_seed(opt.seed)
+    rng = np.random.default_rng(opt.seed)
+    cfg = draft_config(target, tok, opt)
+    draft = DSparkDraft(cfg).to(dev)
+    embed = target.tok_embd
+    head = target.head
+    n = len(ds)
+    perm = rng.permutation(n)
+    n_val = max(1, int(round(n * opt.val_fraction))) if n > 4 else 1
+    val_idx = sorted(int(i) for i in perm[:n_val])
+    train_idx = [int(i) for i in perm[n_val:]] or val_idx
+
+    def feat_progress(stage: str, done: int, total: int) -> None:
+        if progress:
+            progress(stage, done, total, {})
+
+    fs = compute_features(target, ds, cfg.taps, opt.max_len, dtype, feat_progress)
+    optim = torch.optim.AdamW(draft.parameters(), lr=opt.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    res = TrainResult(cfg, 0, 0.0, sum(fs.lens[i] - fs.prompt_lens[i] for i in train_idx), len(val_idx))
+    best_state: dict[str, torch.Tensor] | None = None
+    ckpt = work / "ckpt.pt"
+    if ckpt.exists():
+        st = torch.load(ckpt, map_location=dev, weights_only=False)
+        if st.get("config") == cfg.to_dict():
+            draft.load_state_dict(st["draft"])
+            optim.load_state_dict(st["optim"])
+            res.steps, res.seconds = st["steps"], st["seconds"]
+            res.losses, res.evals, res.best = st["losses"], st["evals"], st["best"]
+            best_state = st.get("best_state")
+            rng = np.random.default_rng(opt.seed + res.steps)
+    total_s = opt.minutes * 60 if opt.minutes is not None else None
+    warm = 50
+
+    def frac() -> float:
+        f = []
+        if total_s:
+            f.append(res.seconds / total_s)
+        if opt.steps:
+            f.append(res.steps / opt.steps)
+        return max(f)
+
+    def checkpoint() -> None:
+        _save_atomic({"config": cfg.to_dict(), "draft": draft.state_dict(), "optim": optim.state_dict(),
+                      "steps": res.steps, "seconds": res.seconds, "losses": res.losses, "evals": res.evals,
+                      "best": res.best, "best_state": best_state}, ckpt)
+
+    def run_eval() -> None:
+        nonlocal best_state
+        tau = evaluate(draft, fs, val_idx, ds.categories, embed, head)
+        entry = {"step": res.steps, "seconds": round(res.seconds, 1), "tau": tau}
+        res.evals.append(entry)
+        if res.best is None or _score(tau) > _score(res.best["tau"]):
+            res.best = entry
+            best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
+
+    draft.train()
+    last_eval = last_ckpt = res.seconds
+    acc, acc_n = 0.0, 0
+    t_start = time.monotonic() - res.seconds
+    while frac() < 1.0:
+        if should_stop and should_stop():
+            break
+        f = frac()
+        lr = opt.lr * min(1.0, (res.steps + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, f)))
+        for g in optim.param_groups:
+            g["lr"] = max(lr, opt.lr * 0.02)
+        idx = [train_idx[int(i)] for i in rng.integers(0, len(train_idx), size=opt.batch)]
+        tokens, feats, anc = _batch(fs, idx, opt.anchors, cfg.block_size, rng, dev)
+        lens = torch.tensor([fs.lens[i] for i in idx], device=dev)
+        with torch.autocast(device_type=dev.type, dtype=dtype, enabled=gpu):
+            loss = loss_fn(draft, tokens, feats, anc, lens, embed, head, opt.gamma, opt.conf_weight)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optim.step()
+        res.steps += 1
+        acc += float(loss)
+        acc_n += 1
+        res.seconds = time.monotonic() - t_start
+        if res.seconds - last_eval >= opt.eval_every_s:
+            res.losses.append((res.steps, round(acc / acc_n, 4)))
+            acc, acc_n = 0.0, 0
+            run_eval()
+            last_eval = res.seconds
+        if res.seconds - last_ckpt >= opt.checkpoint_every_s:
+            checkpoint()
+            last_ckpt = res.seconds
+        if progress:
+            progress("train", int(f * 1000), 1000, {"step": res.steps, "loss": float(loss),
+                                                  "best": _score(res.best["tau"]) if res.best else None})
+    if acc_n:
+        res.losses.append((res.steps, round(acc / acc_n, 4)))
+    run_eval()
+    checkpoint()
+    if best_state is not None:
+        draft.load_state_dict(best_state)
+    return draft, res
+
+
+def options_dict(opt: TrainOptions) -> dict[str, Any]:
+    d = asdict(opt)
+    d["taps"] = list(opt.taps) if opt.taps else None
+    return d
