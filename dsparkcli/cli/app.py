@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "bench",
     "serve",
     "synth",
+    "distill",
     "requant",
     "fetch",
     "models",

@@ -258,6 +258,8 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
     rng = np.random.default_rng(opt.seed)
     cfg = draft_config(target, tok, opt)
     draft = DSparkDraft(cfg).to(dev)
+    with torch.no_grad():  # start at the target's own output scale: logits of embed -> head are sane
+        draft.norm.weight.copy_(target.w["output_norm.weight"].to(dev))
     embed = target.tok_embd
     head = target.head
     n = len(ds)
@@ -330,7 +332,7 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         optim.step()
         res.steps += 1
-        acc += float(loss)
+        acc += float(loss.detach())
         acc_n += 1
         res.seconds = time.monotonic() - t_start
         if res.seconds - last_eval >= opt.eval_every_s:

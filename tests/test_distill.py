@@ -1,0 +1,206 @@
+"""`dspark distill`: the trainer on a tiny random llama target (CPU), and parity with llama.cpp's draft.
+
+Parity is the test that matters: a draft trained here is useless if llama.cpp runs a different graph
+(SpecForge shipped drafts with a wrong mask / ignored tied embeddings / an off-by-one). We replay
+llama-server's speculative loop with the torch draft and compare every proposal the engine logs
+(``-v``: ``draft candidate 0``) and its drafted/accepted counters.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the training extra (torch) is part of `make test`'s install")
+
+from dsparkcli.distill import corpus, export, parity  # noqa: E402
+from dsparkcli.distill.data import Dataset  # noqa: E402
+from dsparkcli.distill.model import DSparkDraft  # noqa: E402
+from dsparkcli.distill.target import load_target  # noqa: E402
+from dsparkcli.distill.train import TrainOptions, default_taps, draft_config, pick_mask_token, train  # noqa: E402
+from dsparkcli.server import LlamaServer, ServerConfig  # noqa: E402
+
+VOCAB, EMBD, LAYERS, HEADS, HEADS_KV, FF = 256, 128, 4, 4, 2, 256
+
+
+def write_random_llama(path: Path, seed: int = 0) -> None:
+    """A tiny llama target with random weights and the engine's "test" tokenizer (tied embeddings)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    hd = EMBD // HEADS
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("dspark random tiny llama")
+    w.add_context_length(2048)
+    w.add_embedding_length(EMBD)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(HEADS_KV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("test")
+    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    w.add_eos_token_id(VOCAB - 1)
+
+    def r(*shape: int, s: float = 0.08) -> np.ndarray:
+        return (rng.standard_normal(shape) * s).astype(f32)
+
+    w.add_tensor("token_embd.weight", r(VOCAB, EMBD, s=1.0))  # tied: no output.weight
+    w.add_tensor("output_norm.weight", np.ones(EMBD, f32))
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(EMBD, f32))
+        w.add_tensor(p + "attn_q.weight", r(EMBD, EMBD, s=0.3))
+        w.add_tensor(p + "attn_k.weight", r(HEADS_KV * hd, EMBD, s=0.3))
+        w.add_tensor(p + "attn_v.weight", r(HEADS_KV * hd, EMBD))
+        w.add_tensor(p + "attn_output.weight", r(EMBD, EMBD))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(EMBD, f32))
+        w.add_tensor(p + "ffn_gate.weight", r(FF, EMBD))
+        w.add_tensor(p + "ffn_up.weight", r(FF, EMBD))
+        w.add_tensor(p + "ffn_down.weight", r(EMBD, FF))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("distill")
+    write_random_llama(d / "target.gguf")
+    return d
+
+
+def _dataset(target, n: int = 48, new: int = 40, seed: int = 0) -> Dataset:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    prompts = [list(rng.integers(0, VOCAB - 1, size=int(rng.integers(4, 12)))) for _ in range(n)]
+    responses = target.generate(prompts, new, stop=[])
+    return Dataset.build(prompts, responses, ["code", "math", "general"] * (n // 3))
+
+
+def test_torch_target_matches_llama_server_greedy(engine, tiny: Path) -> None:
+    target, _ = load_target(tiny / "target.gguf")
+    prompt = [5, 17, 99, 3, 42]
+    cfg = ServerConfig(model=tiny / "target.gguf", draft=None, mmproj=None, n_max=None, p_min=None, ctx=512,
+                       threads=1, synth_len=None)
+    with LlamaServer(engine, cfg) as srv:
+        r = srv.client.completion({"prompt": prompt, "n_predict": 32, "temperature": 0, "return_tokens": True})
+    assert target.generate([prompt], 32, stop=[])[0] == r["tokens"]
+
+
+def test_trainer_cpu_loss_falls_and_export_serves(engine, tiny: Path, tmp_path: Path) -> None:
+    target, tok = load_target(tiny / "target.gguf")
+    ds = _dataset(target)
+    opt = TrainOptions(layers=1, block_size=4, n_taps=2, markov_rank=32, steps=60, batch=8, anchors=16,
+                       lr=3e-3, eval_every_s=1e9)
+    draft, res = train(target, tok, ds, opt, tmp_path)
+    assert res.steps == 60 and len(res.losses) == 1 and len(res.evals) == 1
+    # the loss of the first steps (recomputed on a fresh draft) is above the final one
+    first = DSparkDraft(draft.cfg)
+    assert res.losses[-1][1] < 0.8 * _loss_of(first, target, ds, opt)
+    tau = res.best["tau"]
+    assert set(tau) <= {"code", "math", "general"} and all(len(v) == 4 for v in tau.values())
+    assert max(v[-1] for v in tau.values()) > 1.2  # it learned something beyond chance (1.0 + ~1/256)
+    out = tmp_path / "draft.gguf"
+    export.write_gguf(out, draft, tok, "f32", {"test": True})
+    assert not list(tmp_path.glob(".draft.gguf.partial-*"))
+    cfg = ServerConfig(model=tiny / "target.gguf", draft=out, mmproj=None, n_max=4, p_min=None, ctx=512,
+                       threads=1, synth_len=None)
+    with LlamaServer(engine, cfg) as srv:
+        r = srv.client.completion({"prompt": [1, 2, 3], "n_predict": 24, "temperature": 0})
+    assert r["timings"]["draft_n"] > 0
+
+
+def _loss_of(draft: DSparkDraft, target, ds: Dataset, opt: TrainOptions) -> float:  # type: ignore[no-untyped-def]
+    from dsparkcli.distill.train import _batch, compute_features, loss_fn
+
+    fs = compute_features(target, ds, draft.cfg.taps, opt.max_len, torch.float32)
+    with torch.no_grad():
+        draft.norm.weight.copy_(target.w["output_norm.weight"])
+    rng = np.random.default_rng(0)
+    idx = list(range(len(ds)))[:16]
+    tokens, feats, anc = _batch(fs, idx, opt.anchors, draft.cfg.block_size, rng, torch.device("cpu"))
+    lens = torch.tensor([fs.lens[i] for i in idx])
+    with torch.no_grad():
+        return float(loss_fn(draft, tokens, feats, anc, lens, target.tok_embd, target.head, opt.gamma,
+                             opt.conf_weight))
+
+
+@pytest.mark.parametrize("budget", [3, 6])
+def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path: Path, budget: int) -> None:
+    target, tok = load_target(tiny / "target.gguf")
+    ds = _dataset(target, n=30, seed=1)
+    opt = TrainOptions(layers=2, block_size=8, taps=(1, 3), markov_rank=32, steps=40, batch=8, anchors=16,
+                       lr=3e-3, eval_every_s=1e9)
+    draft, _ = train(target, tok, ds, opt, tmp_path)
+    draft.eval()
+    out = tmp_path / "draft.gguf"
+    export.write_gguf(out, draft, tok, "f32")
+    n_predict = 48
+    cfg = ServerConfig(model=tiny / "target.gguf", draft=out, mmproj=None, n_max=budget, p_min=None, ctx=512,
+                       threads=1, synth_len=None, extra_args=("-v",))
+    same = total = accepted = 0
+    with LlamaServer(engine, cfg) as srv:
+        for seed in range(3):
+            prompt = [int(x) for x in np.random.default_rng(100 + seed).integers(0, VOCAB - 1, size=7)]
+            log_start = Path(srv.log_path).stat().st_size
+            r = srv.client.completion({"prompt": prompt, "n_predict": n_predict, "temperature": 0,
+                                       "return_tokens": True})
+            log = Path(srv.log_path).read_bytes()[log_start:].decode(errors="replace")
+            sim = parity.simulate(target, draft, prompt, r["tokens"], budget, n_predict)
+            s, t = parity.agreement(sim, parity.logged_proposals(log))
+            same, total = same + s, total + t
+            assert sim.steps > 5
+            if s == t:  # every proposal agreed: the counters must agree exactly
+                assert (r["timings"]["draft_n"], r["timings"]["draft_n_accepted"]) == (sim.drafted, sim.accepted)
+            accepted += r["timings"]["draft_n_accepted"]
+    assert total > 50 and same / total >= 0.99, (same, total)
+    assert accepted > 0  # a trained draft, so the agreement covers accepted runs and chain steps too
+
+
+def test_mask_token_never_end_of_generation(tiny: Path) -> None:
+    target, tok = load_target(tiny / "target.gguf")
+    m = pick_mask_token(tok)
+    assert m != VOCAB - 1  # the eos id
+    assert draft_config(target, tok, TrainOptions(steps=1)).mask_token_id == m
+
+
+def test_default_taps_follow_specforge_plus_one() -> None:
+    assert default_taps(30, 3) == (2, 15, 28)  # HF ids [1, 14, 27] are outputs; llama.cpp taps inputs
+    assert default_taps(4, 2) == (2,)  # a target too shallow to spread over: one tap
+
+
+def test_corpus_holds_out_the_kit() -> None:
+    from dsparkcli.prompts import load_prompts
+
+    kit = [p.text for p in load_prompts(None)]
+    leaked = [corpus.TrainPrompt("code", kit[0]), corpus.TrainPrompt("code", kit[0].upper() + " Please.")]
+    assert corpus.held_out(leaked, kit) == []
+    prompts = corpus.templated(3000, 0)
+    assert len({p.text for p in prompts}) == 3000
+    assert {p.category for p in prompts} == {"code", "math", "general"}
+    assert not set(p.text for p in prompts) & set(kit)
+
+
+def test_cli_distill_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "distill", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    r = run(str(tmp_path / "missing.gguf"), str(tmp_path / "d.gguf"), "--steps", "1")
+    assert r.returncode == 2 and r.stderr.strip() == f"dspark: error: target not found: {tmp_path / 'missing.gguf'}"
+    t = tmp_path / "t.gguf"
+    t.write_bytes(b"x")
+    r = run(str(t), str(tmp_path / "d.gguf"))
+    assert r.returncode == 2 and "--minutes N or --steps N" in r.stderr and r.stderr.count("\n") == 1
+    r = run(str(t), str(t), "--steps", "1")
+    assert r.returncode == 2 and "replace the target" in r.stderr
+    r = run(str(t), "/dev/null", "--steps", "1")
+    assert r.returncode == 2 and "not a regular file" in r.stderr
