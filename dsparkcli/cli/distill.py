@@ -57,6 +57,7 @@ def distill(
     max_new: Annotated[int, typer.Option("--max-new", min=8, help="Tokens per training response.")] = 384,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Sequences per training step.")] = 16,
     gen_batch: Annotated[int, typer.Option("--gen-batch", min=1, help="Prompts per generation batch.")] = 256,
+    data_minutes: Annotated[Optional[float], typer.Option("--data-minutes", min=0.05, help="Stop generating training data after this long.")] = None,
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak learning rate.")] = 1e-3,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda[:N].")] = "auto",
     outtype: Annotated[str, typer.Option("--outtype", help="Weights in the GGUF: q8_0, f16 or f32.")] = "q8_0",
@@ -85,13 +86,12 @@ def distill(
     from dsparkcli.config import cache_dir
     from dsparkcli.engine import resolve_engine
 
-    engine = resolve_engine(llama_bin)
     key = hashlib.sha256(str(target.resolve()).encode()).hexdigest()[:12]
     plan = DistillPlan(
         target=target, out=out_path, work=work or cache_dir() / "distill" / key,
         train=TrainOptions(layers=layers, block_size=block_size, taps=_taps(taps), markov_rank=markov_rank,
                            minutes=minutes, steps=steps, seed=seed, batch=batch, lr=lr),
-        n_prompts=n_prompts, n_meta=n_questions, max_new=max_new, gen_batch=gen_batch, device=device,
+        n_prompts=n_prompts, n_meta=n_questions, max_new=max_new, gen_batch=gen_batch, data_minutes=data_minutes, device=device,
         outtype=outtype, prompts_file=prompts)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -106,7 +106,7 @@ def distill(
                             if v is not None)
             bar.update(tasks[stage], completed=done, total=total or None, info=text)
 
-        report = run_distill(plan, engine, on_progress)
+        report = run_distill(plan, lambda: resolve_engine(llama_bin), on_progress)
     if json_out:
         print_json(report)
         return

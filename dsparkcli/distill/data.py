@@ -161,12 +161,18 @@ class Dataset:
 
 
 def write_responses(target, prompts: Sequence[Sequence[int]], categories: Sequence[str], batch: int,  # type: ignore[no-untyped-def]
-                    max_new: int, stop: Sequence[int], progress: Progress | None = None) -> Dataset:
-    """Stage 3: greedy responses. Prompts are sorted by length so a batch pads little."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+                    max_new: int, stop: Sequence[int], progress: Progress | None = None,
+                    deadline: float | None = None, seed: int = 0) -> Dataset:
+    """Stage 3: greedy responses, in a seeded random order so that a ``deadline`` (time.monotonic())
+    that stops generation early still leaves every category represented."""
+    import time
+
+    order = [int(i) for i in np.random.default_rng(seed).permutation(len(prompts))]
     responses: dict[int, list[int]] = {}
     done = 0
     for r in _batches(len(order), batch):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
         idx = [order[i] for i in r]
         res = target.generate([prompts[i] for i in idx], max_new, stop, temperature=0.0)
         for i, resp in zip(idx, res):
@@ -174,5 +180,5 @@ def write_responses(target, prompts: Sequence[Sequence[int]], categories: Sequen
         done += len(idx)
         if progress:
             progress("responses", done, len(prompts))
-    keep = [i for i in range(len(prompts)) if len(responses[i]) >= 2]
+    keep = [i for i in sorted(responses) if len(responses[i]) >= 2]
     return Dataset.build([prompts[i] for i in keep], [responses[i] for i in keep], [categories[i] for i in keep])

@@ -35,6 +35,7 @@ class DistillPlan:
     max_new: int = 384
     question_tokens: int = 48
     gen_batch: int = 256
+    data_minutes: float | None = None  # stop generating responses after this long (keep what is done)
     device: str = "auto"
     outtype: str = "q8_0"
     prompts_file: Path | None = None
@@ -119,8 +120,9 @@ def pick_device(name: str) -> str:
     return name
 
 
-def run_distill(plan: DistillPlan, engine, progress: Progress | None = None,  # type: ignore[no-untyped-def]
+def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress | None = None,
                 should_stop: Callable[[], bool] | None = None) -> DistillReport:
+    """``engine`` is called only when stage 1 has to run (a work folder that has prompts.json needs none)."""
     import torch
 
     from dsparkcli import __version__
@@ -153,7 +155,7 @@ def run_distill(plan: DistillPlan, engine, progress: Progress | None = None,  # 
 
     p_path = plan.work / "prompts.json"
     pj = json.loads(p_path.read_text()) if p_path.exists() else timed(
-        "prompts", lambda: stage_prompts(plan, tok, engine, progress))
+        "prompts", lambda: stage_prompts(plan, tok, engine(), progress))
     pids = PromptIds.from_json({k: v for k, v in pj.items() if k != "dropped_as_eval"})
     q_path = plan.work / "questions.json"
     if q_path.exists():
@@ -169,9 +171,10 @@ def run_distill(plan: DistillPlan, engine, progress: Progress | None = None,  # 
         # self-written questions take the category of the meta-prompt that asked for them
         q_cats = [pids.meta_categories[i % len(pids.meta_categories)] for i in range(len(questions))] \
             if pids.meta_categories else []
+        deadline = time.monotonic() + plan.data_minutes * 60 if plan.data_minutes else None
         ds = timed("responses", lambda: data.write_responses(
             target, pids.ids + questions, pids.categories + q_cats, plan.gen_batch, plan.max_new, pids.stop,
-            gen_progress))
+            gen_progress, deadline, plan.train.seed))
         ds.save(d_path)
     report.data = {"sequences": len(ds), "tokens": ds.n_tokens, "response_tokens": ds.n_response_tokens,
                    "templated_prompts": len(pids.ids), "self_written_questions": len(questions),

@@ -304,7 +304,8 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
 
     def run_eval() -> None:
         nonlocal best_state
-        tau = evaluate(draft, fs, val_idx, ds.categories, embed, head)
+        with torch.autocast(device_type=dev.type, dtype=dtype, enabled=gpu):
+            tau = evaluate(draft, fs, val_idx, ds.categories, embed, head)
         entry = {"step": res.steps, "seconds": round(res.seconds, 1), "tau": tau}
         res.evals.append(entry)
         if res.best is None or _score(tau) > _score(res.best["tau"]):
@@ -344,7 +345,7 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
             checkpoint()
             last_ckpt = res.seconds
         if progress:
-            progress("train", int(f * 1000), 1000, {"step": res.steps, "loss": float(loss),
+            progress("train", int(f * 1000), 1000, {"step": res.steps, "loss": float(loss.detach()),
                                                   "best": _score(res.best["tau"]) if res.best else None})
     if acc_n:
         res.losses.append((res.steps, round(acc / acc_n, 4)))
