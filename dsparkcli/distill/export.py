@@ -120,3 +120,39 @@ def write_gguf(path: Path, draft: DSparkDraft, tok: TargetTokenizer, outtype: st
         w.close()
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_gguf(path: Path) -> DSparkDraft:
+    """Load a draft this module wrote (any outtype) back into torch: for parity checks and evaluation."""
+    import gguf
+    import torch
+
+    from dsparkcli.distill.model import DraftConfig
+
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields.get("dspark.distill.config")
+    if field is None:
+        raise ValueError(f"{path} was not written by dspark distill (no dspark.distill.config)")
+    draft = DSparkDraft(DraftConfig.from_dict(json.loads(field.contents())))
+    names = {v: k for k, v in _state_names(draft).items()}
+    state = {}
+    for t in reader.tensors:
+        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        state[names[t.name]] = torch.from_numpy(np.array(arr, dtype=np.float32).reshape(shape))
+    draft.load_state_dict(state)
+    return draft
+
+
+def _state_names(draft: DSparkDraft) -> dict[str, str]:
+    """torch state_dict key -> GGUF tensor name (the inverse of ``tensors``)."""
+    m = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight", "norm.weight": "output_norm.weight",
+         "markov_w1.weight": "markov_w1.weight", "markov_w2.weight": "markov_w2.weight",
+         "conf.weight": "conf_proj.weight", "conf.bias": "conf_proj.bias"}
+    per_layer = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+                 "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "ffn_norm": "ffn_norm", "gate": "ffn_gate",
+                 "up": "ffn_up", "down": "ffn_down"}
+    for i in range(len(draft.layers)):
+        for a, b in per_layer.items():
+            m[f"layers.{i}.{a}.weight"] = f"blk.{i}.{b}.weight"
+    return m

@@ -201,8 +201,8 @@ def loss_fn(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, ancho
     w = torch.exp(-torch.arange(size, device=te.device, dtype=torch.float32) / gamma) * valid
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(w)
     right = (logits.argmax(-1) == labels).float()
-    conf = draft.confidence(te, w1.to(te.dtype)).float().clamp(1e-6, 1 - 1e-6)
-    bce = F.binary_cross_entropy(conf, right, reduction="none")
+    conf_logit = draft.conf(torch.cat((te, w1.to(te.dtype)), -1)).squeeze(-1).float()  # sigmoid in the loss
+    bce = F.binary_cross_entropy_with_logits(conf_logit, right, reduction="none")
     denom = w.sum().clamp(min=1.0)
     return (ce * w).sum() / denom + conf_weight * (bce * w).sum() / denom
 
