@@ -14,15 +14,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch  # the training extra: `make install` installs it, so a missing torch fails here, not skips
 
-torch = pytest.importorskip("torch", reason="the training extra (torch) is part of `make test`'s install")
-
-from dsparkcli.distill import corpus, export, parity  # noqa: E402
-from dsparkcli.distill.data import Dataset  # noqa: E402
-from dsparkcli.distill.model import DSparkDraft  # noqa: E402
-from dsparkcli.distill.target import load_target  # noqa: E402
-from dsparkcli.distill.train import TrainOptions, default_taps, draft_config, pick_mask_token, train  # noqa: E402
-from dsparkcli.server import LlamaServer, ServerConfig  # noqa: E402
+from dsparkcli.distill import corpus, export, parity
+from dsparkcli.distill.data import Dataset
+from dsparkcli.distill.model import DSparkDraft
+from dsparkcli.distill.target import load_target
+from dsparkcli.bench.prompts import load_prompts
+from dsparkcli.distill.train import (
+    TrainOptions, _batch, compute_features, default_taps, draft_config, loss_fn, pick_mask_token, train)
+from dsparkcli.llama.server import LlamaServer, ServerConfig
 
 VOCAB, EMBD, LAYERS, HEADS, HEADS_KV, FF = 256, 128, 4, 4, 2, 256
 
@@ -119,8 +120,6 @@ def test_trainer_cpu_loss_falls_and_export_serves(engine, tiny: Path, tmp_path: 
 
 
 def _loss_of(draft: DSparkDraft, target, ds: Dataset, opt: TrainOptions) -> float:  # type: ignore[no-untyped-def]
-    from dsparkcli.distill.train import _batch, compute_features, loss_fn
-
     fs = compute_features(target, ds, draft.cfg.taps, opt.max_len, torch.float32)
     with torch.no_grad():
         draft.norm.weight.copy_(target.w["output_norm.weight"])
@@ -178,8 +177,6 @@ def test_default_taps_follow_specforge_plus_one() -> None:
 
 
 def test_corpus_holds_out_the_kit() -> None:
-    from dsparkcli.prompts import load_prompts
-
     kit = [p.text for p in load_prompts(None)]
     leaked = [corpus.TrainPrompt("code", kit[0]), corpus.TrainPrompt("code", kit[0].upper() + " Please.")]
     assert corpus.held_out(leaked, kit) == []

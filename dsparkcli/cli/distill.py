@@ -10,7 +10,9 @@ import typer
 
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.config import cache_dir
 from dsparkcli.errors import UsageError
+from dsparkcli.llama.engine import resolve_engine
 
 HELP = """Train a DSpark draft for a GGUF target (llama, qwen3) and write it as a GGUF llama.cpp serves.
 
@@ -76,15 +78,13 @@ def distill(
         raise UsageError(f"output is not a regular file: {output}")
     if not out_path.parent.is_dir():
         raise UsageError(f"output folder does not exist: {out_path.parent}")
-    try:
+    try:  # torch is the optional training extra: deferred, so every other command works without it
         from dsparkcli.distill.pipeline import DistillPlan, run_distill
         from dsparkcli.distill.train import TrainOptions
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] == "torch":
             raise UsageError("distill needs torch: pip install 'dspark[train]'") from None
         raise
-    from dsparkcli.config import cache_dir
-    from dsparkcli.engine import resolve_engine
 
     key = hashlib.sha256(str(target.resolve()).encode()).hexdigest()[:12]
     plan = DistillPlan(

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from dsparkcli.distill.corpus import TrainPrompt
+from dsparkcli.llama.protocol import build_messages
 
 SENTINEL = "DSPARKSENTINELQUESTION"
 Progress = Callable[[str, int, int], None]
@@ -65,8 +68,6 @@ def tokenize_prompts(client, prompts: Sequence[TrainPrompt], meta: Sequence[Trai
                      stop: Sequence[int], newline: Sequence[int], bos: int | None,
                      progress: Progress | None = None) -> PromptIds:
     """Stage 1, through a running llama-server's client (the target loaded, any backend)."""
-    from dsparkcli.runner import build_messages
-
     def chat(text: str) -> list[int]:
         ids = client.tokenize(client.apply_template(build_messages(text, ())))
         return ([bos] if bos is not None and (not ids or ids[0] != bos) else []) + ids
@@ -96,8 +97,6 @@ def _batches(n: int, size: int) -> list[range]:
 def write_questions(target, pids: PromptIds, batch: int, max_new: int, seed: int,  # type: ignore[no-untyped-def]
                     progress: Progress | None = None) -> list[list[int]]:
     """Stage 2: the target's own questions (sampled), wrapped in the chat template. Empty/long ones dropped."""
-    import torch
-
     gen = torch.Generator(device=target.device).manual_seed(seed)
     nl = set(pids.newline)
     out = []
@@ -165,8 +164,6 @@ def write_responses(target, prompts: Sequence[Sequence[int]], categories: Sequen
                     deadline: float | None = None, seed: int = 0) -> Dataset:
     """Stage 3: greedy responses, in a seeded random order so that a ``deadline`` (time.monotonic())
     that stops generation early still leaves every category represented."""
-    import time
-
     order = [int(i) for i in np.random.default_rng(seed).permutation(len(prompts))]
     responses: dict[int, list[int]] = {}
     done = 0

@@ -14,9 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
+import torch
 
-from dsparkcli.distill.model import DSparkDraft
+from dsparkcli.distill.model import DraftConfig, DSparkDraft
 from dsparkcli.distill.target import TargetTokenizer
 
 ARCH = "dflash"
@@ -73,8 +75,6 @@ def _add_tokenizer(w: Any, tok: TargetTokenizer, mask_token_id: int) -> None:
 
 def write_gguf(path: Path, draft: DSparkDraft, tok: TargetTokenizer, outtype: str = "q8_0",
                provenance: dict[str, Any] | None = None) -> None:
-    import gguf
-
     if outtype not in OUT_TYPES:
         raise ValueError(f"outtype must be one of {OUT_TYPES}")
     c = draft.cfg
@@ -124,11 +124,6 @@ def write_gguf(path: Path, draft: DSparkDraft, tok: TargetTokenizer, outtype: st
 
 def read_gguf(path: Path) -> DSparkDraft:
     """Load a draft this module wrote (any outtype) back into torch: for parity checks and evaluation."""
-    import gguf
-    import torch
-
-    from dsparkcli.distill.model import DraftConfig
-
     reader = gguf.GGUFReader(str(path))
     field = reader.fields.get("dspark.distill.config")
     if field is None:

@@ -19,7 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gguf
+import torch
+
+from dsparkcli import __version__
+from dsparkcli.bench.prompts import load_prompts
+from dsparkcli.distill import corpus, data, export, train
+from dsparkcli.distill.data import Dataset, PromptIds
+from dsparkcli.distill.target import load_target
+from dsparkcli.distill.train import EOG_TEXTS, TrainOptions
 from dsparkcli.errors import UsageError
+from dsparkcli.llama.server import LlamaServer, ServerConfig
 
 Progress = Callable[[str, int, int, dict[str, Any]], None]
 
@@ -29,7 +39,7 @@ class DistillPlan:
     target: Path
     out: Path
     work: Path
-    train: Any  # TrainOptions (typed loosely: importing torch is deferred to run time)
+    train: TrainOptions
     n_prompts: int = 6000
     n_meta: int = 3000
     max_new: int = 384
@@ -64,25 +74,18 @@ def sha256_file(path: Path) -> str:
 
 def _eval_texts() -> list[str]:
     """The bench kit's prompts: held out of training."""
-    from dsparkcli.prompts import load_prompts
-
     return [p.text for p in load_prompts(None)]
 
 
 def _stop_and_newline(tok) -> tuple[list[int], list[int]]:  # type: ignore[no-untyped-def]
-    from dsparkcli.distill.train import _EOG_TEXTS
-
     stop = sorted({tok.special[k] for k in ("eos", "eot", "eom") if k in tok.special}
-                  | {i for i, t in enumerate(tok.tokens) if t in _EOG_TEXTS})
+                  | {i for i, t in enumerate(tok.tokens) if t in EOG_TEXTS})
     newline = [i for i, t in enumerate(tok.tokens) if "\n" in t or "Ċ" in t]  # Ċ: byte-level BPE's "\n"
     return stop, newline
 
 
 def stage_prompts(plan: DistillPlan, tok, engine, progress: Progress | None) -> dict:  # type: ignore[no-untyped-def]
     """Stage 1 (see module doc). Starts a CPU llama-server with the target for its template and tokenizer."""
-    from dsparkcli.distill import corpus, data
-    from dsparkcli.server import LlamaServer, ServerConfig
-
     prompts = corpus.templated(plan.n_prompts, plan.train.seed)
     if plan.prompts_file is not None:
         prompts = corpus.load_user_prompts(plan.prompts_file) + prompts
@@ -102,15 +105,11 @@ def stage_prompts(plan: DistillPlan, tok, engine, progress: Progress | None) -> 
 
 
 def _add_bos(path: Path) -> bool:
-    import gguf
-
     f = gguf.GGUFReader(str(path)).fields.get("tokenizer.ggml.add_bos_token")
     return bool(f.contents()) if f is not None else False
 
 
 def pick_device(name: str) -> str:
-    import torch
-
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -123,13 +122,6 @@ def pick_device(name: str) -> str:
 def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress | None = None,
                 should_stop: Callable[[], bool] | None = None) -> DistillReport:
     """``engine`` is called only when stage 1 has to run (a work folder that has prompts.json needs none)."""
-    import torch
-
-    from dsparkcli import __version__
-    from dsparkcli.distill import data, export, train
-    from dsparkcli.distill.data import Dataset, PromptIds
-    from dsparkcli.distill.target import load_target
-
     if plan.outtype not in export.OUT_TYPES:
         raise UsageError(f"--outtype must be one of {', '.join(export.OUT_TYPES)}")
     plan.work.mkdir(parents=True, exist_ok=True)

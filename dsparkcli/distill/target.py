@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -266,8 +267,6 @@ class Target(torch.nn.Module):
 
 def load_target(path: Path) -> tuple[Target, TargetTokenizer]:
     """Read and dequantise a GGUF target (CPU float32). Move it with ``target.to(device, dtype)``."""
-    import gguf
-
     reader = gguf.GGUFReader(str(path))
     cfg = read_config(reader)
     weights: dict[str, torch.Tensor] = {}

@@ -32,7 +32,7 @@ from dsparkcli.distill.target import Target, TargetTokenizer
 from dsparkcli.errors import UsageError
 
 # Texts llama.cpp treats as end of generation: a mask token must never be one of them.
-_EOG_TEXTS = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
+EOG_TEXTS = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
               "</s>", "<EOT>", "<|file_sep|>", "<|return|>", "<|call|>", "<|eom_id|>"}
 
 
@@ -89,12 +89,12 @@ def pick_mask_token(tok: TargetTokenizer) -> int:
     special = set(tok.special.values())
     types = tok.token_types or []
     for i in range(len(tok.tokens) - 1, -1, -1):
-        if i in special or tok.tokens[i] in _EOG_TEXTS:
+        if i in special or tok.tokens[i] in EOG_TEXTS:
             continue
         if types and types[i] == 3:  # CONTROL
             return i
     for i in range(len(tok.tokens) - 1, -1, -1):  # no control tokens (e.g. the "test" tokenizer)
-        if i not in special and tok.tokens[i] not in _EOG_TEXTS:
+        if i not in special and tok.tokens[i] not in EOG_TEXTS:
             return i
     raise UsageError("the target's vocabulary has no token usable as the draft's mask")
 
@@ -107,7 +107,7 @@ def draft_config(target: Target, tok: TargetTokenizer, opt: TrainOptions) -> Dra
     if opt.block_size < 1 or opt.block_size > 16:
         raise UsageError("block size must be 1..16")
     mask = opt.mask_token_id if opt.mask_token_id is not None else pick_mask_token(tok)
-    if tok.tokens[mask] in _EOG_TEXTS or mask in set(tok.special.values()):
+    if tok.tokens[mask] in EOG_TEXTS or mask in set(tok.special.values()):
         raise UsageError(f"mask token {mask} ({tok.tokens[mask]!r}) is a special/end-of-generation token")
     return DraftConfig(n_embd=c.n_embd, n_layer=opt.layers, n_head=c.n_head, n_head_kv=c.n_head_kv,
                        head_dim=c.head_dim, n_ff=opt.n_ff or c.n_ff, vocab=c.vocab, taps=tuple(taps),
