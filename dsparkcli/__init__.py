@@ -1,12 +1,8 @@
 """dspark: speculative decoding with DSpark block-diffusion drafts on llama.cpp."""
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _version
-
-try:
-    __version__ = _version("dspark")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.1.0"
+# The one place the version is written (pyproject.toml reads it from here): importlib.metadata would
+# cost every command ~20 ms of start-up to find the same string.
+__version__ = "0.1.0"
 
 __all__ = ["__version__", "run"]
 

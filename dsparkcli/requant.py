@@ -20,6 +20,7 @@ The recipe is seed 001's, made safe (llama.cpp 0c1e570, tools/quantize/quantize.
 
 from __future__ import annotations
 
+import functools
 import dataclasses
 import os
 import re
@@ -39,7 +40,7 @@ from dsparkcli.gguf.analysis import (
     diff_tensors,  # the same comparison rule as `dspark inspect --against`
     hash_file,
 )
-from dsparkcli.gguf.reader import GGML_TYPES, GGUFHeader, TensorInfo
+from dsparkcli.gguf.reader import GGUFHeader, TensorInfo, ggml_types
 
 HEAD_TENSORS = ("markov_w1.weight", "markov_w2.weight", "fc.weight")
 HEAD_TYPES = ("q8_0", "q6_K", "bf16")
@@ -82,23 +83,25 @@ class QuantizeError(DsparkError):
 # ------------------------------------------------------------------ types
 
 
-_BY_LOWER = {entry[0].lower(): (tid, entry[0]) for tid, entry in GGML_TYPES.items()}
+@functools.cache
+def _by_lower() -> dict[str, tuple[int, str]]:
+    return {entry[0].lower(): (tid, entry[0]) for tid, entry in ggml_types().items()}
 
 
 def canonical_type(name: str) -> str:
     """'q6_k' / 'Q6_K' / 'q6_K' -> 'Q6_K'; UsageError for anything not in TARGET_TYPES."""
-    found = _BY_LOWER.get(name.strip().lower())
+    found = _by_lower().get(name.strip().lower())
     if found is None or found[1] not in TARGET_TYPES:
         raise UsageError(f"unsupported tensor type {name!r}; choose one of {', '.join(t.lower() for t in TARGET_TYPES)}")
     return found[1]
 
 
 def _type_id(name: str) -> int:
-    return _BY_LOWER[name.lower()][0]
+    return _by_lower()[name.lower()][0]
 
 
 def _block(name: str) -> tuple[int, int]:
-    _, block, size = GGML_TYPES[_type_id(name)]
+    _, block, size = ggml_types()[_type_id(name)]
     return block, size
 
 
@@ -208,7 +211,7 @@ def parse_overrides(specs: Sequence[str]) -> dict[str, str]:
 
 
 def _pinnable(t: TensorInfo, src: str) -> None:
-    if t.n_bytes is None or t.type_name.lower() not in _BY_LOWER:
+    if t.n_bytes is None or t.type_name.lower() not in _by_lower():
         raise UsageError(f"{src}: tensor {t.name!r} has type {t.type_name}, unknown to dspark; cannot pin it")
     if t.name != t.name.lower() or any(c.isspace() for c in t.name):
         # llama-quantize lowercases patterns and splits the map file on whitespace

@@ -12,12 +12,14 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 
 from dsparkcli.llama import protocol
 from dsparkcli.llama.server import ServerClient, stream_chat
+
+if TYPE_CHECKING:
+    import httpx
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def measure(client: ServerClient, prompt: str, *, reps: int = 10, n_predict: int
                                     ignore_eos=True)
     sink = open(os.devnull, "w")  # dspark writes every streamed piece, as the CLI does to stdout
     bare_tps, bare_ttft, ds_tps, ds_ttft = [], [], [], []
+    import httpx  # deferred: only a bench run measures the overhead
+
     http = httpx.Client(base_url=client.base_url, timeout=600)  # kept alive, like dspark's own client
     try:
         bare_request(http, payload)  # warm-up, not counted

@@ -7,14 +7,6 @@ import sys
 from collections.abc import Callable, Iterator
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from dsparkcli.cli._output import err
 from dsparkcli.errors import UsageError
@@ -49,6 +41,9 @@ def confirm_downloads(planned: list[PlannedFile]) -> bool:
 
 @contextlib.contextmanager
 def download_progress(disable: bool = False) -> Iterator[Callable[[DownloadProgress], None]]:
+    # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True, disable=disable) as progress:
         tasks: dict[str, int] = {}

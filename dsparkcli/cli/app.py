@@ -40,14 +40,19 @@ Examples:
   dspark inspect draft.gguf             # census, DSpark structure, pairing
 """
 
-app = typer.Typer(
-    help=HELP,
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# Commands a module registers besides the one named after it.
+EXTRA_COMMANDS = {"synth-predict": "synth"}
+
+
+def _new_app() -> typer.Typer:
+    return typer.Typer(
+        help=HELP,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
 
 
 def _version_callback(value: bool) -> None:
@@ -56,7 +61,6 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: Annotated[
         Optional[bool],
@@ -66,13 +70,30 @@ def _root(
     """Speculative decoding with DSpark drafts on llama.cpp."""
 
 
-def _register_all() -> None:
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"dsparkcli.cli.{name}")
-        module.register(app)
+def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
+    """The app with these command modules registered (all of them for the root help and the tests)."""
+    new = _new_app()
+    new.callback()(_root)
+    for name in modules:
+        importlib.import_module(f"dsparkcli.cli.{name}").register(new)
+    return new
 
 
-_register_all()
+def _module_for(args: list[str]) -> str | None:
+    """The one command module that ``args`` invoke (the root takes no option with a value), else None."""
+    for arg in args:
+        if not arg.startswith("-"):
+            name = EXTRA_COMMANDS.get(arg, arg)
+            return name if name in COMMAND_MODULES else None
+    return None
+
+
+def __getattr__(name: str) -> typer.Typer:
+    # `from dsparkcli.cli.app import app`: the whole app, built on first use (main() imports only the
+    # command module it runs, which keeps start-up short)
+    if name == "app":
+        return build_app()
+    raise AttributeError(name)
 
 
 _INTERRUPTED: list[int] = []  # signals received; typer turns the KeyboardInterrupt into a quiet exit 130
@@ -95,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         cut = args.index("--")
         _common.PASSTHROUGH[:] = args[cut + 1 :]
         args = args[:cut]
+    if args in (["--version"], ["-V"]):
+        print(f"dspark {__version__}")
+        sys.exit(0)
+    module = _module_for(args)
+    app = build_app((module,) if module else COMMAND_MODULES)
     reported = False
     try:
         result = app(args=args, standalone_mode=False)

@@ -8,13 +8,6 @@ from typing import Annotated, Any, Optional
 
 import click
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 from typer.core import TyperCommand
 
@@ -132,6 +125,9 @@ def bench(
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
+    # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     fmt = "json" if json_out else fmt.lower()
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)} (got {fmt})")

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._output import err, out, print_json
@@ -31,6 +30,9 @@ def build(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build exists.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
+    # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TextColumn("{task.fields[line]}"), console=err, transient=True,
                   disable=json_out) as progress:

@@ -6,13 +6,6 @@ from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
@@ -208,6 +201,9 @@ def inspect(
                                                help="Estimate weights + KV cache memory at this context.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
+    # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
     columns = (TextColumn("hashing {task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
     with Progress(*columns, console=err, transient=True, disable=json_out or not err.is_terminal) as progress:
 

@@ -12,6 +12,7 @@ every problem is a ``GGUFError`` with one line of text.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -72,11 +73,14 @@ def _ggml_type_table() -> dict[int, tuple[str, int, int]]:
     return table
 
 
-GGML_TYPES = _ggml_type_table()
+@functools.cache
+def ggml_types() -> dict[int, tuple[str, int, int]]:
+    """The type table, built on first use: gguf-py pulls in numpy (~0.1 s every command would pay)."""
+    return _ggml_type_table()
 
 
 def ggml_type_name(type_id: int) -> str:
-    entry = GGML_TYPES.get(type_id)
+    entry = ggml_types().get(type_id)
     return entry[0] if entry else f"type#{type_id}"
 
 
@@ -435,7 +439,7 @@ def _tensor_info(src: ByteSource, name: str, shape: tuple[int, ...], type_id: in
     if offset % alignment:
         raise GGUFError(f"{src.name}: tensor {_q(name)} data offset {offset} is not aligned to {alignment}")
     n_bytes = None
-    entry = GGML_TYPES.get(type_id)
+    entry = ggml_types().get(type_id)
     if entry is not None:
         type_name, block, size = entry
         row = shape[0] if shape else 1

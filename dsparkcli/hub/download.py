@@ -17,18 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import httpx2
-from huggingface_hub import constants
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
-
 from dsparkcli.errors import HubError, VerificationError
 from dsparkcli.hub.cache import hf_endpoint
 from dsparkcli.units import format_size
@@ -150,6 +138,18 @@ class Unreachable(HubError):
 @contextmanager
 def hub_errors(repo: str, revision: str, what: str, pair_name: str | None = None) -> Iterator[None]:
     """huggingface_hub / network exceptions -> one-line HubError."""
+    # deferred (as every huggingface_hub / httpx2 import of the hub wing): ~0.2 s that only commands
+    # which reach the hub pay for
+    import httpx2
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
     endpoint = hf_endpoint()
     try:
         yield
@@ -199,6 +199,9 @@ def download(
     byte, bytes the hash had to read back from disk: only a prefix left by an earlier run).
     A dropped connection resumes at once if it delivered bytes, with backoff if it did not.
     """
+    import httpx2
+    from huggingface_hub.utils import build_hf_headers
+
     assert p.size is not None
     headers = build_hf_headers()  # HF_TOKEN or the stored login; never logged
     received = 0
@@ -263,6 +266,9 @@ def _file_size(path: Path) -> int:
 
 def _stream(url: str, headers: dict, partial: Path, have: int, p: Transfer, hasher: _Hasher, emit: OnProgress) -> None:
     """One GET (Range from ``have``) appended to ``partial``; raises if it ends before ``p.size``."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
+
     assert p.size is not None
     request_headers = {**headers, "Accept-Encoding": "identity"}
     if have:

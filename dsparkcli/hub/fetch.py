@@ -23,8 +23,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import HfApi, hf_hub_url
-
 from dsparkcli.errors import DsparkError, HubError, UsageError, VerificationError
 from dsparkcli.hub.cache import (
     adopt_blob,
@@ -220,6 +218,8 @@ class _Remote:
 def _listing(repo: str, revision: str, what: str) -> tuple[str, dict[str, _Remote]]:
     """(commit, path -> remote file) for one repo revision: one model_info call with file metadata."""
     with hub_errors(repo, revision, what):
+        from huggingface_hub import HfApi  # deferred: see hub.download.hub_errors
+
         info = HfApi(endpoint=hf_endpoint()).model_info(repo, revision=revision, files_metadata=True)
     remote = {
         s.rfilename: _Remote(
@@ -333,6 +333,8 @@ def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None) -
     partial = partial_path(p.repo, expected, p.filename, p.local_dir)
     partial.parent.mkdir(parents=True, exist_ok=True)
     check_space(partial, p.size - p.partial_bytes, p)
+    from huggingface_hub import hf_hub_url
+
     url = hf_hub_url(p.repo, p.filename, revision=p.commit, endpoint=hf_endpoint())
     resumed = p.partial_bytes > 0
     with hub_errors(p.repo, p.commit, p.filename, pair_name):

@@ -8,9 +8,6 @@ import dataclasses
 import os
 from urllib.parse import urlsplit
 
-from huggingface_hub import get_hf_file_metadata, hf_hub_url
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-
 from dsparkcli.errors import GGUFError
 from dsparkcli.gguf.pairing import open_header
 from dsparkcli.gguf.reader import GGUFHeader, read_header
@@ -23,6 +20,8 @@ class HubRangeSource:
     """A hub file read by HTTP range requests through huggingface_hub's session (header bytes only)."""
 
     def __init__(self, loc: HubLocation, endpoint: str | None = None) -> None:
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url  # deferred: see hub.download.hub_errors
+
         self.loc = loc
         self.name = f"hf://{loc.repo}/{loc.filename}"
         self.endpoint = endpoint or hf_endpoint()
@@ -39,6 +38,8 @@ class HubRangeSource:
         self.requests = 0
 
     def read_at(self, offset: int, n: int) -> bytes:
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
         if n <= 0:
             return b""
         same_host = urlsplit(self.location).netloc == urlsplit(self.endpoint).netloc

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from dsparkcli import config
 from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.llama import protocol
@@ -129,6 +127,9 @@ class ServerClient:
     """HTTP calls to a running llama-server (ours or the user's ``--server URL``)."""
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+        import httpx  # deferred: ~0.1 s that commands which never talk to a server do not pay
+
+        self._httpx = httpx
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=5.0))
@@ -136,7 +137,7 @@ class ServerClient:
     def close(self) -> None:
         self._http.close()
 
-    def _raise_for(self, resp: httpx.Response, what: str) -> None:
+    def _raise_for(self, resp: Any, what: str) -> None:
         if resp.status_code >= 400:
             try:
                 detail = resp.json().get("error", {}).get("message", "") or resp.text
@@ -146,10 +147,10 @@ class ServerClient:
             raise ServerError(f"{what} failed with HTTP {resp.status_code}: {' '.join(str(detail).split())[:300]}",
                               kind="http", hint=hint)
 
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
         try:
             return self._http.request(method, path, **kw)
-        except httpx.TransportError as e:
+        except self._httpx.TransportError as e:
             raise ServerError(f"cannot reach llama-server at {self.base_url}{path}: {e.__class__.__name__}: {e}",
                               kind="crash") from e
 
@@ -189,7 +190,7 @@ class ServerClient:
                     if "error" in chunk:
                         raise ServerError(f"llama-server error: {chunk['error']}", kind="http")
                     yield chunk
-        except httpx.TransportError as e:
+        except self._httpx.TransportError as e:
             raise ServerError(f"connection to llama-server lost during generation: {e.__class__.__name__}",
                               kind="crash") from e
 

@@ -24,11 +24,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 
 from dsparkcli import __version__
 from dsparkcli.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SHAPES = ("minicpm-v-4.7-35b-a3b",)
 TARGET_ARCHS = ("qwen35moe", "qwen3moe")
@@ -163,7 +166,7 @@ class TensorSpec:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.ne))
+        return math.prod(self.ne)
 
     @property
     def nbytes(self) -> int:
@@ -342,6 +345,7 @@ _BUF_BLOCKS = 499_979  # a prime: repeats of the buffer never line up with rows 
 
 def _quant_buffer(qtype: str, sigma: float, rng: np.random.Generator) -> bytes:
     """Valid blocks of ``qtype`` whose weights have mean 0 and std ``sigma``."""
+    import numpy as np  # deferred: only writers need numpy
     n = _BUF_BLOCKS
     if qtype == "Q8_0":
         blocks = np.zeros(n, dtype=[("d", "<f2"), ("qs", "i1", 32)])
@@ -361,6 +365,7 @@ def _quant_buffer(qtype: str, sigma: float, rng: np.random.Generator) -> bytes:
 
 
 def _f32_data(spec: TensorSpec, rng: np.random.Generator, sigma: float) -> bytes:
+    import numpy as np  # deferred: only writers need numpy
     n = spec.n_elements
     if spec.init == "ones":
         x = np.ones(n, dtype=np.float32)
@@ -426,6 +431,7 @@ class WriteStats:
 def write_gguf(path: Path, kv: list[tuple[str, str, object]], specs: list[TensorSpec], *, seed: int = 0,
                on_progress: ProgressFn | None = None) -> WriteStats:
     """Write a GGUF header with gguf-py, then stream every tensor's data, hashing as we go."""
+    import numpy as np  # deferred: only writers need numpy
     import gguf  # imported here: only writers need it
 
     started = time.monotonic()

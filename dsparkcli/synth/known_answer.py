@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from dsparkcli.errors import UsageError, VerificationError
 from dsparkcli.gguf.analysis import hash_file
@@ -153,6 +152,7 @@ test_tokenize.__test__ = False  # type: ignore[attr-defined]  # not a pytest tes
 
 def _maps(vocab: int, accept_rate: float, seed: int) -> tuple[list[int], list[int], list[int]]:
     """g (one cycle through every token, so chains visit the whole vocab), draft_map, wrong rows."""
+    import numpy as np  # deferred: only writers need numpy
     rng = np.random.default_rng(seed)
     order = rng.permutation(vocab)
     g = [0] * vocab
@@ -167,6 +167,7 @@ def _maps(vocab: int, accept_rate: float, seed: int) -> tuple[list[int], list[in
 
 
 def _conf_logits(vocab: int, seed: int) -> list[float]:
+    import numpy as np  # deferred: only writers need numpy
     rng = np.random.default_rng([seed, 1])  # own stream: adding confidence does not change g or the wrong rows
     return [float(x) for x in rng.choice(CONF_LOGITS, size=vocab, p=CONF_WEIGHTS)]
 
@@ -187,6 +188,7 @@ def _write(writer: Any) -> None:
 
 
 def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int]) -> None:
+    import numpy as np  # deferred: only writers need numpy
     import gguf
 
     n_head = n_embd // HEAD_DIM
@@ -224,6 +226,7 @@ def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int]) -> None
 
 def _write_draft(path: Path, vocab: int, n_embd: int, block_size: int, draft_map: Sequence[int],
                  conf_logits: Sequence[float] | None) -> None:
+    import numpy as np  # deferred: only writers need numpy
     import gguf
 
     n_head = n_embd // HEAD_DIM
@@ -271,6 +274,7 @@ def _write_draft(path: Path, vocab: int, n_embd: int, block_size: int, draft_map
 
 
 def _write_mmproj(path: Path, n_embd: int, seed: int) -> None:
+    import numpy as np  # deferred: only writers need numpy
     import gguf
 
     rng = np.random.default_rng([seed, 2])
@@ -306,6 +310,7 @@ def _write_mmproj(path: Path, n_embd: int, seed: int) -> None:
 
 
 def _write_png(path: Path, seed: int) -> None:
+    import numpy as np  # deferred: only writers need numpy
     from PIL import Image
 
     rng = np.random.default_rng([seed, 3])
