@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.gguf.pairing import acceptance_kind
 from dsparkcli.hub.fetch import Confirm
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import protocol
@@ -67,6 +68,7 @@ class RunResult:
     budget: int | None
     server_argv: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
+    acceptance_kind: str | None = None  # "REAL" or "SYNTHETIC (why)" for a drafted run; None without a draft
 
     def to_record(self) -> dict[str, Any]:
         acc = self.acceptance
@@ -84,6 +86,7 @@ class RunResult:
             "steps": acc.steps if acc else None,
             "acceptance_rate": acc.rate if acc else None,
             "mean_acceptance_length": acc.mean_len if acc else None,
+            "acceptance_kind": self.acceptance_kind,
             "finish_reason": self.finish_reason,
             "timings": self.timings,
             "server_argv": list(self.server_argv),
@@ -228,12 +231,16 @@ def answer(
             on_server(srv)
         assert srv.client is not None
         try:
-            return ask(srv.client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp,
-                       seed=q.seed, drafting=files.draft is not None, budget=n_max, on_text=on_text,
-                       argv=srv.argv, files=files.by_role())
+            result = ask(srv.client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp,
+                         seed=q.seed, drafting=files.draft is not None, budget=n_max, on_text=on_text,
+                         argv=srv.argv, files=files.by_role())
         except ServerError:
             srv.check_alive()  # a crash mid-generation becomes "llama-server failed during generation: ..."
             raise
+    if files.draft is None:
+        return result
+    kind = acceptance_kind(files.target, files.draft)
+    return replace(result, acceptance_kind=kind.label if kind.label == "REAL" else f"{kind.label} ({kind.why})")
 
 
 def run(

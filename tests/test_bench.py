@@ -145,7 +145,9 @@ def test_records_carry_provenance(bench_run, engine, vpair):
         assert r["run_id"] == doc["run_id"] == prov["run_id"]
         assert prov["engine"]["commit"] == engine.commit and prov["engine"]["backend"] == engine.backend
         assert prov["engine"]["version"] == engine.version
-        assert prov["reps"] == REPS and prov["n_predict"] == N and prov["synthetic"] is False
+        assert prov["reps"] == REPS and prov["n_predict"] == N
+        # a `dspark synth` pair is SYNTHETIC even without --spec-synth-len (its heads are scripted)
+        assert prov["synthetic"] is True and prov["acceptance"] == "SYNTHETIC" and "scripted pair" in prov["acceptance_why"]
         assert "bench" in prov["argv"] and "--budget" in prov["argv"]
         assert isinstance(prov["gpu"], str) and prov["gpu"]
         datetime.fromisoformat(prov["timestamp"])

@@ -68,7 +68,7 @@ def test_user_file_adds_pairs_and_overrides_by_name(user_models):
     ) / "models.toml"  # fmt: skip
     registry = load_registry()
     assert registry.default == "tiny"
-    assert set(registry.pairs) == {"minicpm-v-4.7", "tiny"}
+    assert set(registry.pairs) == {"minicpm-v-4.7", "smollm2-135m", "tiny"}
     mine = registry.get("minicpm-v-4.7")
     assert mine.target.repo == "me/mine" and list(mine.drafts) == ["only"] and mine.mmproj is None
     assert mine.source == user and mine.budget == 5
@@ -138,3 +138,30 @@ def test_bad_user_file_fails_every_lookup_with_its_path(user_models):
     user = user_models(MINIMAL + 'sha256 = "abc"\n') / "models.toml"
     with pytest.raises(UsageError, match=rf"^{user}: pairs.tiny.drafts.q8.sha256"):
         load_registry()
+
+
+def test_pypi_and_packaged_files_must_pin_size_and_sha256(tmp_path: Path) -> None:
+    from dsparkcli.hub.registry import parse_models_file
+
+    good = '''[pairs.p.target]
+pypi = "pkg==1.0"
+member = "pkg/t.gguf"
+size = 10
+sha256 = "%s"
+[pairs.p.drafts.d]
+packaged = "drafts/d.gguf"
+size = 5
+sha256 = "%s"
+''' % ("a" * 64, "b" * 64)
+    f = tmp_path / "m.toml"
+    f.write_text(good)
+    _, pairs = parse_models_file(f)
+    t, d = pairs["p"].target, pairs["p"].drafts["d"]
+    assert (t.source, t.package, t.filename, t.size, t.repo) == ("pypi", "pkg==1.0", "pkg/t.gguf", 10, "pypi:pkg==1.0")
+    assert (d.source, d.filename, d.sha256) == ("package", "drafts/d.gguf", "b" * 64)
+    for bad, says in ((good.replace('size = 10\n', ''), "size"), (good.replace('pkg==1.0', 'pkg>=1'), "name==version"),
+                      (good.replace('pkg/t.gguf', '../t.gguf'), "relative path"),
+                      (good.replace('member = "pkg/t.gguf"\n', 'member = "t"\nrepo = "a/b"\n'), "not a key")):
+        f.write_text(bad)
+        with pytest.raises(UsageError, match=says):
+            parse_models_file(f)

@@ -10,6 +10,7 @@ from pathlib import Path
 from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import PLAIN
 from dsparkcli.errors import UsageError
+from dsparkcli.gguf.pairing import AcceptanceKind, acceptance_kind
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.pairs import Downloads, PairSpec, check_pairing, resolve_files
 
@@ -48,10 +49,17 @@ class BenchPlan:
     extra_args: tuple[str, ...] = ()
     upstream_acceptance: tuple[tuple[str, float], ...] = ()  # (category, upstream acceptance length)
     model_name: str | None = None
+    scripted: str | None = None  # why the pair's own acceptance is synthetic (a `dspark synth` pair), if it is
 
     @property
     def synthetic(self) -> bool:
-        return self.synth_len is not None
+        return self.synth_len is not None or self.scripted is not None
+
+    @property
+    def acceptance(self) -> AcceptanceKind:
+        if self.synth_len is not None:
+            return AcceptanceKind("SYNTHETIC", f"--spec-synth-len {self.synth_len:g}: llama.cpp emulates acceptance")
+        return AcceptanceKind("SYNTHETIC", self.scripted) if self.scripted else AcceptanceKind("REAL", "a real draft on a real target")
 
     def arms(self) -> list[Arm]:
         arms = [Arm(PLAIN)]
@@ -105,6 +113,15 @@ class BenchInputs:
     upstream_acceptance: tuple[tuple[str, float], ...] = ()
     budget: int | None = None  # the registry pair's default budget
     model_name: str | None = None
+    scripted: str | None = None  # set when a draft or the target is a `dspark synth` pair (SYNTHETIC)
+
+
+def _scripted(target: Path, drafts: Sequence[Draft]) -> str | None:
+    for d in drafts:
+        kind = acceptance_kind(target, d.path)
+        if kind.label == "SYNTHETIC":
+            return kind.why
+    return None
 
 
 def _split_label(spec: str) -> tuple[str | None, str]:
@@ -146,7 +163,8 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
             label = given or _label(d, taken)
             taken.add(label)
             resolved.append(Draft(label, files.draft))  # type: ignore[arg-type]
-        return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved))
+        return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),
+                           scripted=_scripted(files.target, resolved))
     reg = load_registry()
     name = model or reg.default
     if name is None:
@@ -166,4 +184,5 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
         taken.add(label)
         resolved.append(Draft(label, files.draft))
     return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),
-                       upstream_acceptance=tuple(pair.acceptance.items()), budget=pair.budget, model_name=name)
+                       upstream_acceptance=tuple(pair.acceptance.items()), budget=pair.budget, model_name=name,
+                       scripted=_scripted(files.target, resolved))

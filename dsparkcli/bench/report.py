@@ -33,11 +33,23 @@ def synth_len_of(summaries: Sequence[dict[str, Any]]) -> float | None:
     return float(found) if found is not None else 0.0
 
 
+SCRIPTED_LABEL = "SYNTHETIC acceptance ({why}): a scripted pair, not a real draft"
+REAL_LABEL = "REAL acceptance: a real draft on a real target"
+
+
+def synthetic_note(summaries: Sequence[dict[str, Any]]) -> str | None:
+    """Why a run's figures are synthetic (emulated with --spec-synth-len, or a scripted pair), or None."""
+    if not is_synthetic(summaries):
+        return None
+    prov = next((s["provenance"] for s in summaries if s.get("provenance")), {})
+    if prov.get("synth_len") is None and all(s.get("synth_len") is None for s in summaries):
+        return SCRIPTED_LABEL.format(why=prov.get("acceptance_why") or "a dspark synth pair")
+    return SYNTHETIC_LABEL.format(L=f"{synth_len_of(summaries):g}")
+
+
 def title(summaries: Sequence[dict[str, Any]]) -> str:
     base = "dspark bench: plain vs draft budgets (greedy; median over reps, min-max)"
-    if is_synthetic(summaries):
-        return f"{base}. " + SYNTHETIC_LABEL.format(L=f"{synth_len_of(summaries):g}")
-    return base
+    return f"{base}. {synthetic_note(summaries) or REAL_LABEL}"
 
 
 def _num(v: Any, digits: int = 2) -> str:
@@ -127,7 +139,7 @@ def to_json_doc(summaries: Sequence[dict[str, Any]], *, run_id: str, out: Path, 
     prov = summaries[0].get("provenance") if summaries else None
     synth = is_synthetic(summaries)
     return {"run_id": run_id, "jsonl": str(out), "synthetic": synth,
-            "synthetic_note": SYNTHETIC_LABEL.format(L=f"{synth_len_of(summaries):g}") if synth else None,
+            "acceptance": "SYNTHETIC" if synth else "REAL", "synthetic_note": synthetic_note(summaries),
             "overhead": overhead, "summaries": clean, "provenance": prov}
 
 
@@ -172,8 +184,7 @@ def plot(summaries: Sequence[dict[str, Any]], path: Path) -> Path:
     ax2.set_xticklabels(categories)
     ax2.grid(axis="y", alpha=0.3)
     head = "dspark bench: tok/s and speedup per configuration and category"
-    if is_synthetic(summaries):
-        head = f"SYNTHETIC acceptance (--spec-synth-len {synth_len_of(summaries):g})\n" + head
+    head = f"{synthetic_note(summaries) or REAL_LABEL}\n" + head
     fig.suptitle(head, fontsize=10, color="red" if is_synthetic(summaries) else "black")
     fig.tight_layout()
     path = Path(path)

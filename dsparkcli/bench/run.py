@@ -282,7 +282,8 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     prov = hashing.submit(provenance.collect, engine, files, argv=argv, reps=plan.reps, extra={
         "run_id": run_id, "model": plan.model_name, "n_predict": plan.n_predict, "warmup": plan.warmup,
         "seed": plan.seed, "ignore_eos": plan.ignore_eos, "p_min": plan.p_min, "synth_len": plan.synth_len,
-        "synthetic": plan.synthetic, "ctx": plan.ctx,
+        "synthetic": plan.synthetic, "acceptance": plan.acceptance.label, "acceptance_why": plan.acceptance.why,
+        "ctx": plan.ctx,
     })
     hashing.shutdown(wait=False)
     images_b64 = {p.id: [image_base64(i) for i in p.images] for p in plan.prompts}

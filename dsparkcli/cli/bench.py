@@ -142,11 +142,13 @@ def bench(
         budgets=tuple(budget or [inputs.budget or DEFAULT_BUDGET]), prompts=selected,
         reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_min, synth_len=synth_len,
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=passthrough_args(),
-        upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name,
+        upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
     )
     plan.validate()
-    if plan.synthetic:
+    if plan.synth_len is not None:
         err.print(f"[bold red]SYNTHETIC acceptance (--spec-synth-len {synth_len:g}): figures emulate a draft[/bold red]")
+    elif plan.scripted:
+        err.print(f"[bold red]SYNTHETIC acceptance ({plan.scripted}): a scripted pair, not a real draft[/bold red]")
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[where]}"))
     run_id = core.new_run_id()

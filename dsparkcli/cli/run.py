@@ -60,6 +60,8 @@ def format_stats(result: runner.RunResult) -> str:
         mean = f"{acc.mean_len:.2f}" if acc.mean_len is not None else "n/a (server without --metrics)"
         parts += [f"budget {result.budget}" if result.budget else "budget ?", f"drafted {acc.drafted}",
                   f"accepted {acc.accepted} ({rate})", f"mean acceptance length {mean}"]
+        if result.acceptance_kind:
+            parts.append(result.acceptance_kind)
     return " | ".join(parts)
 
 

@@ -159,3 +159,32 @@ def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.Path
     reasons = tuple(f"{c.name}: {c.detail}" for c in checks if c.ok is False)
     return PairVerdict(ok=not reasons, reasons=reasons, checks=tuple(checks), target=t.name,
                        draft=d.name if d else None, mmproj=m.name if m else None)
+
+
+SYNTHETIC_NAME = "dspark synthetic"  # general.name prefix of every file `dspark synth` writes
+
+
+@dataclass(frozen=True)
+class AcceptanceKind:
+    """Whether a pair's acceptance figures are REAL (a real draft on a real target) or SYNTHETIC."""
+
+    label: str  # REAL | SYNTHETIC
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.label} acceptance ({self.why})"
+
+
+def acceptance_kind(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.PathLike[str] | GGUFHeader | None,
+                    synth_len: float | None = None) -> AcceptanceKind:
+    """SYNTHETIC for llama.cpp's emulated acceptance (--spec-synth-len) and for pairs `dspark synth` wrote
+    (scripted heads or random weights: their general.name says so); REAL otherwise."""
+    if synth_len is not None:
+        return AcceptanceKind("SYNTHETIC", f"--spec-synth-len {synth_len:g}: llama.cpp emulates acceptance")
+    for role, path in (("draft", draft), ("target", target)):
+        if path is None:
+            continue
+        name = str_of(open_header(path).get("general.name")) or ""
+        if name.startswith(SYNTHETIC_NAME):
+            return AcceptanceKind("SYNTHETIC", f"scripted pair: the {role} is {printable(name, 60)!r}")
+    return AcceptanceKind("REAL", "a real draft on a real target")

