@@ -38,7 +38,7 @@ def models(local_dir: DirOpt = None, json_out: JsonOpt = False) -> None:
         for role, key, f in _files(pair):
             present = hub.local_status(pair, key if role == "draft" else None, local_dir=local_dir)[role]
             files.append({
-                "role": role, "key": key, "repo": f.repo, "revision": f.revision, "filename": f.filename,
+                "role": role, "key": key, "source": f.source, "repo": f.repo, "revision": f.revision, "filename": f.filename,
                 "glob": f.glob, "size": f.size, "sha256": f.sha256, "census": f.census,
                 "present": present is not None, "path": present,
             })  # fmt: skip
