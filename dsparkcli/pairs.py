@@ -41,10 +41,11 @@ class ServerKnobs:
 
     budget: int | None = None  # --spec-draft-n-max
     p_min: float | None = None
-    ctx: int | None = None
+    ctx: int | None = None  # per request: with ``parallel`` slots llama-server gets -c ctx * parallel
     threads: int | None = None
     ngl: str | int | None = None
     extra_args: tuple[str, ...] = ()
+    parallel: int = 1  # -np: requests decoded at once
     host: str = DEFAULT_HOST
     port: int = 0
     api_key: str | None = None
@@ -54,6 +55,8 @@ class ServerKnobs:
             raise UsageError(f"--budget must be >= 1 (got {self.budget})")
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
             raise UsageError(f"--p-min must be within [0, 1] (got {self.p_min})")
+        if self.parallel < 1:
+            raise UsageError(f"--parallel must be >= 1 (got {self.parallel})")
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,9 @@ def server_config(files: ResolvedFiles, knobs: ServerKnobs) -> ServerConfig:
     return ServerConfig(
         model=files.target, draft=files.draft, mmproj=files.mmproj,
         n_max=(knobs.budget or files.budget or DEFAULT_BUDGET) if drafting else None,
-        p_min=knobs.p_min if drafting else None, ctx=knobs.ctx, threads=knobs.threads, ngl=knobs.ngl,
+        # llama-server splits -c evenly over its -np slots: --ctx is what each request gets
+        p_min=knobs.p_min if drafting else None, ctx=knobs.ctx * knobs.parallel if knobs.ctx else None,
+        n_parallel=knobs.parallel, threads=knobs.threads, ngl=knobs.ngl,
         ngld=knobs.ngl if drafting else None, host=knobs.host, port=knobs.port, api_key=knobs.api_key,
         extra_args=tuple(knobs.extra_args),
     )

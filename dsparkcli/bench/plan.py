@@ -50,6 +50,8 @@ class BenchPlan:
     upstream_acceptance: tuple[tuple[str, float], ...] = ()  # (category, upstream acceptance length)
     model_name: str | None = None
     scripted: str | None = None  # why the pair's own acceptance is synthetic (a `dspark synth` pair), if it is
+    # --concurrency: clients in flight (llama-server -np N) per load level; empty: one request at a time
+    concurrency: tuple[int, ...] = ()
 
     @property
     def synthetic(self) -> bool:
@@ -68,7 +70,10 @@ class BenchPlan:
         return arms
 
     def total_requests(self) -> int:
-        return len(self.arms()) * (self.warmup + len(self.prompts) * self.reps)
+        per_client = self.warmup + len(self.prompts) * self.reps
+        if self.concurrency:  # every client asks the whole kit
+            return len(self.arms()) * sum(self.concurrency) * per_client
+        return len(self.arms()) * per_client
 
     def validate(self) -> None:
         if not self.drafts:
@@ -82,6 +87,10 @@ class BenchPlan:
         labels = [d.label for d in self.drafts]
         if len(set(labels)) != len(labels):
             raise UsageError(f"two drafts share the label '{next(lb for lb in labels if labels.count(lb) > 1)}'")
+        if any(c < 1 for c in self.concurrency):
+            raise UsageError(f"--concurrency values must be >= 1 (got {', '.join(map(str, self.concurrency))})")
+        if len(set(self.concurrency)) != len(self.concurrency):
+            raise UsageError("--concurrency values must be distinct")
         if self.reps < 1:
             raise UsageError("--reps must be at least 1")
         if self.warmup < 0:

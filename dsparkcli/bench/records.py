@@ -3,8 +3,10 @@
 fields older or hand-made records lack). Plus the line-per-record file I/O that bench and the GPU
 sweep script share.
 
-Kinds (field ``record``): ``prompt``, ``request``, ``counters``, ``summary``, ``overhead``. Every line
-also carries ``run_id`` and ``provenance``, which the writer adds.
+Kinds (field ``record``): ``prompt``, ``request``, ``counters``, ``summary``, ``overhead``; a run with
+``--concurrency`` writes ``pass`` and ``load_summary`` instead of ``summary``, and its request and
+counters records carry ``concurrency`` (requests also ``client`` and ``ttft_ms``). Every line also
+carries ``run_id`` and ``provenance``, which the writer adds.
 """
 
 from __future__ import annotations
@@ -36,6 +38,22 @@ class Spread:
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Spread:
         return cls(rec.get("median"), rec.get("min"), rec.get("max"))
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """p50, p95 (nearest rank: a value that was observed) and max of some values (all None for none)."""
+
+    p50: float | None = None
+    p95: float | None = None
+    max: float | None = None
+
+    def to_record(self) -> dict[str, float | None]:
+        return {"p50": self.p50, "p95": self.p95, "max": self.max}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Quantiles:
+        return cls(rec.get("p50"), rec.get("p95"), rec.get("max"))
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,11 @@ class RequestRecord:
     output_sha256: str = ""
     server_argv: tuple[str, ...] = ()
     identity: Identity | None = None  # None for plain decoding (nothing to compare with)
+    # a --concurrency run: how many clients were in flight, which one sent it, its first token's delay
+    # (client side, streamed); request_ms is then the end-to-end latency of a streamed request
+    concurrency: int | None = None
+    client: int | None = None
+    ttft_ms: float | None = None
 
     def to_record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
@@ -106,6 +129,8 @@ class RequestRecord:
             rec.update({"identical_to_plain": self.identity.identical_to_plain,
                         "first_divergence": self.identity.first_divergence,
                         "plain_sha256": self.identity.plain_sha256})
+        if self.concurrency is not None:
+            rec.update({"concurrency": self.concurrency, "client": self.client, "ttft_ms": self.ttft_ms})
         return rec
 
     @classmethod
@@ -124,6 +149,7 @@ class RequestRecord:
             truncated=rec.get("truncated"), tokens=tuple(rec.get("tokens") or ()),
             tokens_sha256=rec.get("tokens_sha256", ""), output_sha256=rec.get("output_sha256", ""),
             server_argv=tuple(rec.get("server_argv") or ()), identity=identity,
+            concurrency=rec.get("concurrency"), client=rec.get("client"), ttft_ms=rec.get("ttft_ms"),
         )
 
 
@@ -139,17 +165,22 @@ class CountersRecord:
     budget: int | None = None
     synthetic: bool = False
     server_argv: tuple[str, ...] = ()
+    concurrency: int | None = None  # a --concurrency run: one block per pass (category ``all``)
 
     def to_record(self) -> dict[str, Any]:
-        return {"record": "counters", "config": self.config, "draft": self.draft, "budget": self.budget,
-                "category": self.category, "rep": self.rep, **self.counters.to_record(),
-                "synthetic": self.synthetic, "server_argv": list(self.server_argv)}
+        rec = {"record": "counters", "config": self.config, "draft": self.draft, "budget": self.budget,
+               "category": self.category, "rep": self.rep, **self.counters.to_record(),
+               "synthetic": self.synthetic, "server_argv": list(self.server_argv)}
+        if self.concurrency is not None:
+            rec["concurrency"] = self.concurrency
+        return rec
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> CountersRecord:
         return cls(config=rec["config"], category=rec["category"], rep=rec["rep"],
                    counters=SpecCounters.from_record(rec), draft=rec.get("draft"), budget=rec.get("budget"),
-                   synthetic=bool(rec.get("synthetic")), server_argv=tuple(rec.get("server_argv") or ()))
+                   synthetic=bool(rec.get("synthetic")), server_argv=tuple(rec.get("server_argv") or ()),
+                   concurrency=rec.get("concurrency"))
 
 
 @dataclass(frozen=True)
@@ -252,9 +283,92 @@ class SummaryRecord:
 
 
 @dataclass(frozen=True)
+class PassRecord:
+    """One timed pass of a --concurrency run: every client through the prompt kit once, all in flight
+    together; aggregate tok/s = tokens / wall (first request sent to last answer received)."""
+
+    config: str
+    concurrency: int
+    rep: int
+    requests: int
+    tokens: int
+    wall_s: float
+    draft: str | None = None
+    budget: int | None = None
+    synthetic: bool = False
+
+    @property
+    def tok_s(self) -> float | None:
+        return self.tokens / self.wall_s if self.wall_s > 0 else None
+
+    def to_record(self) -> dict[str, Any]:
+        return {"record": "pass", "config": self.config, "draft": self.draft, "budget": self.budget,
+                "synthetic": self.synthetic, "concurrency": self.concurrency, "rep": self.rep,
+                "requests": self.requests, "tokens": self.tokens, "wall_s": self.wall_s, "tok_s": self.tok_s}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> PassRecord:
+        """The measured parts (tok/s is derived from them, not read)."""
+        return cls(config=rec["config"], concurrency=rec["concurrency"], rep=rec["rep"], requests=rec["requests"],
+                   tokens=rec["tokens"], wall_s=rec["wall_s"], draft=rec.get("draft"), budget=rec.get("budget"),
+                   synthetic=bool(rec.get("synthetic")))
+
+
+@dataclass(frozen=True)
+class LoadSummaryRecord:
+    """The figures of one configuration at one concurrency (every category together)."""
+
+    config: str
+    concurrency: int
+    draft: str | None
+    budget: int | None
+    synthetic: bool
+    synth_len: float | None
+    prompts: int
+    reps: int
+    requests: int
+    tokens: int
+    tok_s: Spread  # aggregate: over passes
+    request_tok_s: Spread  # per request, server-side decode rate (timings.predicted_per_second)
+    ttft_ms: Quantiles  # client side, streamed: request sent -> first token
+    latency_ms: Quantiles  # client side: request sent -> last byte
+    speedup: float | None  # median aggregate tok/s / plain's at the same concurrency
+    drafting: DraftSummary | None = None  # None for plain decoding; identity vs plain at the same concurrency
+    load_s: float | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "record": "load_summary", "config": self.config, "draft": self.draft, "budget": self.budget,
+            "concurrency": self.concurrency, "category": ALL, "synthetic": self.synthetic, "synth_len": self.synth_len,
+            "prompts": self.prompts, "reps": self.reps, "requests": self.requests, "tokens": self.tokens,
+            "tok_s": self.tok_s.to_record(), "request_tok_s": self.request_tok_s.to_record(),
+            "ttft_ms": self.ttft_ms.to_record(), "latency_ms": self.latency_ms.to_record(), "speedup": self.speedup,
+        }
+        if self.drafting is not None:
+            rec.update(self.drafting.to_record())
+        if self.load_s is not None:
+            rec["load_s"] = self.load_s
+        return rec
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> LoadSummaryRecord:
+        return cls(
+            config=rec["config"], concurrency=rec["concurrency"], draft=rec.get("draft"), budget=rec.get("budget"),
+            synthetic=bool(rec.get("synthetic")), synth_len=rec.get("synth_len"), prompts=rec.get("prompts", 0),
+            reps=rec.get("reps", 0), requests=rec.get("requests", 0), tokens=rec.get("tokens", 0),
+            tok_s=Spread.from_record(rec.get("tok_s") or {}), request_tok_s=Spread.from_record(rec.get("request_tok_s") or {}),
+            ttft_ms=Quantiles.from_record(rec.get("ttft_ms") or {}),
+            latency_ms=Quantiles.from_record(rec.get("latency_ms") or {}), speedup=rec.get("speedup"),
+            drafting=DraftSummary.from_record(rec) if "drafted" in rec else None, load_s=rec.get("load_s"),
+        )
+
+
+@dataclass(frozen=True)
 class OverheadRecord:
     wall_s: float  # the whole bench, servers' start and stop included
-    generation_s: float  # Σ server-side prompt + generation time of every request (warm-up included)
+    # Σ server-side prompt + generation time of every request (warm-up included); in a --concurrency
+    # run, where requests overlap, Σ wall time of the passes and warm-ups instead
+    generation_s: float
     load_s: float  # Σ time to healthy, one load per configuration
     request_s: float  # Σ client-side round trips (generation + the server's untimed work + HTTP)
     provenance_s: float  # part of wall spent waiting for the file sha256s
@@ -297,10 +411,13 @@ class OverheadRecord:
 
 
 RECORD_TYPES: dict[str, Any] = {"prompt": PromptRecord, "request": RequestRecord, "counters": CountersRecord,
-                                "summary": SummaryRecord, "overhead": OverheadRecord}
+                                "summary": SummaryRecord, "overhead": OverheadRecord, "pass": PassRecord,
+                                "load_summary": LoadSummaryRecord}
+Record = (PromptRecord | RequestRecord | CountersRecord | SummaryRecord | OverheadRecord | PassRecord
+          | LoadSummaryRecord)
 
 
-def from_record(rec: Mapping[str, Any]) -> PromptRecord | RequestRecord | CountersRecord | SummaryRecord | OverheadRecord:
+def from_record(rec: Mapping[str, Any]) -> Record:
     """The typed record of one JSON object (by its ``record`` field); run_id and provenance are not part of it."""
     kind = rec.get("record")
     if kind not in RECORD_TYPES:

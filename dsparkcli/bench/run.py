@@ -14,6 +14,10 @@ Everything lands in a JSONL file, one line flushed per event, so Ctrl-C keeps wh
 * ``summary``   one per config × category (and category ``all``): the figures the report shows
 * ``overhead``  one per run: wall time vs Σ generation time + one load per configuration
 
+With ``--concurrency`` (``plan.concurrency``) every level runs plain and every draft × budget on a
+server with ``-np N`` and N clients in flight (``bench.load``); per pass of the kit a ``pass`` record
+(aggregate tok/s), and per configuration × concurrency a ``load_summary`` row instead of ``summary``.
+
 Each carries the run's provenance. Each configuration is summarised from its own records as soon as it
 ends (``stats.summarize_config``); ``stats.summarize`` rebuilds the same rows from a JSONL file.
 Plan and inputs: ``bench.plan``; record types: ``bench.records``.
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dsparkcli import config
-from dsparkcli.bench import provenance
+from dsparkcli.bench import load, provenance
 from dsparkcli.bench.plan import Arm, BenchPlan
 from dsparkcli.bench.prompts import Prompt, image_base64
 from dsparkcli.bench.records import (
@@ -40,12 +44,20 @@ from dsparkcli.bench.records import (
     CountersRecord,
     Identity,
     OverheadRecord,
+    PassRecord,
     PromptRecord,
     RequestRecord,
     SummaryRecord,
     dumps,
 )
-from dsparkcli.bench.stats import first_divergence, medians, summarize_config, text_sha256, tokens_sha256
+from dsparkcli.bench.stats import (
+    first_divergence,
+    medians,
+    summarize_config,
+    summarize_load,
+    text_sha256,
+    tokens_sha256,
+)
 from dsparkcli.errors import BenchError
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import COMPLETION_FIELDS, SpecCounters, completion_payload, timings_drafts
@@ -53,9 +65,6 @@ from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
 
 # Pinned so the templated prompts rendered on the first server stay valid on every later one
 # (llama-server otherwise draws a random marker per process).
-MEDIA_MARKER = "<__media__>"
-
-
 MEDIA_MARKER = "<__media__>"
 
 
@@ -99,7 +108,7 @@ class _Writer:
 
     def write(self, rec: dict[str, Any]) -> dict[str, Any]:
         full = {**rec, "run_id": self.run_id}
-        if full["record"] == "summary":
+        if full["record"] in ("summary", "load_summary"):
             self.summaries.append(full)
         self.pending.append(full)
         self.flush()
@@ -141,9 +150,11 @@ class _RunState:
     """What later configurations need from earlier ones: plain outputs, plain's medians, the rendered prompts."""
 
     rendered: dict[str, str] | None = None
-    plain_tokens: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
-    plain_sha: dict[tuple[str, int], str] = field(default_factory=dict)
+    # keyed (prompt, rep), or (prompt, rep, concurrency, client) in a --concurrency run
+    plain_tokens: dict[tuple[Any, ...], tuple[int, ...]] = field(default_factory=dict)
+    plain_sha: dict[tuple[Any, ...], str] = field(default_factory=dict)
     plain_median: dict[str, float | None] = field(default_factory=dict)
+    plain_load_tok_s: dict[int, float | None] = field(default_factory=dict)  # concurrency -> aggregate median
 
 
 @dataclass
@@ -152,6 +163,7 @@ class _ArmRecords:
 
     requests: list[RequestRecord] = field(default_factory=list)
     counters: list[CountersRecord] = field(default_factory=list)
+    passes: list[PassRecord] = field(default_factory=list)
 
 
 def _timed_completion(client: ServerClient, payload: dict[str, Any], totals: _Totals) -> tuple[dict[str, Any], float]:
@@ -165,11 +177,12 @@ def _timed_completion(client: ServerClient, payload: dict[str, Any], totals: _To
 
 
 def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[str, Any], request_ms: float,
-                    server_argv: Sequence[str], state: _RunState) -> RequestRecord:
+                    server_argv: Sequence[str], state: _RunState, answer: load.Answer[Prompt] | None = None,
+                    concurrency: int | None = None) -> RequestRecord:
     t = resp.get("timings") or {}
     tokens = tuple(int(x) for x in resp.get("tokens") or [])
     output_sha = text_sha256(str(resp.get("content", "")))
-    key = (p.id, rep)
+    key: tuple[Any, ...] = (p.id, rep) if answer is None else (p.id, rep, concurrency, answer.client)
     identity = None
     if arm.draft is None:
         state.plain_tokens[key] = tokens
@@ -186,8 +199,37 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
         tok_s=t.get("predicted_per_second"), request_ms=request_ms, draft_n=draft_n,
         draft_n_accepted=draft_n_accepted, stop_type=resp.get("stop_type"), truncated=resp.get("truncated"),
         tokens=tokens, tokens_sha256=tokens_sha256(tokens), output_sha256=output_sha,
-        server_argv=tuple(server_argv), identity=identity,
+        server_argv=tuple(server_argv), identity=identity, concurrency=concurrency,
+        client=answer.client if answer else None, ttft_ms=answer.ttft_ms if answer else None,
     )
+
+
+def _server_config(plan: BenchPlan, arm: Arm, concurrency: int = 1) -> ServerConfig:
+    is_draft = arm.draft is not None
+    return ServerConfig(
+        model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj, n_max=arm.budget,
+        p_min=plan.p_min if is_draft else None, synth_len=plan.synth_len if is_draft else None,
+        # llama-server splits -c over its slots: every client gets plan.ctx
+        ctx=plan.ctx * concurrency if plan.ctx else None, n_parallel=concurrency,
+        threads=plan.threads, extra_args=plan.extra_args,
+    )
+
+
+def _render_once(client: ServerClient, plan: BenchPlan, state: _RunState, writer: _Writer,
+                 image_sha: dict[str, list[str]]) -> dict[str, str]:
+    """Same target, same template: prompts are rendered once, on the first server, and recorded."""
+    if state.rendered is None:
+        state.rendered = render_prompts(client, plan.prompts)
+        for p in plan.prompts:
+            writer.write(PromptRecord(p.id, p.category, state.rendered[p.id], tuple(image_sha[p.id]),
+                                      MEDIA_MARKER).to_record())
+    return state.rendered
+
+
+def _drafted_nothing(arm: Arm, requests: int, srv: LlamaServer) -> BenchError:
+    return BenchError(f"configuration {arm.name} drafted nothing in {requests} requests "
+                      f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
+                      hint=f"server log: {srv.log_path}")
 
 
 def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: _RunState, totals: _Totals,
@@ -196,13 +238,8 @@ def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: 
     """One configuration: start its server, warm up, run every rep × category × prompt.
     Returns (load seconds, its records)."""
     is_draft = arm.draft is not None
-    cfg = ServerConfig(
-        model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj, n_max=arm.budget,
-        p_min=plan.p_min if is_draft else None, synth_len=plan.synth_len if is_draft else None, ctx=plan.ctx,
-        threads=plan.threads, extra_args=plan.extra_args,
-    )
     mine = _ArmRecords()
-    srv = LlamaServer(engine, cfg, env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
+    srv = LlamaServer(engine, _server_config(plan, arm), env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
     t_load0 = time.perf_counter()
     with srv:
         load_s = time.perf_counter() - t_load0
@@ -210,12 +247,7 @@ def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: 
         client = srv.client
         assert client is not None
         server_argv = srv.argv
-        if state.rendered is None:  # same target, same template: render once, on the first server
-            state.rendered = render_prompts(client, plan.prompts)
-            for p in plan.prompts:
-                writer.write(PromptRecord(p.id, p.category, state.rendered[p.id], tuple(image_sha[p.id]),
-                                          MEDIA_MARKER).to_record())
-        rendered = state.rendered
+        rendered = _render_once(client, plan, state, writer, image_sha)
 
         def request(p: Prompt) -> tuple[dict[str, Any], float]:
             result = _timed_completion(client, _payload(plan, rendered[p.id], images_b64[p.id]), totals)
@@ -246,10 +278,73 @@ def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: 
                     mine.counters.append(block)
                     writer.write(block.to_record())
             if is_draft and drafted == 0:  # a whole pass without one draft: fail now, not in an hour
-                raise BenchError(
-                    f"configuration {arm.name} drafted nothing in {len(plan.prompts) * (rep + 1)} requests "
-                    f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
-                    hint=f"server log: {srv.log_path}")
+                raise _drafted_nothing(arm, len(plan.prompts) * (rep + 1), srv)
+        t_stop0 = time.perf_counter()
+    totals.stop_s += time.perf_counter() - t_stop0
+    return load_s, mine
+
+
+def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, writer: _Writer, state: _RunState,
+                  totals: _Totals, images_b64: dict[str, list[str]], image_sha: dict[str, list[str]],
+                  on_request: Callable[[str, str], None] | None) -> tuple[float, _ArmRecords]:
+    """One configuration at one concurrency: a server with -np N, a warm-up pass, then ``reps`` passes in
+    which each of the N clients streams the whole kit (from its own starting prompt). Returns (load s, records)."""
+    is_draft = arm.draft is not None
+    mine = _ArmRecords()
+    srv = LlamaServer(engine, _server_config(plan, arm, concurrency), env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
+    t_load0 = time.perf_counter()
+    with srv:
+        load_s = time.perf_counter() - t_load0
+        totals.load_s += load_s
+        assert srv.client is not None
+        server_argv = srv.argv
+        rendered = _render_once(srv.client, plan, state, writer, image_sha)
+        clients = [ServerClient(srv.url, api_key=srv.config.api_key) for _ in range(concurrency)]
+
+        def send(c: ServerClient, p: Prompt) -> tuple[dict[str, Any], float | None, float]:
+            result = load.stream_completion(c, _payload(plan, rendered[p.id], images_b64[p.id]))
+            if on_request:
+                on_request(f"{arm.name} x{concurrency}", p.id)
+            return result
+
+        try:
+            kit = list(plan.prompts)
+            if plan.warmup:  # untimed, all clients at once: every slot's first-use costs are paid here
+                _, wall = load.run_pass(clients, [load.rotated(kit, k, concurrency)[: plan.warmup]
+                                                  for k in range(concurrency)], send)
+                totals.generation_s += wall
+                totals.request_s += wall
+            jobs = [load.rotated(kit, k, concurrency) for k in range(concurrency)]
+            before = SpecCounters.from_metrics(srv.client.metrics()) if is_draft else None
+            for rep in range(plan.reps):
+                answers, wall = load.run_pass(clients, jobs, send)
+                totals.generation_s += wall
+                totals.request_s += wall
+                tokens = 0
+                for a in answers:
+                    rec = _request_record(plan, arm, a.job, rep, a.response, a.latency_ms, server_argv, state,
+                                          answer=a, concurrency=concurrency)
+                    tokens += rec.n_predicted
+                    mine.requests.append(rec)
+                    writer.write(rec.to_record())
+                rnd = PassRecord(config=arm.name, concurrency=concurrency, rep=rep, requests=len(answers), tokens=tokens,
+                                 wall_s=wall, draft=arm.draft.label if arm.draft else None, budget=arm.budget,
+                                 synthetic=plan.synthetic)
+                mine.passes.append(rnd)
+                writer.write(rnd.to_record())
+                if before is not None:
+                    after = SpecCounters.from_metrics(srv.client.metrics())
+                    block = CountersRecord(config=arm.name, category=ALL, rep=rep, counters=after.minus(before),
+                                           draft=rnd.draft, budget=arm.budget, synthetic=plan.synthetic,
+                                           server_argv=tuple(server_argv), concurrency=concurrency)
+                    before = after
+                    mine.counters.append(block)
+                    writer.write(block.to_record())
+                    if sum(c.counters.drafted for c in mine.counters) == 0:
+                        raise _drafted_nothing(arm, len(mine.requests), srv)
+        finally:
+            for c in clients:
+                c.close()
         t_stop0 = time.perf_counter()
     totals.stop_s += time.perf_counter() - t_stop0
     return load_s, mine
@@ -283,7 +378,7 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
         "run_id": run_id, "model": plan.model_name, "n_predict": plan.n_predict, "warmup": plan.warmup,
         "seed": plan.seed, "ignore_eos": plan.ignore_eos, "p_min": plan.p_min, "synth_len": plan.synth_len,
         "synthetic": plan.synthetic, "acceptance": plan.acceptance.label, "acceptance_why": plan.acceptance.why,
-        "ctx": plan.ctx,
+        "ctx": plan.ctx, **({"concurrency": list(plan.concurrency)} if plan.concurrency else {}),
     })
     hashing.shutdown(wait=False)
     images_b64 = {p.id: [image_base64(i) for i in p.images] for p in plan.prompts}
@@ -294,7 +389,17 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     with open(out, "a", encoding="utf-8") as fh:
         writer = _Writer(fh, run_id, prov)
         try:
-            for arm in plan.arms():
+            for concurrency in plan.concurrency:  # plain first at every level: the drafts' speedups need it
+                for arm in plan.arms():
+                    load_s, mine = _run_load_arm(engine, plan, arm, concurrency, writer, state, totals, images_b64,
+                                                 image_sha, on_request)
+                    row = summarize_load(mine.requests, mine.counters, mine.passes,
+                                         state.plain_load_tok_s.get(concurrency))
+                    if row is not None:
+                        if arm.name == PLAIN:
+                            state.plain_load_tok_s[concurrency] = row.tok_s.median
+                        writer.write(replace(row, load_s=load_s).to_record())
+            for arm in plan.arms() if not plan.concurrency else ():
                 load_s, mine = _run_arm(engine, plan, arm, writer, state, totals, images_b64, image_sha, categories,
                                         on_request)
                 for row in _summaries(arm, mine, categories, state, upstream, load_s):
@@ -303,7 +408,7 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
             writer.flush(wait=True)  # whatever happened, every measured line reaches the file, with provenance
         overhead = OverheadRecord(wall_s=time.perf_counter() - t_wall0, generation_s=totals.generation_s,
                                   load_s=totals.load_s, request_s=totals.request_s, provenance_s=writer.waited_s,
-                                  stop_s=totals.stop_s, configurations=len(plan.arms()),
+                                  stop_s=totals.stop_s, configurations=len(plan.arms()) * max(1, len(plan.concurrency)),
                                   requests=plan.total_requests(), synthetic=plan.synthetic)
         writer.write(overhead.to_record())
     return BenchResult(run_id=run_id, out=out, summaries=tuple(writer.summaries), overhead=overhead,

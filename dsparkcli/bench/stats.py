@@ -7,6 +7,7 @@ summary rows a run wrote, one configuration at a time from that configuration's 
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,9 @@ from dsparkcli.bench.records import (
     CountersRecord,
     Divergence,
     DraftSummary,
+    LoadSummaryRecord,
+    PassRecord,
+    Quantiles,
     RequestRecord,
     Spread,
     SummaryRecord,
@@ -35,6 +39,18 @@ def spread_of(values: Sequence[float]) -> Spread:
     if not values:
         return Spread()
     return Spread(statistics.median(values), min(values), max(values))
+
+
+def quantiles_of(values: Sequence[float]) -> Quantiles:
+    """p50, p95 and max by nearest rank (each one a value that was observed)."""
+    if not values:
+        return Quantiles()
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+    return Quantiles(rank(0.50), rank(0.95), ordered[-1])
 
 
 def speedup(value: float | None, baseline: float | None) -> float | None:
@@ -117,11 +133,7 @@ def summarize_config(requests: Sequence[RequestRecord], counters: Sequence[Count
         baseline = tok_s.median if first.config == PLAIN else plain_median.get(category)
         drafting = None
         if first.config != PLAIN:
-            total = SpecCounters.total(c.counters for c in counters if category == ALL or c.category == category)
-            n_prompts, divergent = _divergences(reqs)
-            drafting = DraftSummary(counters=total, timings_drafted=sum(r.draft_n for r in reqs),
-                                    timings_accepted=sum(r.draft_n_accepted for r in reqs),
-                                    identical=n_prompts - len(divergent), prompts=n_prompts, divergent=divergent)
+            drafting = _drafting(reqs, [c for c in counters if category == ALL or c.category == category])
         rows.append(SummaryRecord(
             config=first.config, category=category, draft=first.draft, budget=first.budget,
             synthetic=first.synthetic, synth_len=first.synth_len, prompts=len({r.prompt_id for r in reqs}),
@@ -137,18 +149,76 @@ def medians(rows: Iterable[SummaryRecord]) -> dict[str, float | None]:
     return {r.category: r.tok_s.median for r in rows}
 
 
+def _drafting(requests: Sequence[RequestRecord], counters: Sequence[CountersRecord]) -> DraftSummary:
+    n_prompts, divergent = _divergences(requests)
+    return DraftSummary(counters=SpecCounters.total(c.counters for c in counters),
+                        timings_drafted=sum(r.draft_n for r in requests),
+                        timings_accepted=sum(r.draft_n_accepted for r in requests),
+                        identical=n_prompts - len(divergent), prompts=n_prompts, divergent=divergent)
+
+
+def summarize_load(requests: Sequence[RequestRecord], counters: Sequence[CountersRecord],
+                   passes: Sequence[PassRecord], plain_tok_s: float | None) -> LoadSummaryRecord | None:
+    """The row of ONE configuration at ONE concurrency, from its own records.
+
+    Aggregate tok/s: per pass, tokens / wall; median and min-max over passes. Speedup: that median
+    over plain's (``plain_tok_s``, same concurrency; plain's own row uses its own). Identity: per
+    prompt, every request of every client and pass against plain's for the same (prompt, rep, client).
+    """
+    if not requests:
+        return None
+    first = requests[0]
+    tok_s = spread_of([p.tok_s for p in passes if p.tok_s is not None])
+    baseline = tok_s.median if first.config == PLAIN else plain_tok_s
+    return LoadSummaryRecord(
+        config=first.config, concurrency=first.concurrency or 1, draft=first.draft, budget=first.budget,
+        synthetic=first.synthetic, synth_len=first.synth_len, prompts=len({r.prompt_id for r in requests}),
+        reps=len({r.rep for r in requests}), requests=len(requests), tokens=sum(r.n_predicted for r in requests),
+        tok_s=tok_s, request_tok_s=spread_of([r.tok_s for r in requests if r.tok_s is not None]),
+        ttft_ms=quantiles_of([r.ttft_ms for r in requests if r.ttft_ms is not None]),
+        latency_ms=quantiles_of([r.request_ms for r in requests]), speedup=speedup(tok_s.median, baseline),
+        drafting=_drafting(requests, counters) if first.config != PLAIN else None,
+    )
+
+
+def crossover(rows: Iterable[Mapping[str, Any]]) -> dict[str, int | None]:
+    """Per draft configuration of a --concurrency run: the lowest concurrency at which it no longer pays
+    (speedup < 1 against plain at that concurrency), None when it paid at every one measured."""
+    found: dict[str, int | None] = {}
+    for r in sorted((r for r in rows if r.get("record") == "load_summary" and r["config"] != PLAIN),
+                    key=lambda r: r["concurrency"]):
+        found.setdefault(r["config"], None)
+        if found[r["config"]] is None and r.get("speedup") is not None and r["speedup"] < 1.0:
+            found[r["config"]] = r["concurrency"]
+    return found
+
+
 def summarize(records: Iterable[Mapping[str, Any]], upstream: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
-    """Summary rows per configuration × category (and ``all``) from request and counters records
-    (any others are ignored), as the JSON objects a run writes."""
-    requests, counters = measured(list(records))
-    configs = list(dict.fromkeys(r.config for r in requests))
-    categories = list(dict.fromkeys(r.category for r in requests))
-    plain_median: dict[str, float | None] = {}
+    """The summary rows a run wrote, rebuilt from its request, counters and pass records (others are
+    ignored), as JSON objects: ``summary`` rows per configuration × category (and ``all``), or for a
+    --concurrency run ``load_summary`` rows per concurrency × configuration."""
+    records = list(records)
+    requests, counters = measured(records)
+    passes = [PassRecord.from_record(r) for r in records if r.get("record") == "pass"]
     rows: list[dict[str, Any]] = []
+    single = [r for r in requests if r.concurrency is None]
+    configs = list(dict.fromkeys(r.config for r in single))
+    categories = list(dict.fromkeys(r.category for r in single))
+    plain_median: dict[str, float | None] = {}
     for config in configs:
-        summary = summarize_config([r for r in requests if r.config == config],
-                                   [c for c in counters if c.config == config], categories, plain_median, upstream)
+        summary = summarize_config([r for r in single if r.config == config],
+                                   [c for c in counters if c.config == config and c.concurrency is None],
+                                   categories, plain_median, upstream)
         if config == PLAIN:
             plain_median = medians(summary)
         rows += [s.to_record() for s in summary]
+    plain_tok_s: dict[int, float | None] = {}
+    for conc, config in dict.fromkeys((r.concurrency, r.config) for r in requests if r.concurrency is not None):
+        row = summarize_load([r for r in requests if (r.concurrency, r.config) == (conc, config)],
+                             [c for c in counters if (c.concurrency, c.config) == (conc, config)],
+                             [p for p in passes if (p.concurrency, p.config) == (conc, config)], plain_tok_s.get(conc))
+        if row is not None:
+            if config == PLAIN:
+                plain_tok_s[conc] = row.tok_s.median
+            rows.append(row.to_record())
     return rows

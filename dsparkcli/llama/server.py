@@ -174,12 +174,21 @@ class ServerClient:
 
     def chat_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Yield each streamed chunk (parsed SSE ``data:`` lines) until ``[DONE]``."""
-        body = {**payload, "stream": True}
+        return self._sse("/v1/chat/completions", {**payload, "stream": True})
+
+    def completion_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Yield each streamed /completion chunk (one per token; the last has ``stop`` and ``timings``)."""
+        return self._sse("/completion", {**payload, "stream": True})
+
+    def _sse(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        # Connection: close. Under concurrent load, llama-server (0c1e570) drops some requests sent on a
+        # keep-alive connection that has just carried a stream ("Server disconnected without sending a
+        # response": 21 of 240 with 8 clients on -np 4, none with a fresh connection; docs/DESIGN.md)
         try:
-            with self._http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            with self._http.stream("POST", path, json=body, headers={"Connection": "close"}) as resp:
                 if resp.status_code >= 400:
                     resp.read()
-                    self._raise_for(resp, "POST /v1/chat/completions")
+                    self._raise_for(resp, f"POST {path}")
                 for line in resp.iter_lines():
                     data = protocol.sse_data(line)
                     if data is None:
@@ -378,15 +387,21 @@ class LlamaServer:
         tail = self.log_tail(60)
         kind, summary = classify_log(tail)
         how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+        if rc < 0:
+            with contextlib.suppress(ValueError):
+                how = f"signal {-rc}, {signal.Signals(-rc).name}"
+            if kind == "error":  # killed from outside (OOM killer, kill): its last line says nothing about why
+                return ServerError(f"llama-server failed during {during} ({how}): killed by a signal",
+                                   kind="crash", log_tail=tail, hint=f"log: {self.log_path}")
         return ServerError(f"llama-server failed during {during} ({how}): {summary}: {_key_line(tail)}",
                            kind=kind, log_tail=tail, hint=f"log: {self.log_path}")
 
-    def check_alive(self) -> None:
+    def check_alive(self, during: str = "generation") -> None:
         """Raise a typed ServerError if the process has died (e.g. after a failed request)."""
         if self.process is not None:
             rc = self.process.poll()
             if rc is not None:
-                raise self._died(rc, during="generation")
+                raise self._died(rc, during=during)
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after the grace period. Returns the exit code. Idempotent."""
