@@ -181,18 +181,6 @@ def summarize_load(requests: Sequence[RequestRecord], counters: Sequence[Counter
     )
 
 
-def crossover(rows: Iterable[Mapping[str, Any]]) -> dict[str, int | None]:
-    """Per draft configuration of a --concurrency run: the lowest concurrency at which it no longer pays
-    (speedup < 1 against plain at that concurrency), None when it paid at every one measured."""
-    found: dict[str, int | None] = {}
-    for r in sorted((r for r in rows if r.get("record") == "load_summary" and r["config"] != PLAIN),
-                    key=lambda r: r["concurrency"]):
-        found.setdefault(r["config"], None)
-        if found[r["config"]] is None and r.get("speedup") is not None and r["speedup"] < 1.0:
-            found[r["config"]] = r["concurrency"]
-    return found
-
-
 def summarize(records: Iterable[Mapping[str, Any]], upstream: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """The summary rows a run wrote, rebuilt from its request, counters and pass records (others are
     ignored), as JSON objects: ``summary`` rows per configuration × category (and ``all``), or for a

@@ -1,4 +1,5 @@
-"""`dspark bench --budget 5 15`: plain vs every draft × budget on a prompt kit, side by side."""
+"""`dspark bench --budget 5 15`: plain vs every draft × budget on a prompt kit, side by side
+(`--concurrency 1 2 4 8`: the same with N clients in flight)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ length, per-position acceptance, prompts identical to plain (first divergent tok
 upstream acceptance length. Every record, with provenance, goes to a JSONL file (--out). A draft
 configuration that drafts nothing is an error. Arguments after `--` go to llama-server.
 
+--concurrency 1 2 4 8: for every N, plain and every draft x budget on llama-server -np N (--ctx
+per client), N clients streaming the kit at once, each from its own starting prompt. Reports per
+configuration and N: aggregate tok/s (median over reps, min-max), per-request decode tok/s, time to
+first token and end-to-end latency (p50/p95/max), speedup vs plain at the same N, acceptance, and
+the N from which each draft is slower than plain (crossover).
+
 \b
 Examples:
   dspark bench --budget 5 15                         # default pair, the built-in 84-prompt kit
@@ -49,16 +56,18 @@ Examples:
   dspark bench --target t.gguf --draft d.gguf --mmproj mm.gguf --prompts my.jsonl --out runs.jsonl
   dspark bench --budget 7 --synth-len 4 --ignore-eos   # llama.cpp's SYNTHETIC acceptance
   dspark bench --budget 5 15 -- -ngl 99 -ngld 99 -fa on
+  dspark bench --target t.gguf --draft d.gguf --budget 3 --concurrency 1 2 4 8 16 --category text
 """
 
 FORMATS = ("table", "json", "csv", "md")
 
 
 class BenchCommand(TyperCommand):
-    """Lets ``--budget 5 15`` mean ``--budget 5 --budget 15`` (click options take one value each)."""
+    """Lets ``--budget 5 15`` mean ``--budget 5 --budget 15`` (click options take one value each); same for
+    ``--concurrency``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, expand_multi_values(args, ("--budget", "-b")))
+        return super().parse_args(ctx, expand_multi_values(args, ("--budget", "-b", "--concurrency", "-C")))
 
 
 def expand_multi_values(args: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -88,6 +97,17 @@ def _is_int(text: str) -> bool:
 def render_table(summaries: list[dict[str, Any]]) -> Table:
     synthetic = report.is_synthetic(summaries)
     table = Table(title=report.title(summaries), title_style="bold red" if synthetic else "bold")
+    if report.is_load(summaries):
+        for col in report.LOAD_COLUMNS:
+            table.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
+        last = None
+        for s, row in zip(summaries, report.load_table_rows(summaries)):
+            if last is not None and s["concurrency"] != last:
+                table.add_section()
+            last = s["concurrency"]
+            table.add_row(*row)
+        table.caption = report.crossover_note(summaries)
+        return table
     for col in report.COLUMNS:
         left = col in ("config", "category", "1st divergence")
         table.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=col in ("config", "category"))
@@ -102,6 +122,7 @@ def render_table(summaries: list[dict[str, Any]]) -> Table:
 
 def bench(
     budget: Annotated[Optional[list[int]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15.")] = None,
+    concurrency: Annotated[Optional[list[int]], typer.Option("--concurrency", "-C", min=1, help="Clients in flight (-np N): --concurrency 1 2 4 8.")] = None,
     model: ModelOpt = None,
     target: TargetOpt = None,
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable).")] = None,
@@ -143,6 +164,7 @@ def bench(
         reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_min, synth_len=synth_len,
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=passthrough_args(),
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
+        concurrency=tuple(concurrency or ()),
     )
     plan.validate()
     if plan.synth_len is not None:

@@ -35,7 +35,7 @@ class Event:
     """What the supervisor did, for the CLI to say.
 
     ``kind``: ``died`` (cause, log lines), ``restarting`` (delay, attempt), ``restart-failed`` (cause),
-    ``ready`` (after a restart: new pid), ``gave-up`` (cause).
+    ``ready`` (after a restart: new pid). Giving up is no event: ``watch`` raises it.
     """
 
     kind: str
@@ -126,7 +126,6 @@ class Supervisor:
             if self._deaths > self.max_restarts:
                 message = (f"llama-server failed {self._deaths} times in a row; gave up after "
                            f"{self.max_restarts} restarts: {cause.message}")
-                self.on_event(Event("gave-up", message))
                 raise ServerError(message, kind=getattr(cause, "kind", "error"), log_tail=getattr(cause, "log_tail", ""),
                                   hint=cause.hint)
             delay = backoff_delay(self._deaths, self.backoff_base, self.backoff_cap)
@@ -138,7 +137,7 @@ class Supervisor:
                 self.start()
             except DsparkError as e:  # the port taken meanwhile, a file gone, out of memory ...
                 cause = e
-                self.on_event(Event("restart-failed", e.message, attempt=self._deaths,
+                self.on_event(Event("restart-failed", f"restart {self._deaths} failed: {e.message}", attempt=self._deaths,
                                     log_lines=_last_lines(getattr(e, "log_tail", ""))))
                 continue
             self.restarts += 1
