@@ -167,6 +167,7 @@ def test_every_record_round_trips_through_its_type(bench_run):
     for r in written:
         plain = {k: v for k, v in r.items() if k not in ("run_id", "provenance")}
         assert from_record(r).to_record() == plain, r["record"]
+        assert not {"concurrency", "client", "ttft_ms"} & set(r), r["record"]  # only a --concurrency run has them
 
 
 def test_plot_is_a_png(bench_run):
