@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 from support.chat_oracle import expected_chat
+from test_bench import _is_zombie, _servers_of
 from test_server import _children_named, _wait_for
 
 from dsparkcli.bench.load import stream_completion
@@ -58,17 +59,7 @@ def _rss_kib(pid: int) -> int:
 
 def _servers_with(model: Path) -> list[int]:
     """Every live llama-server process that serves this (test-private) model file."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if cmd and cmd[0].endswith(b"llama-server") and str(model).encode() in cmd and state != "Z":
-                found.append(int(d.name))
-    return found
+    return [pid for pid in _servers_of(model) if not _is_zombie(pid)]
 
 
 class Served:
@@ -269,13 +260,6 @@ def test_sigterm_stops_serve_and_every_server(served, pair):
     assert served.proc.wait(timeout=30) == 130
     _wait_for(lambda: not _servers_with(pair.target), 10, "no llama-server left")
     assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 # ------------------------------------------------------------------ supervision limits
