@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import REPO
+from support.scripts import script
 
 from dsparkcli.bench.records import from_record
 from dsparkcli.synth import known_answer as synth
@@ -45,6 +46,9 @@ def test_cpu_smoke_writes_the_table_and_its_records(engine, tmp_path):
     assert (out / "load-smoke.png").stat().st_size > 10_000
     for r in _records(out / "load-smoke.jsonl"):
         assert from_record(r).to_record() == {k: v for k, v in r.items() if k not in ("run_id", "provenance")}
+    # the BENCHMARKS.md section, rebuilt from the raw records, shows the table the bench printed
+    section = script("load_to_md").section(out / "load-smoke.jsonl")
+    assert section.split("\n\n", 1)[1] == (out / "load-smoke.md").read_text()
 
 
 @pytest.mark.parametrize("kind", ["real", "standin"])
