@@ -8,7 +8,7 @@
 #
 #   bash scripts/gpu_distill.sh pack [WORKDIR] [PART_MIB]   # here: .gpu/{p1 (source, wheels, dspark), target parts}
 #   bash scripts/gpu_distill.sh start            # call 1 (carry .gpu/p1 + a part): wheels, source, CUDA build (bg)
-#   bash scripts/gpu_distill.sh recv             # any call: append the target parts carried in .gpu/
+#   bash scripts/gpu_distill.sh recv             # any call: append the target parts carried in .gpu/parts/
 #   bash scripts/gpu_distill.sh train [ARGS]     # distill in the background (target complete), then wait
 #   bash scripts/gpu_distill.sh wait             # until distill ends; draft + report to $OUT
 #   bash scripts/gpu_distill.sh bench [ARGS]     # after the build: dspark bench on the H200, records to $OUT
@@ -43,8 +43,14 @@ pack)  # here, with the project venv: what the device lacks
   [ -z "$work" ] || cp "$work/prompts.json" .gpu/p1/
   du -sh .gpu/p1 .gpu/parts/*
   ;;
-recv)
-  for p in .gpu/target.part*; do [ -f "$p" ] && cat "$p" >> "$W/target.partial" && say "received $p"; done
+recv)  # parts arrive in order over calls; a part already appended (it stays in the tree) is skipped
+  touch "$W/received.txt"
+  for p in .gpu/parts/target.part*; do
+    [ -f "$p" ] || continue
+    name=$(basename "$p")
+    grep -qx "$name" "$W/received.txt" && continue
+    cat "$p" >> "$W/target.partial" && echo "$name" >> "$W/received.txt" && say "received $name"
+  done
   if [ -f "$W/target.partial" ] && [ "$(stat -c %s "$W/target.partial")" -ge 98362432 ]; then
     mv "$W/target.partial" "$T" && echo "$SHA  $T" | sha256sum -c - | tee -a "$OUT/gpu.log"
   fi
