@@ -49,6 +49,10 @@ class ServerKnobs:
     host: str = DEFAULT_HOST
     port: int = 0
     api_key: str | None = None
+    # --budget auto / --p-min auto: the stored tuning for this pair as served (bench.tuned.apply_auto)
+    auto_budget: bool = False
+    auto_p_min: bool = False
+    category: str | None = None  # which tuned category (None: overall)
 
     def validate(self) -> None:
         if self.budget is not None and self.budget < 1:
@@ -74,6 +78,7 @@ class ResolvedFiles:
     draft: Path | None
     mmproj: Path | None
     budget: int | None  # the registry's default budget, when the files came from the registry
+    p_min: float | None = None  # the registry's p_min (e.g. from `dspark tune --apply`)
 
     def by_role(self) -> dict[str, str]:
         """role -> path of the files in use (for records and --json)."""
@@ -104,7 +109,7 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
                                  on_progress=downloads.on_progress, roles=wanted)
         draft = None if spec.no_draft else (_local_or_ref(spec.draft, "draft", downloads) or files.get("draft"))
         mmproj = _local_or_ref(spec.mmproj, "mmproj", downloads) or files.get("mmproj")
-        return ResolvedFiles(target=files["target"], draft=draft, mmproj=mmproj, budget=pair.budget)
+        return ResolvedFiles(target=files["target"], draft=draft, mmproj=mmproj, budget=pair.budget, p_min=pair.p_min)
     if spec.model is not None:
         raise UsageError("give either --model or --target, not both")
     target = _local_or_ref(spec.target, "target", downloads)
@@ -132,7 +137,8 @@ def server_config(files: ResolvedFiles, knobs: ServerKnobs) -> ServerConfig:
         model=files.target, draft=files.draft, mmproj=files.mmproj,
         n_max=(knobs.budget or files.budget or DEFAULT_BUDGET) if drafting else None,
         # llama-server splits -c evenly over its -np slots: --ctx is what each request gets
-        p_min=knobs.p_min if drafting else None, ctx=knobs.ctx * knobs.parallel if knobs.ctx else None,
+        p_min=(knobs.p_min if knobs.p_min is not None else files.p_min) if drafting else None,
+        ctx=knobs.ctx * knobs.parallel if knobs.ctx else None,
         n_parallel=knobs.parallel, threads=knobs.threads, ngl=knobs.ngl,
         ngld=knobs.ngl if drafting else None, host=knobs.host, port=knobs.port, api_key=knobs.api_key,
         extra_args=tuple(knobs.extra_args),

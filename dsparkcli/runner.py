@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dsparkcli.bench import tuned
 from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.gguf.pairing import acceptance_kind
 from dsparkcli.hub.fetch import Confirm
@@ -208,11 +209,13 @@ def answer(
     on_text: Callable[[str], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     on_server: Callable[[LlamaServer], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> RunResult:
-    """The `run` job: ask a running server (``server_url``), or start one for the pair and ask it."""
+    """The `run` job: ask a running server (``server_url``), or start one for the pair and ask it.
+    ``on_notice`` gets the one line saying which tuning ``--budget auto`` used (default: ``on_status``)."""
     q = question
     if server_url:
-        if pair.no_draft or knobs.budget is not None or knobs.p_min is not None:
+        if pair.no_draft or knobs.budget is not None or knobs.p_min is not None or knobs.auto_budget or knobs.auto_p_min:
             raise UsageError("--no-draft, --budget and --p-min are fixed when a server starts; restart it to change them")
         client = ServerClient(server_url, api_key=knobs.api_key)
         try:
@@ -223,6 +226,9 @@ def answer(
 
     eng = engine or engine_mod.resolve_engine(llama_bin)
     cfg, files = prepare_server(pair, knobs, downloads, need_vision=bool(q.images))
+    cfg, auto = tuned.apply_auto(eng, cfg, budget=knobs.auto_budget, p_min=knobs.auto_p_min, category=knobs.category)
+    if auto is not None and (on_notice or on_status):
+        (on_notice or on_status)(auto.message)  # type: ignore[misc]
     n_max = cfg.n_max
     if on_status:
         on_status(f"loading {files.target.name}" + (f" + draft {files.draft.name} (budget {n_max})" if files.draft else ""))
@@ -252,9 +258,10 @@ def run(
     draft: str | Path | None = None,
     mmproj: str | Path | None = None,
     draft_key: str | None = None,
-    budget: int | None = None,
+    budget: int | str | None = None,
     no_draft: bool = False,
-    p_min: float | None = None,
+    p_min: float | str | None = None,
+    category: str | None = None,
     max_tokens: int = 256,
     temp: float = 0.0,
     seed: int | None = None,
@@ -275,14 +282,16 @@ def run(
     on_progress: Callable[..., None] | None = None,
 ) -> RunResult:
     """Answer one prompt (with images) through DSpark speculative decoding: the Python API of `dspark run`
-    (``dsparkcli.run``). Keyword arguments as the CLI's options; see ``answer``."""
+    (``dsparkcli.run``). Keyword arguments as the CLI's options (``budget="auto"``, ``p_min="auto"``: the
+    stored tuning); see ``answer``."""
     question = Question(prompt, tuple(load_image(p) for p in images), system=system, max_tokens=max_tokens,
                         temp=temp, seed=seed)
     return answer(
         question,
         PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
-        ServerKnobs(budget=budget, p_min=p_min, ctx=ctx, threads=threads, ngl=ngl, extra_args=tuple(extra_args),
-                    api_key=api_key),
+        ServerKnobs(budget=None if budget == "auto" else budget, p_min=None if p_min == "auto" else p_min,  # type: ignore[arg-type]
+                    ctx=ctx, threads=threads, ngl=ngl, extra_args=tuple(extra_args), api_key=api_key,
+                    auto_budget=budget == "auto", auto_p_min=p_min == "auto", category=category),
         Downloads(yes=yes, confirm=confirm, on_progress=on_progress),
         server_url=server_url, engine=engine, llama_bin=llama_bin, on_text=on_text, on_status=on_status,
         on_server=on_server,

@@ -28,6 +28,24 @@ class Arm:
     name: str
     draft: Draft | None = None
     budget: int | None = None
+    # per-arm settings (tune's cells differ in them); None: the plan's
+    p_min: float | None = None
+    synth_len: float | None = None
+    synth_rates: tuple[float, ...] | None = None  # per-position synthetic acceptance, ``budget`` values
+
+    def settings(self, plan: BenchPlan) -> tuple[float | None, float | None, tuple[float, ...] | None]:
+        """(p_min, synth_len, synth_rates) this arm's server runs with: draft-only, the arm's over the plan's."""
+        if self.draft is None:
+            return None, None, None
+        if self.synth_rates is not None:
+            return (self.p_min if self.p_min is not None else plan.p_min), None, self.synth_rates
+        return (self.p_min if self.p_min is not None else plan.p_min,
+                self.synth_len if self.synth_len is not None else plan.synth_len, None)
+
+    def synth_mean(self, plan: BenchPlan) -> float | None:
+        """The arm's synthetic mean acceptance length (None: real acceptance)."""
+        _, length, rates = self.settings(plan)
+        return 1.0 + sum(rates) if rates is not None else length
 
 
 @dataclass(frozen=True)
@@ -52,19 +70,45 @@ class BenchPlan:
     scripted: str | None = None  # why the pair's own acceptance is synthetic (a `dspark synth` pair), if it is
     # --concurrency: clients in flight (llama-server -np N) per load level; empty: one request at a time
     concurrency: tuple[int, ...] = ()
+    explicit_arms: tuple[Arm, ...] = ()  # instead of drafts x budgets (tune's cells)
+    with_plain: bool = True  # plain decoding first (speedups and identity need it)
+
+    def _validate_arms(self) -> None:
+        names = [a.name for a in self.explicit_arms]
+        if len(set(names)) != len(names) or PLAIN in names:
+            raise UsageError("arm names must be distinct and not 'plain'")
+        for a in self.explicit_arms:
+            if a.draft is None or a.budget is None or a.budget < 1:
+                raise UsageError(f"arm {a.name} needs a draft and a budget >= 1")
+            p_min, length, rates = a.settings(self)
+            if p_min is not None and not 0.0 <= p_min <= 1.0:
+                raise UsageError(f"arm {a.name}: p_min must be within [0, 1] (got {p_min})")
+            if length is not None and not 1.0 <= length <= a.budget + 1:
+                raise UsageError(f"arm {a.name}: synthetic length must be within [1, {a.budget + 1}] (got {length})")
+            if rates is not None and len(rates) != a.budget:
+                raise UsageError(f"arm {a.name}: {len(rates)} synthetic rates for budget {a.budget}")
+
+    @property
+    def emulated(self) -> bool:
+        """Some arm runs with llama.cpp's emulated acceptance (tune's cells: --spec-synth-len/-rates)."""
+        return any(a.synth_mean(self) is not None for a in self.explicit_arms)
 
     @property
     def synthetic(self) -> bool:
-        return self.synth_len is not None or self.scripted is not None
+        return self.synth_len is not None or self.scripted is not None or self.emulated
 
     @property
     def acceptance(self) -> AcceptanceKind:
         if self.synth_len is not None:
             return AcceptanceKind("SYNTHETIC", f"--spec-synth-len {self.synth_len:g}: llama.cpp emulates acceptance")
+        if self.emulated:
+            return AcceptanceKind("SYNTHETIC", "--spec-synth-len/--spec-synth-rates cells: llama.cpp emulates acceptance")
         return AcceptanceKind("SYNTHETIC", self.scripted) if self.scripted else AcceptanceKind("REAL", "a real draft on a real target")
 
     def arms(self) -> list[Arm]:
-        arms = [Arm(PLAIN)]
+        arms = [Arm(PLAIN)] if self.with_plain else []
+        if self.explicit_arms:
+            return arms + list(self.explicit_arms)
         for d in self.drafts:
             arms += [Arm(f"{d.label}@{b}", d, b) for b in self.budgets]
         return arms
@@ -76,9 +120,11 @@ class BenchPlan:
         return len(self.arms()) * per_client
 
     def validate(self) -> None:
-        if not self.drafts:
+        if self.explicit_arms:
+            self._validate_arms()
+        elif not self.drafts:
             raise UsageError("bench needs at least one draft (--draft or --model)")
-        if not self.budgets:
+        elif not self.budgets:
             raise UsageError("bench needs at least one --budget")
         if any(b < 1 for b in self.budgets):
             raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")
@@ -99,7 +145,7 @@ class BenchPlan:
             raise UsageError("--n-predict must be at least 1")
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
             raise UsageError(f"--p-min must be within [0, 1] (got {self.p_min})")
-        if self.synth_len is not None:
+        if self.synth_len is not None and not self.explicit_arms:
             worst = min(self.budgets)
             if not 1.0 <= self.synth_len <= worst + 1:
                 raise UsageError(f"--synth-len must be within [1, {worst + 1}] for budget {worst} (got {self.synth_len})")

@@ -187,13 +187,14 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
     if arm.draft is None:
         state.plain_tokens[key] = tokens
         state.plain_sha[key] = output_sha
-    else:
+    elif key in state.plain_tokens:  # a plan without plain decoding has nothing to compare with
         div = first_divergence(state.plain_tokens[key], tokens)
         identity = Identity(identical_to_plain=div is None, first_divergence=div, plain_sha256=state.plain_sha[key])
     draft_n, draft_n_accepted = timings_drafts(t)
+    synth = arm.synth_mean(plan)
     return RequestRecord(
-        config=arm.name, draft=arm.draft.label if arm.draft else None, budget=arm.budget, synthetic=plan.synthetic,
-        synth_len=plan.synth_len if arm.draft else None, category=p.category, prompt_id=p.id, rep=rep,
+        config=arm.name, draft=arm.draft.label if arm.draft else None, budget=arm.budget,
+        synthetic=plan.synthetic, synth_len=synth, category=p.category, prompt_id=p.id, rep=rep,
         prompt_n=int(resp.get("tokens_evaluated", t.get("prompt_n", 0))), prompt_ms=t.get("prompt_ms"),
         n_predicted=int(t.get("predicted_n", len(tokens))), predicted_ms=float(t.get("predicted_ms", 0.0)),
         tok_s=t.get("predicted_per_second"), request_ms=request_ms, draft_n=draft_n,
@@ -205,10 +206,10 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
 
 
 def _server_config(plan: BenchPlan, arm: Arm, concurrency: int = 1) -> ServerConfig:
-    is_draft = arm.draft is not None
+    p_min, synth_len, synth_rates = arm.settings(plan)  # the arm's own (tune's cells), else the plan's
     return ServerConfig(
         model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj, n_max=arm.budget,
-        p_min=plan.p_min if is_draft else None, synth_len=plan.synth_len if is_draft else None,
+        p_min=p_min, synth_len=synth_len, synth_rates=synth_rates,
         # llama-server splits -c over its slots: every client gets plan.ctx
         ctx=plan.ctx * concurrency if plan.ctx else None, n_parallel=concurrency,
         threads=plan.threads, extra_args=plan.extra_args,

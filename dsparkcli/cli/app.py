@@ -17,6 +17,7 @@ from dsparkcli.cli import _common, _errors
 COMMAND_MODULES = (
     "run",
     "bench",
+    "tune",
     "serve",
     "synth",
     "distill",
@@ -37,6 +38,7 @@ Examples:
   dspark fetch minicpm-v-4.7            # target + mmproj + draft, sha256-verified
   dspark run photo.png "Describe this"  # answer + acceptance stats
   dspark bench --budget 5 15            # plain vs budgets, side by side
+  dspark tune --model minicpm-v-4.7     # the budget for this machine; then --budget auto
   dspark inspect draft.gguf             # census, DSpark structure, pairing
 """
 

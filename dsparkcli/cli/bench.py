@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -16,12 +17,14 @@ from dsparkcli.bench import plan as bench_plan
 from dsparkcli.bench import prompts as kit
 from dsparkcli.bench import report
 from dsparkcli.bench import run as core
+from dsparkcli.bench import tuned
 from dsparkcli.bench.records import ALL
+from dsparkcli.bench.tuned import parse_auto
 from dsparkcli.cli._common import (
     JsonOpt,
     LlamaBinOpt,
     ModelOpt,
-    PMinOpt,
+    AutoPMinOpt,
     TargetOpt,
     ThreadsOpt,
     YesOpt,
@@ -31,6 +34,7 @@ from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
+from dsparkcli.llama.server import ServerConfig
 
 HELP = """Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit.
 
@@ -57,6 +61,7 @@ Examples:
   dspark bench --budget 7 --synth-len 4 --ignore-eos   # llama.cpp's SYNTHETIC acceptance
   dspark bench --budget 5 15 -- -ngl 99 -ngld 99 -fa on
   dspark bench --target t.gguf --draft d.gguf --budget 3 --concurrency 1 2 4 8 16 --category text
+  dspark bench --budget auto 5 --category code         # `dspark tune`'s pick for code vs budget 5
 """
 
 FORMATS = ("table", "json", "csv", "md")
@@ -70,7 +75,20 @@ class BenchCommand(TyperCommand):
         return super().parse_args(ctx, expand_multi_values(args, ("--budget", "-b", "--concurrency", "-C")))
 
 
-def expand_multi_values(args: list[str], flags: tuple[str, ...]) -> list[str]:
+def _budgets(values: list[str] | None) -> tuple[list[int], bool]:
+    """--budget values: integers, and 'auto' (the tuning's budget) among them."""
+    ints, auto = [], False
+    for v in values or []:
+        parsed, is_auto = parse_auto(v, "--budget", int)
+        auto = auto or is_auto
+        if parsed is not None:
+            ints.append(int(parsed))  # type: ignore[call-overload]
+    return ints, auto
+
+
+def expand_multi_values(args: list[str], flags: tuple[str, ...], is_value: Callable[[str], bool] | None = None) -> list[str]:
+    """``--flag a b`` -> ``--flag a --flag b`` for the values ``is_value`` accepts (default: integers, 'auto')."""
+    is_value = is_value or _is_int
     expanded: list[str] = []
     i = 0
     while i < len(args):
@@ -78,7 +96,7 @@ def expand_multi_values(args: list[str], flags: tuple[str, ...]) -> list[str]:
         if args[i] in flags:
             j = i + 1
             first = True
-            while j < len(args) and _is_int(args[j]):
+            while j < len(args) and is_value(args[j]):
                 if not first:
                     expanded.append(args[i])
                 expanded.append(args[j])
@@ -91,7 +109,7 @@ def expand_multi_values(args: list[str], flags: tuple[str, ...]) -> list[str]:
 
 
 def _is_int(text: str) -> bool:
-    return text.lstrip("-").isdigit() and not text.startswith("--")
+    return (text.lstrip("-").isdigit() and not text.startswith("--")) or text.lower() == "auto"
 
 
 def render_table(summaries: list[dict[str, Any]]) -> Table:
@@ -121,8 +139,8 @@ def render_table(summaries: list[dict[str, Any]]) -> Table:
 
 
 def bench(
-    budget: Annotated[Optional[list[int]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15.")] = None,
     concurrency: Annotated[Optional[list[int]], typer.Option("--concurrency", "-C", min=1, help="Clients in flight (-np N): --concurrency 1 2 4 8.")] = None,
+    budget: Annotated[Optional[list[str]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15; 'auto': the `dspark tune` choice.")] = None,
     model: ModelOpt = None,
     target: TargetOpt = None,
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable).")] = None,
@@ -134,7 +152,7 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed requests per configuration.")] = 1,
     n_predict: Annotated[int, typer.Option("--n-predict", "-n", min=1, help="Tokens to generate per request.")] = 256,
     ctx: Annotated[int, typer.Option("--ctx", "-c", min=64, help="Context size (-c).")] = 4096,
-    p_min: PMinOpt = None,
+    p_min: AutoPMinOpt = None,
     synth_len: Annotated[Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length (--spec-synth-len); labels every output.")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Always generate --n-predict tokens.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Request seed (matters with --synth-len).")] = 0,
@@ -158,10 +176,23 @@ def bench(
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
     engine_mod.require_dspark(eng)
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
+    budgets, auto_budget = _budgets(budget)
+    p_value, auto_p = parse_auto(p_min, "--p-min", float)
+    if auto_budget or auto_p:  # the tuning of the (first) draft, for the one --category given, else overall
+        cfg = ServerConfig(model=inputs.target, draft=inputs.drafts[0].path, mmproj=inputs.mmproj,
+                           n_max=inputs.budget or DEFAULT_BUDGET, ctx=ctx, threads=threads, extra_args=passthrough_args())
+        cfg, auto = tuned.apply_auto(eng, cfg, budget=auto_budget, p_min=auto_p,
+                                     category=category[0] if category and len(category) == 1 else None)
+        assert auto is not None
+        err.print(auto.message, markup=False)
+        if auto_budget and cfg.n_max not in budgets:
+            budgets.append(cfg.n_max)  # type: ignore[arg-type]
+        if auto_p:
+            p_value = cfg.p_min
     plan = bench_plan.BenchPlan(
         target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts,
-        budgets=tuple(budget or [inputs.budget or DEFAULT_BUDGET]), prompts=selected,
-        reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_min, synth_len=synth_len,
+        budgets=tuple(budgets or [inputs.budget or DEFAULT_BUDGET]), prompts=selected,
+        reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_value, synth_len=synth_len,  # type: ignore[arg-type]
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=passthrough_args(),
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
         concurrency=tuple(concurrency or ()),

@@ -20,11 +20,13 @@ from dsparkcli.cli._common import (
     MmprojOpt,
     ModelOpt,
     NglOpt,
+    AutoPMinOpt,
+    CategoryOpt,
     NoDraftOpt,
-    PMinOpt,
     TargetOpt,
     ThreadsOpt,
     YesOpt,
+    knob_values,
     passthrough_args,
 )
 from dsparkcli.cli._download import confirm_downloads, download_progress
@@ -42,6 +44,7 @@ Examples:
   dspark run photo.png "What is in this picture?"
   dspark run "Write a haiku about GPUs" --max-tokens 64
   dspark run chart.png "Summarise the trend" --budget 7 --json
+  dspark run chart.png "Summarise the trend" --budget auto --category charxiv   # `dspark tune`'s pick
   dspark run --target t.gguf --draft d.gguf --mmproj mm.gguf img.png "Describe it"
   dspark run photo.png "Describe" --no-draft            # plain decoding, same greedy text
   dspark run photo.png "Describe" --server http://127.0.0.1:8080   # reuse `dspark serve`
@@ -75,7 +78,8 @@ def run(
     draft_key: DraftKeyOpt = None,
     budget: BudgetOpt = None,
     no_draft: NoDraftOpt = False,
-    p_min: PMinOpt = None,
+    p_min: AutoPMinOpt = None,
+    category: CategoryOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 256,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0 = greedy).")] = 0.0,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Sampling seed.")] = None,
@@ -99,13 +103,14 @@ def run(
     question = runner.Question(prompt, tuple(runner.load_image(p) for p in images), system=system,
                                max_tokens=max_tokens, temp=temp, seed=seed)
     pair = PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft)
-    knobs = ServerKnobs(budget=budget, p_min=p_min, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
-                        api_key=api_key)
+    knobs = ServerKnobs(**knob_values(budget, p_min), ctx=ctx, threads=threads, ngl=ngl,
+                        extra_args=passthrough_args(), api_key=api_key, category=category)
     with download_progress(disable=json_out) as on_progress:
         result = runner.answer(
             question, pair, knobs, Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress),
             server_url=server, llama_bin=llama_bin, on_text=None if json_out else on_text,
             on_status=None if json_out else (lambda msg: err.print(f"[dim]{msg}[/dim]")),
+            on_notice=lambda msg: err.print(msg, markup=False),
         )
     if json_out:
         print_json(result.to_record())

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from dsparkcli.bench import tuned
 from dsparkcli.cli._common import (
     ApiKeyOpt,
     BudgetOpt,
@@ -17,11 +18,13 @@ from dsparkcli.cli._common import (
     LlamaBinOpt,
     MmprojOpt,
     NglOpt,
+    AutoPMinOpt,
+    CategoryOpt,
     NoDraftOpt,
-    PMinOpt,
     TargetOpt,
     ThreadsOpt,
     YesOpt,
+    knob_values,
     passthrough_args,
 )
 from dsparkcli.cli._download import confirm_downloads, download_progress
@@ -45,6 +48,7 @@ Examples:
   dspark serve minicpm-v-4.7 --port 8080
   dspark serve minicpm-v-4.7 --parallel 4 --ctx 4096     # four users at once, 4096 tokens each
   dspark serve --target t.gguf --draft d.gguf --mmproj mm.gguf --budget 5
+  dspark serve minicpm-v-4.7 --budget auto --p-min auto   # what `dspark tune` chose on this machine
   dspark serve minicpm-v-4.7 --host 0.0.0.0 --api-key "$KEY" -- -ngl 99 -fa on
 """
 
@@ -66,7 +70,8 @@ def serve(
     draft_key: DraftKeyOpt = None,
     budget: BudgetOpt = None,
     no_draft: NoDraftOpt = False,
-    p_min: PMinOpt = None,
+    p_min: AutoPMinOpt = None,
+    category: CategoryOpt = None,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
     ngl: NglOpt = None,
@@ -82,18 +87,24 @@ def serve(
     if not _is_loopback(host) and not api_key:
         raise UsageError(f"--host {host} exposes the server beyond this machine: add --api-key")
     eng = engine_mod.resolve_engine(llama_bin)
+    kv = knob_values(budget, p_min)
     with download_progress(disable=json_out) as on_progress:
         cfg, files = prepare_server(
             PairSpec(model=name, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
-            ServerKnobs(budget=budget, p_min=p_min, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
-                        parallel=parallel, host=host, port=port, api_key=api_key),
+            ServerKnobs(**kv, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
+                        parallel=parallel, host=host, port=port, api_key=api_key, category=category),
             Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress))
+    cfg, auto = tuned.apply_auto(eng, cfg, budget=kv["auto_budget"], p_min=kv["auto_p_min"],
+                                 category=category)
+    if auto is not None:
+        err.print(auto.message, markup=False)
     with Supervisor(eng, cfg, on_event=_say, max_restarts=max_restarts) as sup:
         srv = sup.server
         assert srv is not None
         info = {"url": srv.url, "pid": srv.pid, "log": str(srv.log_path), "target": str(files.target),
                 "draft": str(files.draft) if files.draft else None, "mmproj": str(files.mmproj) if files.mmproj else None,
-                "budget": cfg.n_max, "parallel": cfg.n_parallel}
+                "budget": cfg.n_max, "p_min": cfg.p_min, "parallel": cfg.n_parallel,
+                "tuning": auto.message if auto else None}
         if json_out:
             print_json(info)
         else:

@@ -3,7 +3,8 @@
 The canonical file ships as package data (``dsparkcli/data/models.toml``; the repo root's
 ``models.toml`` is a symlink to it), so a source checkout and an installed wheel read the same
 bytes. The user's file (``config.user_models_path()``) and any ``extra_paths`` are read after it,
-same schema; a pair defined later replaces an earlier pair of the same name.
+same schema; a pair defined later replaces an earlier pair of the same name. A later table that holds
+only ``budget`` and/or ``p_min`` (what ``dspark tune --apply`` writes) changes just those of an earlier pair.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from dsparkcli.llama.protocol import DEFAULT_BUDGET
 ROLES = ("target", "mmproj", "draft")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census", "pypi", "member", "packaged"}
-_PAIR_KEYS = {"description", "budget", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts"}
+_PAIR_KEYS = {"description", "budget", "p_min", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts"}
+_OVERRIDE_KEYS = {"budget", "p_min"}  # a table of only these tunes an earlier file's pair
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class ModelPair:
     drafts: dict[str, ModelFile]
     default_draft: str
     budget: int = DEFAULT_BUDGET
+    p_min: float | None = None  # --spec-draft-p-min (None: llama.cpp's default)
     flags: tuple[str, ...] = ()
     acceptance: dict[str, float] = field(default_factory=dict)  # category -> upstream acceptance length
     description: str = ""
@@ -116,7 +119,7 @@ def load_registry(extra_paths: tuple[Path | str, ...] | list[Path | str] = ()) -
     pairs: dict[str, ModelPair] = {}
     default: str | None = None
     for path in paths:
-        file_default, file_pairs = parse_models_file(path)
+        file_default, file_pairs = parse_models_file(path, overrides=pairs)
         pairs.update(file_pairs)
         default = file_default or default
     if default is not None and default not in pairs:
@@ -124,8 +127,9 @@ def load_registry(extra_paths: tuple[Path | str, ...] | list[Path | str] = ()) -
     return Registry(pairs=pairs, default=default, sources=tuple(paths))
 
 
-def parse_models_file(path: Path) -> tuple[str | None, dict[str, ModelPair]]:
-    """Read and validate one models.toml; errors name the file and the key."""
+def parse_models_file(path: Path, overrides: dict[str, ModelPair] | None = None) -> tuple[str | None, dict[str, ModelPair]]:
+    """Read and validate one models.toml; errors name the file and the key. A table with only
+    budget/p_min changes the pair of that name in ``overrides`` (the pairs read so far)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
@@ -140,8 +144,33 @@ def parse_models_file(path: Path) -> tuple[str | None, dict[str, ModelPair]]:
     if unknown:
         v.fail(sorted(unknown)[0], "unknown key (expected 'default' and [pairs.<name>])")
     raw_pairs = v.table(data.get("pairs", {}), "pairs")
-    pairs = {name: _pair(v, name, v.table(raw, f"pairs.{name}")) for name, raw in raw_pairs.items()}
+    pairs = {}
+    for name, raw in raw_pairs.items():
+        table = v.table(raw, f"pairs.{name}")
+        if table and set(table) <= _OVERRIDE_KEYS:
+            if name not in (overrides or {}):
+                v.fail(f"pairs.{name}", "sets only budget/p_min but no earlier models.toml defines this pair")
+            pairs[name] = _tuned(v, (overrides or {})[name], name, table)
+        else:
+            pairs[name] = _pair(v, name, table)
     return default, pairs
+
+
+def _p_min(v: _Validator, table: dict, where: str) -> float | None:
+    value = table.get("p_min")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        v.fail(f"{where}.p_min", "must be a number within [0, 1]")
+    return float(value)
+
+
+def _tuned(v: _Validator, pair: ModelPair, name: str, table: dict) -> ModelPair:
+    where = f"pairs.{name}"
+    budget = v.integer(table, "budget", where, minimum=1)
+    p_min = _p_min(v, table, where)
+    return replace(pair, budget=budget if budget is not None else pair.budget,
+                   p_min=p_min if "p_min" in table else pair.p_min, source=v.path)
 
 
 class _Validator:
@@ -270,6 +299,7 @@ def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
         drafts=drafts,
         default_draft=default_draft,
         budget=v.integer(table, "budget", where, minimum=1) or DEFAULT_BUDGET,
+        p_min=_p_min(v, table, where),
         flags=tuple(flags),
         acceptance=acceptance,
         description=v.string(table, "description", where) or "",

@@ -42,6 +42,7 @@ class ServerConfig:
     n_min: int | None = None  # --spec-draft-n-min
     p_min: float | None = None  # --spec-draft-p-min
     synth_len: float | None = None  # --spec-synth-len (synthetic acceptance: benchmarking only)
+    synth_rates: tuple[float, ...] | None = None  # --spec-synth-rates: unconditional rate per position (n_max of them)
     ngl: str | int | None = None  # -ngl
     ngld: str | int | None = None  # -ngld
     flash_attn: str | None = None  # -fa on|off|auto
@@ -68,6 +69,7 @@ class ServerConfig:
             ("--spec-draft-n-min", self.n_min),
             ("--spec-draft-p-min", self.p_min),
             ("--spec-synth-len", self.synth_len),
+            ("--spec-synth-rates", ",".join(f"{r:.9g}" for r in self.synth_rates) if self.synth_rates else None),
             ("-ngl", self.ngl),
             ("-ngld", self.ngld),
             ("-fa", self.flash_attn),

@@ -187,7 +187,7 @@ def _write(writer: Any) -> None:
     writer.close()
 
 
-def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int]) -> None:
+def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int], n_layer: int = TARGET_LAYERS) -> None:
     import numpy as np  # deferred: only writers need numpy
     import gguf
 
@@ -196,7 +196,7 @@ def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int]) -> None
     w.add_name("dspark synthetic target")
     w.add_context_length(CONTEXT_LENGTH)
     w.add_embedding_length(n_embd)
-    w.add_block_count(TARGET_LAYERS)
+    w.add_block_count(n_layer)
     w.add_feed_forward_length(FFN_WIDTH)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head)
@@ -212,7 +212,7 @@ def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int]) -> None
     out = np.zeros((vocab, n_embd), f32)
     out[np.asarray(g), np.arange(vocab)] = 1.0  # logits peak at g(t)
     w.add_tensor("output.weight", out)
-    for il in range(TARGET_LAYERS):
+    for il in range(n_layer):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, f32))
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):  # attn_output = 0: the layer adds nothing
@@ -318,14 +318,19 @@ def _write_png(path: Path, seed: int) -> None:
 
 
 def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0, confidence: bool = False,
-               vision: bool = False, seed: int = 0, block_size: int = 8) -> SynthPair:
-    """Write target, draft (and mmproj + PNG with ``vision``) and manifest.json into ``outdir``."""
+               vision: bool = False, seed: int = 0, block_size: int = 8, target_layers: int = TARGET_LAYERS) -> SynthPair:
+    """Write target, draft (and mmproj + PNG with ``vision``) and manifest.json into ``outdir``.
+
+    ``target_layers`` > 2 adds more zero layers: the same answers, a dearer target token (tune's tests
+    need a target that costs more than the draft, as real targets do; the draft still taps layers 0, 1)."""
     if not 8 <= vocab <= 4096:
         raise UsageError(f"--vocab must be between 8 and 4096, got {vocab}")
     if not 0.0 <= accept_rate <= 1.0:
         raise UsageError(f"--accept-rate must be between 0 and 1, got {accept_rate}")
     if not 1 <= block_size <= 64:
         raise UsageError(f"--block-size must be between 1 and 64, got {block_size}")
+    if not TARGET_LAYERS <= target_layers <= 256:
+        raise UsageError(f"target_layers must be between {TARGET_LAYERS} and 256, got {target_layers}")
     out = Path(outdir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"not a directory: {out}")
@@ -336,7 +341,7 @@ def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0
     conf = _conf_logits(vocab, seed) if confidence else None
 
     target, draft = out / TARGET_NAME, out / DRAFT_NAME
-    _write_target(target, vocab, n_embd, g)
+    _write_target(target, vocab, n_embd, g, target_layers)
     _write_draft(draft, vocab, n_embd, block_size, draft_map, conf)
     mmproj = image = None
     if vision:

@@ -1,0 +1,305 @@
+"""`dspark tune`: measure the cost model and the workload's acceptance through the bench machinery (one
+llama-server per arm, every record in one JSONL), predict every (budget, p_min), verify the best side by
+side with plain decoding, and store the result where `--budget auto` finds it.
+
+Three bench runs, one JSONL (run ids ``<id>-cost``, ``<id>-acceptance``, ``<id>-verify``):
+
+1. cost: plain decoding (t1) and, per candidate budget k, an all-rejected ``--spec-synth-len 1`` cell
+   (t_step(k)) on a few prompts; skipped when a stored tuning for the same key already holds these budgets.
+2. acceptance: the largest budget, once per p_min, on every prompt: per-position acceptance per category
+   from /metrics; s (ms per accepted token) is fitted on these cells.
+3. verify: plain and each category's best predicted candidates, measured in the same run.
+
+The model and the pick are pure (``bench.tune``); this module runs the cells and keeps the records.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dsparkcli import config
+from dsparkcli.bench import tune
+from dsparkcli.bench.tuned import find, key_for, save
+from dsparkcli.bench.plan import Arm, BenchPlan, Draft
+from dsparkcli.bench.prompts import Prompt
+from dsparkcli.bench.records import ALL, PLAIN, measured, read_jsonl
+from dsparkcli.bench.run import new_run_id, run_bench
+from dsparkcli.bench.tune import Acceptance, Candidate, CostModel, TuningRecord
+from dsparkcli.errors import BenchError, UsageError
+from dsparkcli.gguf.analysis import dspark_structure
+from dsparkcli.gguf.pairing import open_header
+from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.protocol import SpecCounters
+from dsparkcli.llama.server import ServerConfig
+
+DEFAULT_BUDGETS = (1, 2, 3, 5, 7, 10, 15)  # every budget of the H200 study
+SYNTH_MODES = ("rates", "length")
+COST_PROMPTS = 4  # prompts per cost cell: a step's cost hardly depends on the text
+
+
+@dataclass(frozen=True)
+class TunePlan:
+    target: Path
+    draft: Path
+    prompts: tuple[Prompt, ...]
+    budgets: tuple[int, ...] = DEFAULT_BUDGETS
+    p_mins: tuple[float, ...] = (0.0,)
+    mmproj: Path | None = None
+    reps: int = 1
+    warmup: int = 1
+    n_predict: int = 128
+    ctx: int | None = None
+    threads: int | None = None
+    extra_args: tuple[str, ...] = ()
+    top: int = 2  # candidates per category measured in the verification run
+    # SYNTHETIC acceptance: L at the largest budget. "rates": smaller budgets see the same per-position
+    # rates (--spec-synth-rates, as a real draft would); "length": mean L at every budget (--spec-synth-len,
+    # BENCHMARKS.md's grid), which only budgets k >= L - 1 can hold
+    synth_len: float | None = None
+    synth_mode: str = "rates"
+    seed: int = 0
+    ignore_eos: bool = False
+    reuse_cost: bool = True
+    deadline: float | None = None  # time.monotonic() after which no more cells start (verification is cut)
+    model_name: str | None = None
+    upstream_acceptance: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def k_max(self) -> int:
+        return max(self.budgets)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.synth_len is not None
+
+    def runnable(self, k: int) -> bool:
+        """Budget k can emulate this plan's synthetic acceptance (always true with real acceptance)."""
+        return self.synth_len is None or self.synth_mode == "rates" or self.synth_len <= k + 1
+
+    def validate(self) -> None:
+        if not self.budgets or any(b < 1 for b in self.budgets) or len(set(self.budgets)) != len(self.budgets):
+            raise UsageError("--budgets must be distinct integers >= 1")
+        if any(not 0.0 <= p <= 1.0 for p in self.p_mins) or len(set(self.p_mins)) != len(self.p_mins):
+            raise UsageError("--p-min values must be distinct and within [0, 1]")
+        if self.synth_mode not in SYNTH_MODES:
+            raise UsageError(f"--synth-mode must be one of {', '.join(SYNTH_MODES)} (got {self.synth_mode})")
+        if self.synth_len is not None and not 1.0 <= self.synth_len <= self.k_max + 1:
+            raise UsageError(f"--synth-len must be within [1, {self.k_max + 1}] for budget {self.k_max}")
+        if self.synth_len is not None and any(p > 0 for p in self.p_mins):
+            raise UsageError("--p-min with --synth-len: synthetic acceptance ignores the draft's confidence")
+        if self.top < 1:
+            raise UsageError("--top must be at least 1")
+        if not self.prompts:
+            raise UsageError("no prompts selected")
+
+
+def draft_limits(draft: Path) -> tuple[int | None, bool]:
+    """(largest budget llama.cpp does not clamp, has a confidence head) from the draft's header."""
+    s = dspark_structure(open_header(draft))
+    if s is None:
+        return None, False
+    return s.max_spec_draft_n, bool(s.confidence_head)
+
+
+# ------------------------------------------------------------------ measuring
+
+
+@dataclass(frozen=True)
+class Progress:
+    phase: str  # cost | acceptance | verify
+    arm: str
+    done: int
+    total: int
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+def _bench(engine: Engine, plan: BenchPlan, out: Path, run_id: str, phase: str, deadline: float | None,
+           on_progress: Callable[[Progress], None] | None, argv: list[str] | None) -> list[dict[str, Any]]:
+    done = [0]
+    total = plan.total_requests()
+
+    def on_request(arm: str, prompt_id: str) -> None:
+        done[0] += 1
+        if on_progress:
+            on_progress(Progress(phase, arm, done[0], total))
+        if deadline is not None and time.monotonic() > deadline:
+            raise _OutOfTime(phase)
+
+    run_bench(engine, plan, out=out, run_id=run_id, argv=argv, on_request=on_request)
+    return read_jsonl(out, run_id)
+
+
+def _base_plan(tp: TunePlan, prompts: Sequence[Prompt], arms: Sequence[Arm]) -> BenchPlan:
+    return BenchPlan(target=tp.target, drafts=(Draft("draft", tp.draft),), budgets=(), prompts=tuple(prompts),
+                     mmproj=tp.mmproj, reps=tp.reps, warmup=tp.warmup, n_predict=tp.n_predict, ctx=tp.ctx,
+                     seed=tp.seed, ignore_eos=tp.ignore_eos, threads=tp.threads, extra_args=tp.extra_args,
+                     explicit_arms=tuple(arms), model_name=tp.model_name,
+                     upstream_acceptance=tp.upstream_acceptance)
+
+
+def _tok_s(summaries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """(config, category) -> median tok/s over reps (bench's figure)."""
+    return {(s["config"], s["category"]): float((s.get("tok_s") or {}).get("median") or 0.0) for s in summaries
+            if s.get("record") == "summary"}
+
+
+def _ms_per_token(summaries: list[dict[str, Any]], config_name: str, category: str = ALL) -> float:
+    value = _tok_s(summaries).get((config_name, category))
+    if not value:
+        raise BenchError(f"tune: no timing for {config_name} ({category}) in the records")
+    return 1000.0 / value
+
+
+def _speedups(summaries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """(config, category) -> tok/s over plain decoding's, same category, same run (bench's speedup)."""
+    speed = _tok_s(summaries)
+    return {(c, cat): v / speed[(PLAIN, cat)] for (c, cat), v in speed.items()
+            if c != PLAIN and v and speed.get((PLAIN, cat))}
+
+
+def _cost_arms(tp: TunePlan, budgets: Sequence[int]) -> list[Arm]:
+    d = Draft("draft", tp.draft)
+    return [Arm(f"cost@{k}", d, k, p_min=0.0, synth_len=1.0) for k in budgets]
+
+
+def _acceptance_arms(tp: TunePlan) -> list[Arm]:
+    d = Draft("draft", tp.draft)
+    return [Arm(f"acc@{tp.k_max}" + (f",p{p:g}" if p else ""), d, tp.k_max, p_min=p, synth_len=tp.synth_len)
+            for p in tp.p_mins]
+
+
+def candidate_arm(tp: TunePlan, c: Candidate) -> Arm:
+    """The server arm of one candidate, with the plan's synthetic acceptance emulated at budget k."""
+    d, name = Draft("draft", tp.draft), c.label
+    if tp.synth_len is None:
+        return Arm(name, d, c.budget, p_min=c.p_min)
+    if tp.synth_mode == "rates" and c.budget < tp.k_max:
+        return Arm(name, d, c.budget, p_min=0.0, synth_rates=tune.synth_rates(tp.synth_len, tp.k_max)[:c.budget])
+    return Arm(name, d, c.budget, p_min=0.0, synth_len=tp.synth_len)
+
+
+def _acceptance(records: list[dict[str, Any]], arm: Arm, p_min: float, categories: Sequence[str]) -> list[Acceptance]:
+    requests, counters = measured(records)
+    out = []
+    for cat in categories:
+        reqs = [r for r in requests if r.config == arm.name and r.category == cat]
+        total = SpecCounters.total(c.counters for c in counters if c.config == arm.name and c.category == cat)
+        out.append(Acceptance(cat, arm.budget or 0, p_min, total, sum(r.n_predicted for r in reqs), len(reqs)))
+    return out
+
+
+def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: str | None = None,
+             argv: list[str] | None = None, on_progress: Callable[[Progress], None] | None = None,
+             on_phase: Callable[[str, float], None] | None = None) -> TuningRecord:
+    """Measure, predict, verify; return (and store) the tuning record. Ctrl-C stores what was measured
+    as an incomplete record (``--budget auto`` ignores it) and re-raises."""
+    tp.validate()
+    t0 = time.monotonic()
+    run_id = run_id or new_run_id()
+    out = Path(out) if out is not None else config.cache_dir() / "tuning" / "runs" / f"tune-{run_id}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    categories = list(dict.fromkeys(p.category for p in tp.prompts))
+    budgets = sorted(b for b in tp.budgets if tp.runnable(b))
+    if not budgets:
+        raise UsageError(f"no candidate budget can hold --synth-len {tp.synth_len} with --synth-mode length")
+    probe = _base_plan(tp, tp.prompts, _acceptance_arms(tp)).arms()[1]
+    probe_cfg = ServerConfig(model=tp.target, draft=tp.draft, n_max=probe.budget, ctx=tp.ctx, threads=tp.threads,
+                             extra_args=tp.extra_args)
+    key = key_for(engine, tp.target, tp.draft, probe_cfg.argv(engine.server, 0))
+    timings: dict[str, float] = {}
+    cost: CostModel | None = None
+    acceptance: list[Acceptance] = []
+    predictions: list[tune.Prediction] = []
+    verified: list[tuple[str, str, float]] = []
+    choices: list[tune.Choice] = []
+
+    def record(complete: bool) -> TuningRecord:
+        return TuningRecord(
+            key=key, cost=cost or CostModel(0.0, ()), acceptance=tuple(acceptance), predictions=tuple(predictions),
+            choices=tuple(choices), verified=tuple(verified), budgets=tuple(budgets), p_mins=tuple(tp.p_mins),
+            synthetic=tp.synthetic, synth_len=tp.synth_len, timings_s=dict(timings),
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_id=run_id,
+            jsonl=str(out), complete=complete)
+
+    def phase_done(name: str, started: float) -> None:
+        timings[name] = time.monotonic() - started
+        if on_phase:
+            on_phase(name, timings[name])
+
+    try:
+        # 1. cost model
+        started = time.monotonic()
+        previous = find(key) if tp.reuse_cost else None
+        if previous is not None and previous.cost.t1_ms > 0 and set(budgets) <= {k for k, _ in previous.cost.t_step_ms}:
+            cost = replace(previous.cost, t_step_ms=tuple((k, v) for k, v in previous.cost.t_step_ms if k in budgets))
+            timings["cost_reused"] = 1.0
+        else:
+            few = _first_per_category(tp.prompts, COST_PROMPTS)
+            cost_plan = _base_plan(tp, few, _cost_arms(tp, budgets))
+            rows = _bench(engine, cost_plan, out, f"{run_id}-cost", "cost", tp.deadline, on_progress, argv)
+            cost = CostModel(t1_ms=_ms_per_token(rows, PLAIN),
+                             t_step_ms=tuple((k, _ms_per_token(rows, f"cost@{k}")) for k in budgets))
+        phase_done("cost", started)
+        # 2. acceptance at the largest budget, per p_min; s from the same cells
+        started = time.monotonic()
+        arms = _acceptance_arms(tp)
+        acc_plan = replace(_base_plan(tp, tp.prompts, arms), with_plain=False)
+        rows = _bench(engine, acc_plan, out, f"{run_id}-acceptance", "acceptance", tp.deadline, on_progress, argv)
+        cells = []
+        for arm in arms:
+            assert arm.p_min is not None
+            mine = _acceptance(rows, arm, arm.p_min, categories)
+            acceptance.extend(mine)
+            cells += [(a, _ms_per_token(rows, arm.name, a.category)) for a in mine]
+        cost = replace(cost, s_ms=tune.fit_s(cost, cells))
+        workloads = acceptance + [tune.pooled([a for a in acceptance if a.p_min == p]) for p in tp.p_mins]
+        predictions = tune.predict_all(cost, workloads, budgets)
+        choices = [tune.choose(predictions, cat) for cat in [*categories, tune.OVERALL]]
+        phase_done("acceptance", started)
+        # 3. verification: plain and the best predicted candidates, side by side
+        started = time.monotonic()
+        short = tune.shortlist(predictions, [*categories, tune.OVERALL], tp.top)
+        if short:
+            by_arm = {candidate_arm(tp, c).name: c for c in short}
+            ver_plan = _base_plan(tp, tp.prompts, [candidate_arm(tp, c) for c in short])
+            try:
+                rows = _bench(engine, ver_plan, out, f"{run_id}-verify", "verify", tp.deadline, on_progress, argv)
+            except _OutOfTime:
+                rows = read_jsonl(out, f"{run_id}-verify")  # keep the predictions' choices, say so
+                timings["verify_cut"] = 1.0
+            speed = _speedups(rows)
+            verified = [(cat, by_arm[name].label, s) for (name, cat), s in speed.items() if name in by_arm]
+            if "verify_cut" not in timings:
+                choices = [tune.choose(predictions, cat, {by_arm[n]: s for (n, c), s in speed.items()
+                                                          if c == (ALL if cat == tune.OVERALL else cat)
+                                                          and n in by_arm})
+                           for cat in [*categories, tune.OVERALL]]
+        phase_done("verify", started)
+    except (KeyboardInterrupt, _OutOfTime) as exc:
+        timings["total"] = time.monotonic() - t0
+        save(record(complete=False), out.with_suffix(".partial.json"))
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise BenchError(f"tune ran out of time in its {exc.args[0]} phase (--max-minutes); what was measured is "
+                         f"in {out}") from None
+    timings["total"] = time.monotonic() - t0
+    rec = record(complete=True)
+    save(rec)
+    return rec
+
+
+def _first_per_category(prompts: Sequence[Prompt], n: int) -> tuple[Prompt, ...]:
+    """Up to n prompts, one per category first (the cost cells: a step's cost hardly depends on the text)."""
+    seen: dict[str, Prompt] = {}
+    for p in prompts:
+        seen.setdefault(p.category, p)
+    picked = list(seen.values())[:n]
+    return tuple(picked) if picked else tuple(prompts[:n])

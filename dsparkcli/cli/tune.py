@@ -1,0 +1,196 @@
+"""`dspark tune`: the budget and p-min for this pair, machine and workload, from a measured cost model."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import click
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from typer.core import TyperCommand
+
+from dsparkcli.bench import plan as bench_plan
+from dsparkcli.bench import prompts as kit
+from dsparkcli.bench import tune, tuned, tuning
+from dsparkcli.bench.tune import TuningRecord
+from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, ModelOpt, TargetOpt, ThreadsOpt, YesOpt, passthrough_args
+from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.cli.bench import expand_multi_values
+from dsparkcli.errors import UsageError
+from dsparkcli.llama import engine as engine_mod
+
+HELP = """Choose --budget (and --p-min) for a pair on this machine from a measured cost model.
+
+Measures plain decoding (t1) and, per candidate budget k, a draft step with nothing accepted
+(--spec-synth-len 1 cells: t_step(k)); then the pair's per-position acceptance at the largest budget
+on your prompts, per category (and per --p-min when the draft has a confidence head); predicts the
+speedup of every (k, p-min) as tau*t1/(t_step(k) + (tau-1)*s), and measures the best candidates next
+to plain decoding in the same run. The choice is stored for this target and draft (sha256), engine
+commit, backend, GPU and the flags that change cost (-ngl -ngld -fa -c -ctk -ctv -np -t): `run`, `serve`
+and `bench` use it with --budget auto. Arguments after `--` go to llama-server (and into the key).
+
+\b
+Examples:
+  dspark tune --model minicpm-v-4.7 -- -ngl 99 -ngld 99 -fa on
+  dspark tune --target t.gguf --draft d.gguf --category text --budgets 3 5 7 --json
+  dspark tune --model minicpm-v-4.7 --apply          # also write the budget into your models.toml
+  dspark tune --target t.gguf --draft d.gguf --prompts my.jsonl --max-minutes 10
+  dspark tune --target t.gguf --draft d.gguf --synth-len 5.1 --category text   # SYNTHETIC acceptance
+  dspark tune --target t.gguf --draft d.gguf --cost-table cost.txt   # per-k step costs, for llama.cpp
+  dspark run photo.png "Describe" --budget auto      # then use it
+"""
+
+
+class TuneCommand(TyperCommand):
+    """``--budgets 3 5 7`` and ``--p-min 0 0.5`` take several values."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, expand_multi_values(args, ("--budgets", "--p-min"), _is_number))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return not text.startswith("--")
+
+
+def _phase_line(rec: TuningRecord) -> str:
+    t = rec.timings_s
+    cost = "reused from the stored tuning" if t.get("cost_reused") else f"{t.get('cost', 0):.1f} s"
+    return (f"tuned in {t.get('total', 0):.1f} s: cost model {cost}, acceptance {t.get('acceptance', 0):.1f} s, "
+            f"verification {t.get('verify', 0):.1f} s" + (" (cut by --max-minutes)" if t.get("verify_cut") else ""))
+
+
+def render(rec: TuningRecord) -> Table:
+    table = Table(title=("SYNTHETIC acceptance: " if rec.synthetic else "") + f"tuning {rec.key.id}",
+                  title_style="bold red" if rec.synthetic else "bold")
+    for col in ("category", "mean len @k_max", "best predicted", "candidate", "predicted", "measured", "choice"):
+        table.add_column(col, justify="left" if col in ("category", "candidate", "choice", "best predicted") else "right")
+    acc = {(a.category, a.p_min): a for a in rec.acceptance}
+    verified = {(c, lb): s for c, lb, s in rec.verified}
+    preds = {(p.category, p.candidate.label): p.speedup for p in rec.predictions}
+    for choice in rec.choices:
+        cat = choice.category
+        a = acc.get((cat, 0.0)) or next((v for (c, _), v in acc.items() if c == cat), None)
+        mean = f"{a.counters.mean_length:.2f}" if a and a.counters.mean_length else "–"
+        best = tune.ranked(rec.predictions, cat)
+        best_txt = f"{best[0].candidate.label} {best[0].speedup:.2f}x" if best else "–"
+        labels = [lb for c, lb in verified if c == cat] or [best_txt.split()[0]]
+        pick = choice.candidate.label if choice.candidate else "plain (no draft)"
+        for i, lb in enumerate(labels):
+            p, m = preds.get((cat, lb)), verified.get((cat, lb))
+            table.add_row(cat if i == 0 else "", mean if i == 0 else "", best_txt if i == 0 else "", lb,
+                          f"{p:.2f}x" if p is not None else "–", f"{m:.2f}x" if m is not None else "–",
+                          pick if i == 0 else "", style="bold" if cat == tune.OVERALL else None)
+        table.add_section()
+    return table
+
+
+def tune_cmd(
+    model: ModelOpt = None,
+    target: TargetOpt = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF path or registry key.")] = None,
+    mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF (needed for image prompts).")] = None,
+    prompts: Annotated[str, typer.Option("--prompts", help="Built-in kit name or a JSONL file (docs/PROMPTS.md).")] = kit.DEFAULT_KIT,
+    category: Annotated[Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision').")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="At most N prompts per category.")] = 3,
+    budgets: Annotated[Optional[list[int]], typer.Option("--budgets", help="Candidate budgets (default 1 2 3 5 7 10 15, up to the draft's block).")] = None,
+    p_min: Annotated[Optional[list[float]], typer.Option("--p-min", help="Candidate confidence thresholds (default 0, plus 0.3 0.6 with a confidence head).")] = None,
+    n_predict: Annotated[int, typer.Option("--n-predict", "-n", min=1, help="Tokens per request.")] = 128,
+    reps: Annotated[int, typer.Option("--reps", min=1, help="Timed repetitions of every prompt.")] = 1,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed requests per server.")] = 1,
+    top: Annotated[int, typer.Option("--top", min=1, help="Best predicted candidates per category to measure.")] = 2,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c; part of the key).")] = None,
+    threads: ThreadsOpt = None,
+    synth_len: Annotated[Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length at the largest budget.")] = None,
+    synth_mode: Annotated[str, typer.Option("--synth-mode", help="rates: smaller budgets keep the per-position rates; length: L at every budget.")] = "rates",
+    max_minutes: Annotated[Optional[float], typer.Option("--max-minutes", min=0.1, help="Stop starting cells after N minutes (verification is cut first).")] = None,
+    reuse_cost: Annotated[bool, typer.Option("--reuse-cost/--remeasure-cost", help="Reuse the stored cost model of the same key.")] = True,
+    apply: Annotated[bool, typer.Option("--apply", help="Write the overall choice into your models.toml (needs --model).")] = False,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Bench records (JSONL) here (default: the dspark cache).")] = None,
+    record_path: Annotated[Optional[Path], typer.Option("--record", help="Also write the tuning record (JSON) here.")] = None,
+    cost_table: Annotated[Optional[Path], typer.Option("--cost-table", help="Write the per-k step-cost table here.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Request seed.")] = 0,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Always generate --n-predict tokens.")] = False,
+    yes: YesOpt = False,
+    llama_bin: LlamaBinOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    t0 = time.monotonic()
+    if apply and model is None:
+        raise UsageError("--apply writes a models.toml override for a registry pair: give --model NAME")
+    selected = kit.select(kit.load_prompts(prompts), category, limit)
+    eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
+    engine_mod.require_dspark(eng)
+    inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=[draft] if draft else [], mmproj=mmproj,
+                                       yes=yes)
+    draft_path = inputs.drafts[0].path
+    max_n, has_conf = tuning.draft_limits(draft_path)
+    cands = tuple(budgets or [b for b in tuning.DEFAULT_BUDGETS if max_n is None or b <= max_n])
+    p_mins = tuple(p_min if p_min is not None else ([0.0, 0.3, 0.6] if has_conf and synth_len is None else [0.0]))
+    if any(p > 0 for p in p_mins) and not has_conf:
+        raise UsageError("--p-min > 0 needs a draft with a confidence head (this one has none)")
+    tp = tuning.TunePlan(
+        target=inputs.target, draft=draft_path, mmproj=inputs.mmproj, prompts=selected, budgets=cands,
+        p_mins=p_mins, reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, threads=threads,
+        extra_args=passthrough_args(), top=top, synth_len=synth_len, synth_mode=synth_mode, seed=seed,
+        ignore_eos=ignore_eos, reuse_cost=reuse_cost, model_name=inputs.model_name,
+        deadline=t0 + 60.0 * max_minutes if max_minutes else None, upstream_acceptance=inputs.upstream_acceptance,
+    )
+    tp.validate()
+    if tp.synthetic:
+        err.print(f"[bold red]SYNTHETIC acceptance (L {synth_len:g} at budget {tp.k_max}, mode {synth_mode}): "
+                  "the choice emulates a draft[/bold red]")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[where]}"))
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        tasks: dict[str, int] = {}
+
+        def on_progress(p: tuning.Progress) -> None:
+            if p.phase not in tasks:
+                tasks[p.phase] = progress.add_task(p.phase, total=p.total, where="")
+            progress.update(tasks[p.phase], completed=p.done, total=p.total, where=p.arm)
+
+        try:
+            rec = tuning.run_tune(eng, tp, out=out_path, argv=sys.argv, on_progress=on_progress)
+        except KeyboardInterrupt:
+            err.print("interrupted: what was measured is kept (bench records and a partial tuning record "
+                      "next to them, under the dspark cache or --out)", markup=False)
+            raise
+    saved = tuned.store_dir() / f"{rec.key.id}.json"
+    if record_path is not None:
+        tuned.save(rec, record_path)
+    if cost_table is not None:
+        cost_table.write_text(tune.cost_table(rec.cost), encoding="utf-8")
+    applied = None
+    overall = rec.choice()
+    if apply:
+        assert model is not None and overall is not None
+        applied = tuned.apply_to_models(model, overall, rec.key.id)
+    if json_out:
+        print_json({**rec.to_record(), "stored": str(saved), "applied": str(applied) if applied else None})
+        return
+    out.print(render(rec))
+    c = rec.cost
+    steps = ", ".join(f"k={k} {ms:.3g}" for k, ms in c.t_step_ms)
+    err.print(f"cost model: t1 {c.t1_ms:.3g} ms/token; t_step(k) ms: {steps}; s {c.s_ms:.3g} ms per accepted token",
+              markup=False)
+    err.print(_phase_line(rec), markup=False)
+    if overall is not None and overall.candidate is None:
+        err.print("nothing beat plain decoding on this machine and workload: run without the draft (--no-draft)",
+                  markup=False)
+    elif overall is not None and overall.candidate is not None:
+        err.print(f"overall choice: budget {overall.candidate.budget}"
+                  + (f", p-min {overall.candidate.p_min:g}" if overall.candidate.p_min else "")
+                  + f"; use it with --budget auto" + (" --p-min auto" if overall.candidate.p_min else ""), markup=False)
+    err.print(f"stored: {saved}; records: {rec.jsonl}" + (f"; applied to {applied}" if applied else ""), markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune", help=HELP, cls=TuneCommand)(tune_cmd)
