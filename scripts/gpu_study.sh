@@ -17,6 +17,8 @@
 #          --n-predict "256 1024" (overrides --quick's 256)
 #          --sweep-args "ARGS" (appended to gpu_sweep.py's arguments, e.g. a load-to-load replicate study:
 #                 "--loads 2 --only L5.407-k5 L5.407-k7 --n-predict 256 --load-mode mmap")
+#          --tune "ARGS" (instead of the sweep: scripts/tune_study.py ARGS on the pair, -ngl 99 -ngld 99 -fa on,
+#                 records to $OUT/tune/; e.g. --tune "--lengths 3.501 5.098 5.407")
 #          --kit (before the sweep: `dspark bench` on the prompt kit's text categories with the full-width
 #                 pair, SYNTHETIC acceptance L=5, budgets 5 15, and the dspark-vs-bare-client overhead)
 set -euo pipefail
@@ -24,7 +26,7 @@ set -euo pipefail
 T0=$(date +%s)
 REPO=$(pwd)
 PHASE=all QUICK="" PART=1 PARTS=1 QTYPE=Q4_K DQTYPE=Q8_0 ARCH=qwen35moe BUDGET_S=550 SCALE=1.0 SMOKE=0 COST=""
-RESUME=() NPRED=() KIT=0 XARGS=()
+RESUME=() NPRED=() KIT=0 XARGS=() TUNE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --phase) PHASE=$2; shift 2 ;;
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
     --n-predict) NPRED=(--n-predict $2); shift 2 ;;
     --cpu-smoke) SMOKE=1; shift ;;
     --kit) KIT=1; shift ;;
+    --tune) TUNE=$2; shift 2 ;;
     --sweep-args) read -r -a XARGS <<< "$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu_study.sh: unknown option $1" >&2; exit 2 ;;
@@ -187,6 +190,18 @@ if [ "$KIT" = 1 ]; then
 fi
 
 DEADLINE=$(( T0 + BUDGET_S ))
+if [ -n "$TUNE" ]; then
+  # issue 16: dspark tune vs a full grid, per acceptance length, in this run
+  read -r -a TARGS <<< "$TUNE"
+  TSERVER=(-- -ngl 99 -ngld 99 -fa on)
+  [ "$SMOKE" = 1 ] && TSERVER=(--threads 2 --n-predict 32 --cost-n-predict 16 --grid-n-predict 32 --grid-reps 1 --budgets 1 2 3 5)
+  set +e
+  "$PY" scripts/tune_study.py --manifest "$MANIFEST" --out "$OUT/tune" --deadline "$DEADLINE" "${TARGS[@]}" \
+    "${TSERVER[@]}" 2>> "$AUX/tune.err" | tee -a "$LOG"; RC=${PIPESTATUS[0]}
+  set -e
+  say "tune study rc=$RC; done in $(( $(date +%s) - T0 )) s; results in $OUT/tune"
+  exit "$RC"
+fi
 say "sweep: deadline in $(( DEADLINE - $(date +%s) )) s"
 sweep() {
   "$PY" scripts/gpu_sweep.py --manifest "$1" --out "$OUT/sweep.jsonl" --deadline "$DEADLINE" \

@@ -83,9 +83,9 @@ def test_floors_have_no_loops_and_the_core_never_imports_the_cli():
 
 
 def test_light_modules_need_only_the_standard_library():
-    """`import dsparkcli` (every --version) and the protocol/records/stats trio import nothing heavy."""
+    """`import dsparkcli` (every --version), the protocol/records/stats trio and tune's model import nothing heavy."""
     code = ("import sys, json; import dsparkcli, dsparkcli.llama.protocol, dsparkcli.bench.records, "
-            "dsparkcli.bench.stats; print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))")
+            "dsparkcli.bench.stats, dsparkcli.bench.tune; print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))")
     loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                            check=True, cwd=REPO).stdout))
     assert not loaded & {"httpx", "httpx2", "huggingface_hub", "numpy", "platformdirs", "typer", "rich", "gguf",

@@ -53,6 +53,7 @@ class TunePlan:
     reps: int = 1
     warmup: int = 1
     n_predict: int = 128
+    cost_n_predict: int | None = None  # tokens per cost-cell request (None: n_predict); a step's cost needs few
     ctx: int | None = None
     threads: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -243,7 +244,8 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
             timings["cost_reused"] = 1.0
         else:
             few = _first_per_category(tp.prompts, COST_PROMPTS)
-            cost_plan = _base_plan(tp, few, _cost_arms(tp, budgets))
+            cost_plan = replace(_base_plan(tp, few, _cost_arms(tp, budgets)),
+                                n_predict=tp.cost_n_predict or tp.n_predict)
             rows = _bench(engine, cost_plan, out, f"{run_id}-cost", "cost", tp.deadline, on_progress, argv)
             cost = CostModel(t1_ms=_ms_per_token(rows, PLAIN),
                              t_step_ms=tuple((k, _ms_per_token(rows, f"cost@{k}")) for k in budgets))

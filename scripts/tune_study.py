@@ -1,0 +1,155 @@
+"""`dspark tune` against a full grid, in the same run (issue 16), on a pair with SYNTHETIC acceptance.
+
+For each acceptance length L (default: the seven upstream categories of minicpm-v-4.7): `dspark tune`'s
+core with --synth-len L (the cost model is measured once, for the first L, and reused after), then a
+full grid on the same pair, same emulation, same prompts, tokens and reps: plain and every budget that
+can hold L. Per L it reports tune's pick, the pick's speedup as the grid measured it, the grid's best,
+fixed budget 5, and both wall times. Tune runs with its own defaults (1 rep, 128 tokens, cost cells of
+48); the grid follows BENCHMARKS.md's protocol (3 reps, 256 tokens) unless told otherwise.
+
+  python scripts/tune_study.py --manifest pair/manifest-*.json --out DIR [-- llama-server args]
+  python scripts/tune_study.py --target t.gguf --draft d.gguf --out DIR --lengths 2 3 --budgets 1 2 4 \\
+      --n-predict 32 --reps 1 --threads 1          # the CPU check on a known-answer pair
+
+--mode rates (default): smaller budgets keep the per-position rates of L at the largest budget (what a
+real draft does); --mode length: mean L at every budget (BENCHMARKS.md's grid, k >= L - 1 only).
+Writes DIR/tune-study.jsonl (every bench record), DIR/tune-records.jsonl (one tuning record per L),
+DIR/tune-study.json (the summary), and prints one line per L. --deadline EPOCH stops starting new work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from dsparkcli.bench import tune, tuning
+from dsparkcli.bench.plan import BenchPlan, Draft
+from dsparkcli.bench.prompts import Prompt
+from dsparkcli.bench.records import ALL, PLAIN
+from dsparkcli.bench.run import run_bench
+from dsparkcli.bench.tune import Candidate
+from dsparkcli.llama import engine as engine_mod
+
+UPSTREAM = {"general": 3.501, "mmmu": 5.098, "ocr": 5.407, "charxiv": 5.479, "mathvista": 6.126, "math": 6.687,
+            "code": 7.387}
+PROMPT = Prompt("fixed", "synthetic", "Write a detailed, step-by-step explanation of how a hash map works.")
+
+
+def _pair(args: argparse.Namespace) -> tuple[Path, Path]:
+    if args.manifest:
+        m = json.loads(Path(args.manifest).read_text())
+        base = Path(args.manifest).parent
+        return base / m["target"]["file"], base / m["draft"]["file"]
+    return Path(args.target), Path(args.draft)
+
+
+def _grid(engine, tp: tuning.TunePlan, out: Path, run_id: str, reps: int, n_predict: int) -> tuple[dict[int, float], float]:
+    """Plain and every runnable budget, one server each: {k: speedup over plain (all)}, wall seconds."""
+    arms = [tuning.candidate_arm(tp, Candidate(k, 0.0)) for k in sorted(tp.budgets) if tp.runnable(k)]
+    plan = BenchPlan(target=tp.target, drafts=(Draft("draft", tp.draft),), budgets=(), prompts=tp.prompts,
+                     reps=reps, warmup=tp.warmup, n_predict=n_predict, ctx=tp.ctx, threads=tp.threads,
+                     seed=tp.seed, ignore_eos=True, extra_args=tp.extra_args, explicit_arms=tuple(arms))
+    t0 = time.monotonic()
+    res = run_bench(engine, plan, out=out, run_id=run_id)
+    wall = time.monotonic() - t0
+    by_name = {a.name: a.budget for a in arms}
+    return {by_name[s["config"]]: s["speedup"] for s in res.summaries
+            if s["category"] == ALL and s["config"] != PLAIN and s["speedup"] is not None}, wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--manifest")
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--lengths", nargs="+", type=float, default=list(UPSTREAM.values()))
+    ap.add_argument("--budgets", nargs="+", type=int, default=list(tuning.DEFAULT_BUDGETS))
+    ap.add_argument("--mode", choices=tuning.SYNTH_MODES, default="rates")
+    ap.add_argument("--n-predict", type=int, default=128)
+    ap.add_argument("--cost-n-predict", type=int, default=48)
+    ap.add_argument("--reps", type=int, default=1, help="tune's reps per cell")
+    ap.add_argument("--grid-reps", type=int, default=3, help="the grid's (BENCHMARKS.md: 3)")
+    ap.add_argument("--grid-n-predict", type=int, default=256, help="the grid's tokens (BENCHMARKS.md: 256)")
+    ap.add_argument("--top", type=int, default=1)
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--phase", choices=("both", "tune", "grid"), default="both")
+    ap.add_argument("--deadline", type=float, help="epoch seconds: no new L starts after this")
+    argv = sys.argv[1:]
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = ap.parse_args(argv)
+    if not args.manifest and not (args.target and args.draft):
+        ap.error("give --manifest, or --target and --draft")
+    target, draft = _pair(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DSPARK_CACHE_DIR", str(args.out / "cache"))  # the tuning store of this study
+    engine = engine_mod.describe(engine_mod.resolve_engine())
+    jsonl = args.out / "tune-study.jsonl"
+    names = {v: k for k, v in UPSTREAM.items()}
+    rows, tune_wall, grid_wall = [], 0.0, 0.0
+    for i, length in enumerate(args.lengths):
+        if args.deadline and time.time() > args.deadline:
+            print(f"deadline: stopped before L {length}", flush=True)
+            break
+        tp = tuning.TunePlan(target=target, draft=draft, prompts=(PROMPT,), budgets=tuple(args.budgets),
+                             n_predict=args.n_predict, cost_n_predict=args.cost_n_predict, reps=args.reps,
+                             top=args.top, ctx=args.ctx, threads=args.threads, extra_args=tuple(extra),
+                             synth_len=length, synth_mode=args.mode, ignore_eos=True, reuse_cost=i > 0)
+        row: dict = {"L": length, "category": names.get(length), "mode": args.mode}
+        if args.phase in ("both", "tune"):
+            t0 = time.monotonic()
+            rec = tuning.run_tune(engine, tp, out=jsonl)
+            row["tune_wall_s"] = time.monotonic() - t0
+            tune_wall += row["tune_wall_s"]
+            with open(args.out / "tune-records.jsonl", "a", encoding="utf-8") as fh:  # few files: the GPU returns 8
+                fh.write(json.dumps(rec.to_record()) + "\n")
+            c = rec.choice()
+            row.update(tune_pick=c.candidate.budget if c and c.candidate else None,
+                       tune_predicted=c.predicted if c else None, tune_measured=c.measured if c else None,
+                       predicted={p.candidate.budget: round(p.speedup, 4) for p in rec.predictions
+                                  if p.category == tune.OVERALL},
+                       timings_s=rec.timings_s)
+        if args.phase in ("both", "grid"):
+            grid, wall = _grid(engine, tp, jsonl, f"grid-L{length:g}-{int(time.time())}", args.grid_reps,
+                               args.grid_n_predict)
+            grid_wall += wall
+            best = max(grid.items(), key=lambda kv: kv[1]) if grid else (None, 1.0)
+            best = best if best[1] > 1.0 else (None, 1.0)
+            row.update(grid={k: round(v, 4) for k, v in grid.items()}, grid_wall_s=wall, grid_best=best[0],
+                       grid_best_speedup=best[1], k5_speedup=grid.get(5))
+            if "tune_pick" in row:
+                got = 1.0 if row["tune_pick"] is None else grid.get(row["tune_pick"])
+                row.update(pick_in_grid=got, pick_vs_best=got / best[1] if got else None,
+                           pick_vs_k5=got / grid[5] if got and grid.get(5) else None)
+        rows.append(row)
+        print(json.dumps({k: row.get(k) for k in ("L", "tune_pick", "tune_measured", "grid_best", "grid_best_speedup",
+                                                  "pick_vs_best", "pick_vs_k5", "tune_wall_s", "grid_wall_s")}),
+              flush=True)
+    vs_best = [r["pick_vs_best"] for r in rows if r.get("pick_vs_best")]
+    vs_k5 = [r["pick_vs_k5"] for r in rows if r.get("pick_vs_k5")]
+    summary = {
+        "kind": "tune-study", "engine": {"commit": engine.commit, "backend": engine.backend},
+        "target": str(target), "draft": str(draft), "mode": args.mode, "n_predict": args.n_predict,
+        "reps": args.reps, "grid_reps": args.grid_reps, "grid_n_predict": args.grid_n_predict, "budgets": args.budgets, "server_args": extra, "rows": rows,
+        "tune_wall_s": tune_wall, "grid_wall_s": grid_wall,
+        "tune_over_grid_wall": tune_wall / grid_wall if grid_wall else None,
+        "min_pick_vs_best": min(vs_best) if vs_best else None,
+        "mean_pick_vs_k5": sum(vs_k5) / len(vs_k5) if vs_k5 else None,
+        "min_pick_in_grid": min((r["pick_in_grid"] for r in rows if r.get("pick_in_grid")), default=None),
+    }
+    (args.out / "tune-study.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: summary[k] for k in ("tune_wall_s", "grid_wall_s", "tune_over_grid_wall", "min_pick_vs_best",
+                                               "mean_pick_vs_k5", "min_pick_in_grid")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
