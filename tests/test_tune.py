@@ -143,7 +143,7 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
     prompts = _write_prompts(tmp_path)
     files = ["--target", str(right.target), "--draft", str(right.draft)]
     t0 = time.monotonic()
-    proc = cli("tune", *files, "--prompts", str(prompts), "--budgets", "2", "8", "-n", "64", "--reps", "2",
+    proc = cli("tune", *files, "--prompts", str(prompts), "--budgets", "1", "8", "-n", "64", "--reps", "2",
                "--threads", "1", "--ctx", "1024", "--json", "--cost-table", str(tmp_path / "cost.txt"), env=env)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -151,16 +151,22 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
     assert set(doc["timings_s"]) >= {"cost", "acceptance", "verify", "total"}
     assert doc["timings_s"]["total"] < time.monotonic() - t0
     overall = next(c for c in doc["choices"] if c["category"] == "all")
-    assert overall["budget"] == 8 and overall["measured"] > 1.0
+    chosen = overall["budget"]  # whatever this loaded machine measured: run and bench must use exactly it
+    assert chosen in (1, 8) or (chosen is None and overall["plain"])
     table = [ln.split() for ln in (tmp_path / "cost.txt").read_text().splitlines() if not ln.startswith("#")]
-    assert [row[0] for row in table] == ["s", "0", "2", "8"]
+    assert [row[0] for row in table] == ["s", "0", "1", "8"]
     assert float(table[1][1]) == pytest.approx(doc["cost"]["t1_ms"], rel=1e-5)
 
     ask = ("run", *files, "hello there", "-n", "8", "--threads", "1", "--json")
     proc = cli(*ask, "--budget", "auto", "--ctx", "1024", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["budget"] == 8
-    assert f"tuning {doc['key_id']}: budget 8" in proc.stderr
+    if chosen is not None:
+        assert json.loads(proc.stdout)["budget"] == chosen
+        assert f"tuning {doc['key_id']}: budget {chosen} (" in proc.stderr
+    else:
+        assert json.loads(proc.stdout)["budget"] == 5
+        assert f"tuning {doc['key_id']}: no budget beat plain decoding (consider --no-draft); using budget 5" \
+            in proc.stderr
     proc = cli(*ask, "--budget", "auto", "--ctx", "2048", env=env)  # -c changes the cost: no match
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["budget"] == 5
@@ -169,7 +175,7 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
     proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "auto", "2", "--reps", "1", "-n", "16",
                "--threads", "1", "--ctx", "1024", "--json", "--out", str(tmp_path / "b.jsonl"), env=env)
     assert proc.returncode == 0, proc.stderr
-    assert {s["budget"] for s in json.loads(proc.stdout)["summaries"]} == {None, 2, 8}
+    assert {s["budget"] for s in json.loads(proc.stdout)["summaries"]} == {None, 2, chosen or 5}
     proc = cli(*ask, "--budget", "eight", env=env)
     assert proc.returncode == 2 and proc.stderr.strip() == "dspark: error: --budget must be a number or 'auto' (got 'eight')"
 

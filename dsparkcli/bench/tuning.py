@@ -69,6 +69,7 @@ class TunePlan:
     deadline: float | None = None  # time.monotonic() after which no more cells start (verification is cut)
     model_name: str | None = None
     upstream_acceptance: tuple[tuple[str, float], ...] = ()
+    scripted: str | None = None  # why the pair's own acceptance is synthetic (bench.plan.BenchInputs.scripted)
 
     @property
     def k_max(self) -> int:
@@ -76,7 +77,7 @@ class TunePlan:
 
     @property
     def synthetic(self) -> bool:
-        return self.synth_len is not None
+        return self.synth_len is not None or self.scripted is not None
 
     def runnable(self, k: int) -> bool:
         """Budget k can emulate this plan's synthetic acceptance (always true with real acceptance)."""
@@ -143,7 +144,7 @@ def _base_plan(tp: TunePlan, prompts: Sequence[Prompt], arms: Sequence[Arm]) -> 
                      mmproj=tp.mmproj, reps=tp.reps, warmup=tp.warmup, n_predict=tp.n_predict, ctx=tp.ctx,
                      seed=tp.seed, ignore_eos=tp.ignore_eos, threads=tp.threads, extra_args=tp.extra_args,
                      explicit_arms=tuple(arms), model_name=tp.model_name,
-                     upstream_acceptance=tp.upstream_acceptance)
+                     upstream_acceptance=tp.upstream_acceptance, scripted=tp.scripted)
 
 
 def _tok_s(summaries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:

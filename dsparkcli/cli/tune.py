@@ -142,11 +142,14 @@ def tune_cmd(
         extra_args=passthrough_args(), top=top, synth_len=synth_len, synth_mode=synth_mode, seed=seed,
         ignore_eos=ignore_eos, reuse_cost=reuse_cost, model_name=inputs.model_name,
         deadline=t0 + 60.0 * max_minutes if max_minutes else None, upstream_acceptance=inputs.upstream_acceptance,
+        scripted=inputs.scripted,
     )
     tp.validate()
-    if tp.synthetic:
+    if synth_len is not None:
         err.print(f"[bold red]SYNTHETIC acceptance (L {synth_len:g} at budget {tp.k_max}, mode {synth_mode}): "
                   "the choice emulates a draft[/bold red]")
+    elif tp.scripted:
+        err.print(f"[bold red]SYNTHETIC acceptance ({tp.scripted}): a scripted pair, not a real draft[/bold red]")
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[where]}"))
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
