@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 
 import click
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer.core import TyperCommand
 
@@ -77,7 +76,11 @@ def render(rec: TuningRecord) -> Table:
     preds = {(p.category, p.candidate.label): p.speedup for p in rec.predictions}
     for choice in rec.choices:
         cat = choice.category
-        a = acc.get((cat, 0.0)) or next((v for (c, _), v in acc.items() if c == cat), None)
+        if cat == tune.OVERALL and rec.acceptance:
+            p0 = min(a.p_min for a in rec.acceptance)
+            a = tune.pooled([x for x in rec.acceptance if x.p_min == p0])
+        else:
+            a = acc.get((cat, 0.0)) or next((v for (c, _), v in acc.items() if c == cat), None)
         mean = f"{a.counters.mean_length:.2f}" if a and a.counters.mean_length else "–"
         best = tune.ranked(rec.predictions, cat)
         best_txt = f"{best[0].candidate.label} {best[0].speedup:.2f}x" if best else "–"
@@ -150,6 +153,9 @@ def tune_cmd(
                   "the choice emulates a draft[/bold red]")
     elif tp.scripted:
         err.print(f"[bold red]SYNTHETIC acceptance ({tp.scripted}): a scripted pair, not a real draft[/bold red]")
+    # deferred: rich.progress costs ~30 ms that `dspark --help` would pay at start-up
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[where]}"))
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
