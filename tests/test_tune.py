@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.cli import REPO
 
 from dsparkcli.bench import tune, tuning
 from dsparkcli.bench.plan import BenchPlan, Draft
@@ -211,3 +212,38 @@ def _write_prompts(tmp_path: Path) -> Path:
     path.write_text("".join(json.dumps({"id": p.id, "category": p.category, "prompt": p.text}) + "\n"
                             for p in PROMPTS))
     return path
+
+
+def test_gpu_scripts_run_here(engine, right, tmp_path):
+    """scripts/tune_study.py (tune vs a full grid per acceptance length) and scripts/tune_real.sh (tune, then
+    --budget auto through run, serve and bench): the H200 commands, on the CPU engine with small settings."""
+    env = {**os.environ, **_env(engine, tmp_path), "PYTHONPATH": str(REPO), "PYTHON": sys.executable}
+    out = tmp_path / "study"
+    proc = subprocess.run([sys.executable, "scripts/tune_study.py", "--target", str(right.target), "--draft",
+                           str(right.draft), "--out", str(out), "--lengths", "2", "4", "--budgets", "1", "3",
+                           "--n-predict", "24", "--cost-n-predict", "12", "--grid-n-predict", "24", "--grid-reps",
+                           "1", "--threads", "1", "--ctx", "1024"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "tune-study.json").read_text())
+    assert [r["L"] for r in summary["rows"]] == [2.0, 4.0]
+    for row in summary["rows"]:
+        assert set(row["grid"]) == {"1", "3"}  # JSON keys: every budget of the grid was measured
+        assert row["tune_pick"] in (None, 1, 3) and row["pick_vs_best"] is not None
+    assert summary["rows"][1]["timings_s"].get("cost_reused") == 1.0  # the cost model is measured once
+    assert summary["tune_wall_s"] > 0 and summary["grid_wall_s"] > 0
+    records = [json.loads(ln) for ln in (out / "tune-records.jsonl").read_text().splitlines()]
+    assert [r["synth_len"] for r in records] == [2.0, 4.0] and all(r["synthetic"] for r in records)
+
+    real = tmp_path / "real"
+    proc = subprocess.run(["bash", "scripts/tune_real.sh", str(right.target), str(right.draft), str(real)], cwd=REPO,
+                          env={**env, "LIMIT": "1", "N": "16", "REPS": "1", "THREADS": "1", "SERVER_ARGS": ""},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    rec = json.loads((real / "tune.json").read_text())
+    overall = next(c for c in rec["choices"] if c["category"] == "all")
+    budget = overall["budget"] or 5
+    assert json.loads((real / "run.json").read_text())["budget"] == budget
+    assert json.loads((real / "serve.json").read_text())["budget"] == budget
+    assert budget in {s["budget"] for s in json.loads((real / "bench.json").read_text())["summaries"]}
+    assert (real / "cost-table.txt").read_text().startswith("# dspark tune cost table")

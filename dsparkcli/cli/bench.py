@@ -178,11 +178,12 @@ def bench(
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
     budgets, auto_budget = _budgets(budget)
     p_value, auto_p = parse_auto(p_min, "--p-min", float)
-    if auto_budget or auto_p:  # the tuning of the (first) draft, for the one --category given, else overall
+    if auto_budget or auto_p:  # the tuning of the (first) draft: for the one category benched, else overall
         cfg = ServerConfig(model=inputs.target, draft=inputs.drafts[0].path, mmproj=inputs.mmproj,
                            n_max=inputs.budget or DEFAULT_BUDGET, ctx=ctx, threads=threads, extra_args=passthrough_args())
+        cats = {p.category for p in selected}
         cfg, auto = tuned.apply_auto(eng, cfg, budget=auto_budget, p_min=auto_p,
-                                     category=category[0] if category and len(category) == 1 else None)
+                                     category=next(iter(cats)) if len(cats) == 1 else None)
         assert auto is not None
         err.print(auto.message, markup=False)
         if auto_budget and cfg.n_max not in budgets:
