@@ -10,7 +10,7 @@
 #   bash scripts/gpu_load.sh --cpu-smoke                              # here: CPU engine, known-answer pair (~30 s)
 #
 # The CUDA engine is built first (scripts/gpu_study.sh --phase build) unless this machine already has it.
-# Options: --budget K (default 3; 5 with --stand-in)  --levels "1 2 4 8 16"  --reps R (3)
+# Options: --budget "K ..." (default 3; 5 with --stand-in; several: one draft configuration each)  --levels "1 2 4 8 16"  --reps R (3)
 #          --limit P (prompts per text category: math, code, general; default 4)  --n-predict N (256)
 #          --ignore-eos  --synth-len L (with --stand-in, default 5.407)  --label NAME (names the outputs)
 #          --manifest M (with --stand-in: this full-width pair's manifest.json instead of the study's)
@@ -93,9 +93,10 @@ fi
 BUDGET=${BUDGET:-3} LABEL=${LABEL:-real}
 
 read -r -a LEVEL_ARGS <<< "$LEVELS"
+read -r -a BUDGET_ARGS <<< "$BUDGET"
 say "bench: budget $BUDGET, levels ${LEVELS}, reps $REPS, $LIMIT prompts per text category, $NPRED tokens"
 set +e
-dspark bench --target "$TARGET" --draft "$LABEL=$DRAFT" --budget "$BUDGET" --concurrency "${LEVEL_ARGS[@]}" \
+dspark bench --target "$TARGET" --draft "$LABEL=$DRAFT" --budget "${BUDGET_ARGS[@]}" --concurrency "${LEVEL_ARGS[@]}" \
   --category text --limit "$LIMIT" --reps "$REPS" --warmup 1 --n-predict "$NPRED" --ctx "$CTX" "${EOS[@]}" \
   "${SYNTH_ARGS[@]}" --out "$OUT/load-$LABEL.jsonl" --plot "$OUT/load-$LABEL.png" --format md "${GPU_ARGS[@]}" \
   > "$OUT/load-$LABEL.md" 2>> "$LOG"
