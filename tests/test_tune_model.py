@@ -7,6 +7,8 @@ import json
 import math
 
 import pytest
+from support.cli import REPO
+from support.scripts import script
 
 from dsparkcli.bench import tune, tuned
 from dsparkcli.bench.tune import Acceptance, Candidate, Choice, CostModel, Prediction, TuningKey, TuningRecord
@@ -177,3 +179,11 @@ def test_parse_auto():
     with pytest.raises(UsageError, match="number or 'auto'"):
         tuned.parse_auto("seven", "--budget", int)
     assert math.isclose(tuned.parse_auto("0.5", "--p-min", float)[0], 0.5)
+
+
+def test_benchmarks_quotes_the_committed_tuning_record():
+    """BENCHMARKS.md's tune table is scripts/tune_to_md.py's rendering of the committed record, unedited."""
+    src = "results/cpu/tune-smollm2-135m.json"
+    rec = TuningRecord.from_record(json.loads((REPO / src).read_text()))
+    assert rec.complete and rec.key.backend == "cpu" and rec.choice().candidate is None  # plain won there
+    assert script("tune_to_md").record_md(rec, src).strip() in (REPO / "BENCHMARKS.md").read_text()
