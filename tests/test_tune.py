@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 from support.cli import REPO
 
-from dsparkcli.bench import tune, tuning
+from dsparkcli.bench import tune, tuned, tuning
 from dsparkcli.bench.plan import BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import ALL, PLAIN, PromptRecord, read_jsonl
 from dsparkcli.bench.run import MEDIA_MARKER, run_bench
+from dsparkcli.errors import BenchError
 from dsparkcli.synth import known_answer as synth
 
 PROMPTS = tuple(Prompt(f"{c}-{i}", c, f"{c} question number {i}, answer briefly") for c in ("alpha", "beta")
@@ -247,3 +248,12 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
     assert json.loads((real / "serve.json").read_text())["budget"] == budget
     assert budget in {s["budget"] for s in json.loads((real / "bench.json").read_text())["summaries"]}
     assert (real / "cost-table.txt").read_text().startswith("# dspark tune cost table")
+
+
+def test_max_minutes_stops_and_keeps_what_was_measured(engine, right, tmp_path):
+    out = tmp_path / "t.jsonl"
+    with pytest.raises(BenchError, match="ran out of time in its cost phase"):
+        tuning.run_tune(engine, _plan(right, budgets=(1, 8), n_predict=16, deadline=time.monotonic()), out=out)
+    assert any(r["record"] == "prompt" for r in read_jsonl(out))  # what the first server wrote is kept
+    assert json.loads(out.with_suffix(".partial.json").read_text())["complete"] is False
+    assert tuned.stored() == []  # nothing --budget auto would read
