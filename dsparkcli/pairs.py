@@ -19,7 +19,7 @@ from dsparkcli.hub.download import OnProgress
 from dsparkcli.hub.fetch import Confirm
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
-from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig
+from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig, check_extra_args
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class ServerKnobs:
     category: str | None = None  # which tuned category (None: overall)
 
     def validate(self) -> None:
+        check_extra_args(self.extra_args)
         if self.budget is not None and self.budget < 1:
             raise UsageError(f"--budget must be >= 1 (got {self.budget})")
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:

@@ -173,10 +173,10 @@ def test_signal_mid_stream_leaves_no_server(engine, pair, sig):
 
 
 def test_sigint_during_model_load_leaves_no_server(engine, pair, tmp_path):
-    # a FIFO as extra --mmproj blocks llama-server inside its model load, deterministically
-    fifo = tmp_path / "mmproj.fifo"
+    # a FIFO as a --lora adapter blocks llama-server inside its start-up, deterministically
+    fifo = tmp_path / "lora.fifo"
     os.mkfifo(fifo)
-    proc = _run_dspark(["run", "--target", str(pair.target), "-t", "1", "hello", "--", "--mmproj", str(fifo)])
+    proc = _run_dspark(["run", "--target", str(pair.target), "-t", "1", "hello", "--", "--lora", str(fifo)])
     try:
         server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server child")[0]
         time.sleep(0.5)
@@ -191,9 +191,9 @@ def test_sigint_during_model_load_leaves_no_server(engine, pair, tmp_path):
 
 
 def test_sigkill_of_dspark_still_kills_the_server(engine, pair, tmp_path):
-    fifo = tmp_path / "mmproj.fifo"
+    fifo = tmp_path / "lora.fifo"
     os.mkfifo(fifo)
-    proc = _run_dspark(["run", "--target", str(pair.target), "-t", "1", "hello", "--", "--mmproj", str(fifo)])
+    proc = _run_dspark(["run", "--target", str(pair.target), "-t", "1", "hello", "--", "--lora", str(fifo)])
     server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server child")[0]
     proc.kill()  # no Python cleanup at all: PR_SET_PDEATHSIG must do it
     proc.wait(timeout=10)

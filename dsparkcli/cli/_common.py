@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from dsparkcli.bench.tuned import parse_auto
+from dsparkcli.errors import UsageError
+from dsparkcli.llama.server import check_extra_args
 
 LlamaBinOpt = Annotated[
     Optional[str],
@@ -28,7 +33,10 @@ CategoryOpt = Annotated[Optional[str], typer.Option("--category", help="Which tu
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c).")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads (-t).")]
 NglOpt = Annotated[Optional[str], typer.Option("--ngl", help="GPU layers for target and draft (-ngl/-ngld).")]
-ApiKeyOpt = Annotated[Optional[str], typer.Option("--api-key", envvar="DSPARK_API_KEY", help="API key (never logged).")]
+ApiKeyOpt = Annotated[Optional[str], typer.Option(
+    "--api-key", help="API key; visible in `ps`: prefer DSPARK_API_KEY or --api-key-file (never logged).")]
+ApiKeyFileOpt = Annotated[Optional[Path], typer.Option(
+    "--api-key-file", help="Read the API key from this file (its first line).", show_default=False)]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")]
 
 
@@ -38,7 +46,34 @@ PASSTHROUGH: list[str] = []
 
 
 def passthrough_args() -> tuple[str, ...]:
-    return tuple(PASSTHROUGH)
+    """The arguments after `--`, refused up front (before any download) when they set what dspark owns."""
+    args = tuple(PASSTHROUGH)
+    check_extra_args(args)
+    return args
+
+
+API_KEY_ENV = "DSPARK_API_KEY"
+
+
+def api_key_from(given: str | None, key_file: Path | None) -> str | None:
+    """The API key from --api-key-file, DSPARK_API_KEY or (with a warning: every user sees argv in `ps`)
+    --api-key; one of them at most."""
+    if given is not None and key_file is not None:
+        raise UsageError("give --api-key or --api-key-file, not both")
+    if key_file is not None:
+        try:
+            lines = key_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read --api-key-file {key_file}: {getattr(e, 'strerror', None) or e}") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise UsageError(f"--api-key-file {key_file} is empty")
+        return key
+    if given is not None:
+        print(f"dspark: warning: --api-key on the command line is visible to every user of this machine (ps); "
+              f"use {API_KEY_ENV} or --api-key-file", file=sys.stderr)
+        return given
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def knob_values(budget: str | None, p_min: str | None) -> dict:

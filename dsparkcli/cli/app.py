@@ -12,6 +12,7 @@ from typer.exceptions import TyperException
 
 from dsparkcli import __version__
 from dsparkcli.cli import _common, _errors
+from dsparkcli.errors import UsageError
 
 # Each module defines ``register(app)``. Keep this list in the order `--help` should show.
 COMMAND_MODULES = (
@@ -41,6 +42,8 @@ Examples:
   dspark tune --model minicpm-v-4.7     # the budget for this machine; then --budget auto
   dspark inspect draft.gguf             # census, DSpark structure, pairing
 """
+
+SERVING = ("run", "serve", "bench")  # the commands that pass the arguments after `--` to llama-server
 
 # Commands a module registers besides the one named after it.
 EXTRA_COMMANDS = {"synth-predict": "synth"}
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dspark {__version__}")
         sys.exit(0)
     module = _module_for(args)
+    if _common.PASSTHROUGH and module not in SERVING:
+        sys.exit(_errors.report(UsageError(f"arguments after `--` go to llama-server: only {', '.join(SERVING)} start one")))
     app = build_app((module,) if module else COMMAND_MODULES)
     reported = False
     try:

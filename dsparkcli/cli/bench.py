@@ -167,6 +167,7 @@ def bench(
     # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    extra_args = passthrough_args()  # refused before anything is resolved or downloaded
     fmt = "json" if json_out else fmt.lower()
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)} (got {fmt})")
@@ -194,7 +195,7 @@ def bench(
         target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts,
         budgets=tuple(budgets or [inputs.budget or DEFAULT_BUDGET]), prompts=selected,
         reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_value, synth_len=synth_len,  # type: ignore[arg-type]
-        ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=passthrough_args(),
+        ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=extra_args,
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
         concurrency=tuple(concurrency or ()),
     )

@@ -10,6 +10,7 @@ import typer
 
 from dsparkcli import runner
 from dsparkcli.cli._common import (
+    ApiKeyFileOpt,
     ApiKeyOpt,
     BudgetOpt,
     CtxOpt,
@@ -26,6 +27,7 @@ from dsparkcli.cli._common import (
     TargetOpt,
     ThreadsOpt,
     YesOpt,
+    api_key_from,
     knob_values,
     passthrough_args,
 )
@@ -89,10 +91,12 @@ def run(
     ngl: NglOpt = None,
     server: Annotated[Optional[str], typer.Option("--server", help="Use a running server (URL) instead.")] = None,
     api_key: ApiKeyOpt = None,
+    api_key_file: ApiKeyFileOpt = None,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
+    api_key = api_key_from(api_key, api_key_file)
     prompt, positional_images = args[-1], [Path(a) for a in args[:-1]]
     images = positional_images + list(image or [])
 

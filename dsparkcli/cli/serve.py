@@ -9,6 +9,7 @@ import typer
 
 from dsparkcli.bench import tuned
 from dsparkcli.cli._common import (
+    ApiKeyFileOpt,
     ApiKeyOpt,
     BudgetOpt,
     CtxOpt,
@@ -24,6 +25,7 @@ from dsparkcli.cli._common import (
     TargetOpt,
     ThreadsOpt,
     YesOpt,
+    api_key_from,
     knob_values,
     passthrough_args,
 )
@@ -37,7 +39,8 @@ from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
 HELP = """Serve a target + DSpark draft (+ vision projector) until Ctrl-C or SIGTERM.
 
 OpenAI-compatible (/v1/chat/completions). Binds 127.0.0.1 unless --host says otherwise; a
-non-loopback host requires --api-key. Ask it with `dspark run --server URL` so a large model is
+non-loopback host requires an API key: DSPARK_API_KEY or --api-key-file (--api-key works but shows
+the key to every user in `ps`). Ask it with `dspark run --server URL` so a large model is
 loaded once. --parallel N decodes N requests at once (llama-server -np N; --ctx is per request).
 If llama-server dies, serve says why (its last log lines), restarts it on the same port with
 backoff (0.5, 1, 2, 4, 8 s) and says when it is healthy again; --max-restarts failures in a row
@@ -49,7 +52,8 @@ Examples:
   dspark serve minicpm-v-4.7 --parallel 4 --ctx 4096     # four users at once, 4096 tokens each
   dspark serve --target t.gguf --draft d.gguf --mmproj mm.gguf --budget 5
   dspark serve minicpm-v-4.7 --budget auto --p-min auto   # what `dspark tune` chose on this machine
-  dspark serve minicpm-v-4.7 --host 0.0.0.0 --api-key "$KEY" -- -ngl 99 -fa on
+  DSPARK_API_KEY="$KEY" dspark serve minicpm-v-4.7 --host 0.0.0.0 -- -ngl 99 -fa on
+  dspark serve minicpm-v-4.7 --host 0.0.0.0 --api-key-file ~/.config/dspark/key
 """
 
 
@@ -80,12 +84,14 @@ def serve(
     parallel: Annotated[int, typer.Option("--parallel", "-np", min=1, help="Requests decoded at once (-np).")] = 1,
     max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restarts in a row before giving up.")] = DEFAULT_MAX_RESTARTS,
     api_key: ApiKeyOpt = None,
+    api_key_file: ApiKeyFileOpt = None,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
+    api_key = api_key_from(api_key, api_key_file)
     if not _is_loopback(host) and not api_key:
-        raise UsageError(f"--host {host} exposes the server beyond this machine: add --api-key")
+        raise UsageError(f"--host {host} exposes the server beyond this machine: set DSPARK_API_KEY or give --api-key-file")
     eng = engine_mod.resolve_engine(llama_bin)
     kv = knob_values(budget, p_min)
     with download_progress(disable=json_out) as on_progress:

@@ -30,6 +30,36 @@ from dsparkcli.llama.engine import Engine
 DEFAULT_HOST = "127.0.0.1"
 
 
+# llama-server flags that ServerConfig writes itself, and the dspark option that sets each. Given again in
+# extra_args (after `--` on the command line) llama-server would take the last one, and dspark's checks
+# would describe another server than the one running: loopback and the API key (--host), the port it
+# waits on, the pairing of the files it read (-m, -md, --mmproj), the budget and context it validated.
+OWNED_FLAGS: dict[str, str] = {
+    **dict.fromkeys(("--host",), "--host (dspark serve; run and bench bind 127.0.0.1)"),
+    **dict.fromkeys(("--port",), "--port (dspark serve; run and bench take a free port)"),
+    **dict.fromkeys(("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
+                    "--target (a path or hf://owner/repo/file.gguf)"),
+    **dict.fromkeys(("-md", "--model-draft", "--spec-draft-model", "-hfd", "-hfrd", "--hf-repo-draft",
+                     "--spec-draft-hf"), "--draft"),
+    **dict.fromkeys(("-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--no-mmproj-auto"), "--mmproj"),
+    **dict.fromkeys(("--api-key", "--api-key-file"), "--api-key-file or DSPARK_API_KEY"),
+    **dict.fromkeys(("--spec-type",), "--draft / --no-draft (dspark uses draft-dspark)"),
+    **dict.fromkeys(("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max"), "--budget"),
+    **dict.fromkeys(("--spec-draft-p-min", "--draft-p-min"), "--p-min"),
+    **dict.fromkeys(("--spec-synth-len",), "--synth-len (dspark bench)"),
+    **dict.fromkeys(("-c", "--ctx-size"), "--ctx"),
+    **dict.fromkeys(("-np", "--parallel"), "--parallel (dspark serve; bench --concurrency)"),
+}
+
+
+def check_extra_args(args: tuple[str, ...] | list[str]) -> None:
+    """Refuse a flag of OWNED_FLAGS among the extra llama-server arguments, naming dspark's option."""
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            raise UsageError(f"{flag} after `--` would override what dspark checked and reports: use {OWNED_FLAGS[flag]}")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Everything that becomes llama-server's argv. ``None`` leaves llama.cpp's default."""
@@ -55,6 +85,9 @@ class ServerConfig:
     api_key: str | None = None  # passed through the environment, never argv or logs
     jinja: bool = False
     extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_extra_args(self.extra_args)  # every caller (run, serve, bench, scripts) at once
 
     def argv(self, server: Path, port: int) -> list[str]:
         args = [str(server), "--host", self.host, "--port", str(port), "-m", str(self.model), "-np", str(self.n_parallel)]
