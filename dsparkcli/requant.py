@@ -41,6 +41,7 @@ from dsparkcli.gguf.analysis import (
     hash_file,
 )
 from dsparkcli.gguf.reader import GGUFHeader, TensorInfo, ggml_types
+from dsparkcli.outputs import check_output_file
 
 HEAD_TENSORS = ("markov_w1.weight", "markov_w2.weight", "fc.weight")
 HEAD_TYPES = ("q8_0", "q6_K", "bf16")
@@ -293,14 +294,7 @@ def build_plan(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, head
     src_p, dst_p = Path(src), Path(dst)
     if not src_p.is_file():
         raise UsageError(f"input not found: {src_p}")
-    if dst_p.is_dir():
-        raise UsageError(f"output is a directory: {dst_p}")
-    if dst_p.resolve() == src_p.resolve() or (dst_p.exists() and os.path.samefile(src_p, dst_p)):
-        raise UsageError(f"refusing to overwrite the input {src_p}")
-    if dst_p.exists() and not force:
-        raise UsageError(f"output exists: {dst_p} (pass --force to replace it)")
-    if not dst_p.parent.is_dir():
-        raise UsageError(f"output folder does not exist: {dst_p.parent}")
+    check_output_file(dst_p, inputs=[src_p], replace=force)  # never a device, a folder or the input
     head_type = _head_type(heads)
     # the heads type names the file type when it can (general.file_type follows it); float heads need Q8_0
     positional = (positional or (head_type if head_type in QUANTISED_FTYPES else DEFAULT_POSITIONAL)).upper()

@@ -3,6 +3,8 @@ tracebacks. Each test runs `dspark` as a user would and asserts one line on stde
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,82 @@ def test_double_dash_on_a_command_that_starts_no_server_is_refused(cli):
     proc = cli("inspect", "x.gguf", "--", "-t", "2")
     assert proc.returncode == 2
     assert "only run, serve, bench start one" in _one_error_line(proc)
+
+
+# ------------------------------------------------------------------ item 3: outputs are files (or folders), never devices
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from dsparkcli.synth import known_answer as synth
+
+    return synth.write_pair(tmp_path_factory.mktemp("pair"), vocab=64, seed=5)
+
+
+def test_check_output_file_refuses_devices_folders_fifos_and_the_input(tmp_path):
+    from dsparkcli.outputs import check_output_dir, check_output_file
+
+    src = tmp_path / "in.gguf"
+    src.write_bytes(b"x")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.gguf"
+    link.symlink_to("/dev/full")
+    same = tmp_path / "same.gguf"
+    same.symlink_to(src)
+    for path, words in (("/dev/full", "is a device"), (link, "is a device"), (tmp_path, "is a directory"),
+                        (fifo, "is a FIFO"), (src, "is the input"), (same, "is the input"),
+                        (tmp_path / "no" / "x.gguf", "does not exist")):
+        with pytest.raises(UsageError, match=words):
+            check_output_file(path, inputs=[src])
+    with pytest.raises(UsageError, match="exists.*--force"):
+        check_output_file(src, replace=False)
+    assert check_output_file(tmp_path / "new.gguf", inputs=[src]) == tmp_path / "new.gguf"
+    for path, words in (("/dev/null", "is a device"), (src, "is a file"), (fifo, "is a FIFO")):
+        with pytest.raises(UsageError, match=words):
+            check_output_dir(path)
+    assert check_output_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b" and not (tmp_path / "a").exists()
+
+
+def test_requant_force_never_replaces_a_fifo_a_folder_or_the_input(cli, pair, tmp_path):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "alias.gguf"
+    link.symlink_to(pair.draft)
+    for out, words in ((fifo, "is a FIFO"), (tmp_path, "is a directory"), (pair.draft, "is the input"),
+                       (link, "is the input")):
+        proc = cli("requant", str(pair.draft), str(out), "--force")
+        assert proc.returncode == 2 and words in _one_error_line(proc), proc.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and link.is_symlink()  # untouched
+
+
+def test_synth_never_writes_through_a_device_or_into_a_file(cli, tmp_path):
+    out = tmp_path / "pair"
+    out.mkdir()
+    (out / "target-llama.gguf").symlink_to("/dev/null")
+    proc = cli("synth", str(out))
+    assert proc.returncode == 2 and "is a device" in _one_error_line(proc)
+    assert (out / "target-llama.gguf").is_symlink() and not (out / "draft-dspark.gguf").exists()
+    proc = cli("synth", "/dev/null")
+    assert proc.returncode == 2 and "is a device" in _one_error_line(proc)
+    # full width (minutes to write): only its refusal is tested, a file given as the folder
+    (tmp_path / "file").write_text("")
+    proc = cli("synth", str(tmp_path / "file"), "--shape", "minicpm-v-4.7-35b-a3b")
+    assert proc.returncode == 2 and "is a file" in _one_error_line(proc)
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("--out", "/dev/full", "--out /dev/full is a device"),
+    ("--plot", "/unwritable/p.png", "--plot /unwritable/p.png: folder /unwritable does not exist"),
+])
+def test_bench_outputs_are_checked_before_the_run(cli, tmp_path, flag, value, words):
+    # the target does not exist: the output is refused first, so nothing ran and nothing is lost at the end
+    proc = cli("bench", "--target", str(tmp_path / "absent.gguf"), "--draft", "d.gguf", flag, value)
+    assert proc.returncode == 2 and words in _one_error_line(proc)
+
+
+def test_fetch_dir_must_be_a_folder(cli, tmp_path):
+    (tmp_path / "file").write_text("")
+    for path, words in (("/dev/null", "is a device"), (tmp_path / "file", "is a file")):
+        proc = cli("fetch", "--dir", str(path), env={"HF_HUB_OFFLINE": "1"})
+        assert proc.returncode == 2 and words in _one_error_line(proc), proc.stderr

@@ -82,3 +82,21 @@ def test_api_key_file_problems_are_one_line(cli, tmp_path):
         proc = cli("serve", "--target", "t.gguf", *args)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("dspark: error: ")
         assert words in proc.stderr, proc.stderr
+
+
+def test_a_second_serve_on_a_busy_port_keeps_the_first_log(engine, pair):
+    first, info = _serve(pair)
+    try:
+        log = Path(info["log"])
+        before = log.read_bytes()
+        assert b"server is listening" in before or b"HTTP server" in before or len(before) > 1000
+        port = info["url"].rsplit(":", 1)[1]
+        second = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(pair.target),
+                                 "--port", port, "-t", "1", "--ctx", "256"], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 4 and "port" in second.stderr.strip().splitlines()[-1], second.stderr
+        assert httpx.get(info["url"] + "/health").status_code == 200  # the first one still serves
+        after = log.read_bytes()
+        assert after.startswith(before) and b"\0" not in after  # neither truncated nor overwritten
+        assert str(log) not in second.stderr  # the failed launch pointed at its own log
+    finally:
+        _stop(first)

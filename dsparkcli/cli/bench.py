@@ -32,6 +32,7 @@ from dsparkcli.cli._common import (
 )
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
+from dsparkcli.outputs import check_output_file
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import ServerConfig
@@ -173,6 +174,10 @@ def bench(
         raise UsageError(f"--format must be one of {', '.join(FORMATS)} (got {fmt})")
     if plot is not None and plot.suffix.lower() != ".png":
         raise UsageError(f"--plot writes a PNG: give a .png path (got {plot})")
+    inputs = (target, mmproj, *(d.partition("=")[2] or d for d in draft or []), prompts)
+    for path, what in ((out_path, "--out"), (plot, "--plot")):  # before the run, not after it
+        if path is not None:
+            check_output_file(path, what=what, inputs=inputs)
     selected = kit.select(kit.load_prompts(prompts), category, limit)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
     engine_mod.require_dspark(eng)

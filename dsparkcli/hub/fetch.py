@@ -44,6 +44,7 @@ from dsparkcli.hub.download import OnProgress, Progress, Unreachable, check_spac
 from dsparkcli.hub.hfref import parse_hf_uri
 from dsparkcli.hub import pypi
 from dsparkcli.hub.registry import ROLES, ModelFile, ModelPair
+from dsparkcli.outputs import check_output_dir
 from dsparkcli.units import format_size
 
 CONFIRM_ABOVE_BYTES = 10**9  # ask before downloading more than 1 GB
@@ -107,7 +108,7 @@ def fetch_ref(
     """Download (or find cached) one ``hf://`` file, verified against the hub's LFS sha256."""
     loc = parse_hf_uri(spec)
     f = ModelFile(role=role, key=role, repo=loc.repo, revision=loc.revision, filename=loc.filename)
-    local = Path(local_dir).expanduser() if local_dir is not None else None
+    local = check_output_dir(local_dir, what="--dir") if local_dir is not None else None
     if is_offline():
         planned = [_plan_offline(f, spec, local)]
     else:
@@ -177,7 +178,7 @@ def plan(
                 "pin per-file revisions in your models.toml instead"
             )
         files = {role: replace(f, revision=revision) for role, f in files.items()}
-    local = Path(local_dir).expanduser() if local_dir is not None else None
+    local = check_output_dir(local_dir, what="--dir") if local_dir is not None else None
     others = {role: f for role, f in files.items() if f.source != "hub"}
     files = {role: f for role, f in files.items() if f.source == "hub"}
     if is_offline():
@@ -215,7 +216,7 @@ def local_status(
     pair: ModelPair, draft_key: str | None = None, *, local_dir: Path | str | None = None
 ) -> dict[str, Path | None]:
     """role -> local path if the file is present (no network), else None."""
-    local = Path(local_dir).expanduser() if local_dir is not None else None
+    local = check_output_dir(local_dir, what="--dir") if local_dir is not None else None
     status: dict[str, Path | None] = {}
     for role, f in pair.files(draft_key).items():
         if f.source != "hub":

@@ -380,11 +380,13 @@ class LlamaServer:
         explicit_port = self.config.port != 0
         for attempt in range(1 if explicit_port else 3):
             self.port = self.config.port or free_port(self.config.host)
-            self.log_path = self.log_dir / f"llama-server-{self.port}.log"
+            # one log per launch: a second server refused on a busy port must not truncate the first one's log
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self.log_path = self.log_dir / f"llama-server-{self.port}-{stamp}-{os.getpid()}-{attempt}.log"
             env = {**os.environ, **self.env}
             if self.config.api_key:
                 env["LLAMA_API_KEY"] = self.config.api_key
-            with open(self.log_path, "wb") as log:
+            with open(self.log_path, "xb") as log:  # never an existing file
                 self.process = subprocess.Popen(
                     self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env=env, preexec_fn=_die_with_parent,

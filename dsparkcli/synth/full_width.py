@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from dsparkcli import __version__
 from dsparkcli.errors import UsageError
+from dsparkcli.outputs import check_output_dir, check_output_file
 
 if TYPE_CHECKING:
     import numpy as np
@@ -541,11 +542,14 @@ def write_full_width(outdir: Path | str, *, shape: str = "minicpm-v-4.7-35b-a3b"
         if q not in QTYPES:
             raise UsageError(f"unsupported qtype {q!r}; choose one of {', '.join(QTYPES)}")
     t, d = shapes_for(shape, scale=scale, target_arch=target_arch)
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = check_output_dir(outdir)
     tag = f"{shape}-{t.arch}-{qtype}" + ("" if draft_qtype == qtype else f"-d{draft_qtype}") \
         + ("" if scale == 1.0 else f"-s{scale:g}")
     target_path, draft_path = outdir / f"target-{tag}.gguf", outdir / f"draft-dspark-{tag}.gguf"
+    for path in (target_path, draft_path, outdir / f"manifest-{tag}.json"):
+        if path.exists() or path.is_symlink():  # rewritten in place: a rerun, never a device or folder
+            check_output_file(path, what="synth output")
+    outdir.mkdir(parents=True, exist_ok=True)
     t_specs, d_specs = target_tensors(t, qtype), draft_tensors(d, draft_qtype)
     grand = sum(s.nbytes for s in t_specs) + sum(s.nbytes for s in d_specs)
     offset = 0

@@ -36,6 +36,7 @@ from typing import Any
 
 from dsparkcli.errors import UsageError, VerificationError
 from dsparkcli.gguf.analysis import hash_file
+from dsparkcli.outputs import check_output_dir, check_output_file
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -331,9 +332,10 @@ def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0
         raise UsageError(f"--block-size must be between 1 and 64, got {block_size}")
     if not TARGET_LAYERS <= target_layers <= 256:
         raise UsageError(f"target_layers must be between {TARGET_LAYERS} and 256, got {target_layers}")
-    out = Path(outdir)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"not a directory: {out}")
+    out = check_output_dir(outdir)
+    for name in (TARGET_NAME, DRAFT_NAME, MANIFEST_NAME, MANIFEST_NAME + ".tmp") + ((MMPROJ_NAME, IMAGE_NAME) if vision else ()):
+        if (out / name).exists() or (out / name).is_symlink():  # rewritten in place: a rerun, never a device or folder
+            check_output_file(out / name, what="synth output")
     out.mkdir(parents=True, exist_ok=True)
 
     n_embd = HEAD_DIM * max(2, math.ceil(vocab / HEAD_DIM))  # one-hot embeddings need n_embd >= vocab
