@@ -246,7 +246,7 @@ def test_cli_dry_run_plan_errors_and_real_run(quantize, bf16_draft, work):
     assert doc["plan"]["predicted_tensor_bytes"] == (90752 + 257) * 4 + 69632  # F32 kept, heads as Q8_0
     assert not out.exists() and leftovers(work) == []
 
-    for args, needle in (((str(bf16_draft), str(bf16_draft)), f"refusing to overwrite the input {bf16_draft}"),
+    for args, needle in (((str(bf16_draft), str(bf16_draft)), f"is the input {bf16_draft}"),
                          ((str(bf16_draft), str(out), "--heads", "q6_K"), "not a multiple of the Q6_K block (256)")):
         r = run_cli("requant", *args)
         assert r.returncode == 2 and r.stdout == ""

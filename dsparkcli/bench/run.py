@@ -371,9 +371,10 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     t_wall0 = time.perf_counter()
     plan.validate()
     run_id = run_id or new_run_id()
-    if out is None:
-        out = default_out_path(run_id)
-        out.parent.mkdir(parents=True, exist_ok=True)
+    default = default_out_path(run_id)
+    out = Path(out) if out is not None else default
+    if out.parent == default.parent:
+        out.parent.mkdir(parents=True, exist_ok=True)  # dspark's own folder; a user's --out folder must exist
     out = check_output_file(out, what="bench records", inputs=[plan.target, plan.mmproj, *(d.path for d in plan.drafts)])
     files: dict[str, Path | None] = {"target": plan.target, "mmproj": plan.mmproj}
     files.update({f"draft:{d.label}": d.path for d in plan.drafts})
