@@ -57,7 +57,7 @@ def test_every_flag_server_config_writes_is_owned():
 def test_double_dash_on_a_command_that_starts_no_server_is_refused(cli):
     proc = cli("inspect", "x.gguf", "--", "-t", "2")
     assert proc.returncode == 2
-    assert "only run, serve, bench start one" in _one_error_line(proc)
+    assert "only run, serve, bench, tune start one" in _one_error_line(proc)
 
 
 # ------------------------------------------------------------------ item 3: outputs are files (or folders), never devices

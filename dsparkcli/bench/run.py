@@ -62,7 +62,7 @@ from dsparkcli.errors import BenchError
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import COMPLETION_FIELDS, SpecCounters, completion_payload, timings_drafts
 from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
-from dsparkcli.outputs import check_output_file
+from dsparkcli.outputs import check_output_dir, check_output_file
 
 # Pinned so the templated prompts rendered on the first server stay valid on every later one
 # (llama-server otherwise draws a random marker per process).
@@ -371,10 +371,10 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     t_wall0 = time.perf_counter()
     plan.validate()
     run_id = run_id or new_run_id()
-    default = default_out_path(run_id)
-    out = Path(out) if out is not None else default
-    if out.parent == default.parent:
-        out.parent.mkdir(parents=True, exist_ok=True)  # dspark's own folder; a user's --out folder must exist
+    out = Path(out) if out is not None else default_out_path(run_id)
+    if not out.parent.exists():
+        check_output_dir(out.parent, what="bench records folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
     out = check_output_file(out, what="bench records", inputs=[plan.target, plan.mmproj, *(d.path for d in plan.drafts)])
     files: dict[str, Path | None] = {"target": plan.target, "mmproj": plan.mmproj}
     files.update({f"draft:{d.label}": d.path for d in plan.drafts})

@@ -43,7 +43,7 @@ Examples:
   dspark inspect draft.gguf             # census, DSpark structure, pairing
 """
 
-SERVING = ("run", "serve", "bench")  # the commands that pass the arguments after `--` to llama-server
+SERVING = ("run", "serve", "bench", "tune")  # the commands that pass the arguments after `--` to llama-server
 
 # Commands a module registers besides the one named after it.
 EXTRA_COMMANDS = {"synth-predict": "synth"}
