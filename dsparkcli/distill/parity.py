@@ -24,6 +24,7 @@ _CAND = re.compile(r"seq_id\s+(\d+), draft candidate\s+0, pos\s+(\d+):\s+(-?\d+)
 @dataclass(frozen=True)
 class Simulation:
     proposals: list[list[int]]  # one list per draft call, before truncation (what the log shows)
+    truths: list[list[int]]  # per call: the target's tokens its (truncated) draft is checked against
     drafted: int  # after truncation to the request's remaining budget (timings.draft_n)
     accepted: int  # timings.draft_n_accepted
     steps: int  # verification steps
@@ -55,12 +56,12 @@ def simulate(target: Target, draft: DSparkDraft, prompt: Sequence[int], output: 
     # every output token may become an anchor; which ones do depends on the proposals
     anchors = [n0 + c for c in range(len(output)) if min(budget, n_predict - (c + 1) - 1) > 0]
     if not anchors:
-        return Simulation([], 0, 0, 0)
+        return Simulation([], [], 0, 0, 0)
     # proposals depend only on (context < anchor, anchor): compute them for every candidate anchor at once
     anc = torch.tensor([anchors], device=dev)
     props, _ = draft.propose(tokens, feats, anc, budget, target.tok_embd.to(feats.dtype), target.head)
     by_anchor = {a: p for a, p in zip(anchors, props[0].tolist())}
-    proposals, drafted, accepted, steps = [], 0, 0, 0
+    proposals, truths, drafted, accepted, steps = [], [], 0, 0, 0
     c = 0
     while c < len(output):
         n_max = min(budget, n_predict - (c + 1) - 1)
@@ -68,6 +69,7 @@ def simulate(target: Target, draft: DSparkDraft, prompt: Sequence[int], output: 
             break
         p = by_anchor[n0 + c]
         proposals.append(p)
+        truths.append(list(output[c + 1: c + 1 + n_max]))
         d = p[:n_max]
         j = 0
         while j < len(d) and c + 1 + j < len(output) and d[j] == output[c + 1 + j]:
@@ -76,7 +78,30 @@ def simulate(target: Target, draft: DSparkDraft, prompt: Sequence[int], output: 
         accepted += j
         steps += 1
         c += j + 1
-    return Simulation(proposals, drafted, accepted, steps)
+    return Simulation(proposals, truths, drafted, accepted, steps)
+
+
+def decisive_agreement(sim: Simulation, logged: list[list[int]]) -> tuple[int, int]:
+    """(decisive positions where the engine agrees with the simulation, decisive positions).
+
+    The decisive positions of a draft call are the ones that set its accepted count: every slot the
+    simulated draft gets right (the engine must propose the same token) and the first slot it gets wrong
+    (the engine must get it wrong too). After that slot the greedy chains continue from different tokens,
+    so near-ties there say nothing about the graph; `agreement` counts those too.
+    """
+    same = total = 0
+    for i, (p, t) in enumerate(zip(sim.proposals, sim.truths)):
+        e = logged[i] if i < len(logged) else []
+        j = 0
+        while j < len(t) and p[j] == t[j]:
+            j += 1
+        for k in range(j):
+            total += 1
+            same += int(k < len(e) and e[k] == p[k])
+        if j < len(t):
+            total += 1
+            same += int(j < len(e) and e[j] != t[j])
+    return same, total
 
 
 def agreement(sim: Simulation, logged: list[list[int]]) -> tuple[int, int]:
