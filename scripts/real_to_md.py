@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """BENCHMARKS.md's REAL-pair section, rendered from the committed records (a thin client of bench.*).
 
-    python scripts/real_to_md.py                      # prints the section (tests/test_benchmarks_doc.py
+    python -m scripts.real_to_md                      # prints the section (tests/test_benchmarks_doc.py
                                                       # checks BENCHMARKS.md holds exactly this)
 
 Inputs (results/real/ and results/h200/real/): the `dspark distill --json` report of the shipped draft,
-and `dspark bench` JSONL runs of that draft against plain decoding (H200 CUDA engine, CPU engine).
+`dspark bench` JSONL runs of that draft against plain decoding (H200 CUDA engine, CPU engine), the H200
+`dspark bench --concurrency` run (scripts/load_to_md.py renders it) and the H200 `dspark tune` record
+(scripts/tune_to_md.py).
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from dsparkcli.bench import report, stats
 from dsparkcli.bench.records import read_jsonl
+from dsparkcli.bench.tune import TuningRecord
+from scripts import load_to_md, tune_to_md
 
 DISTILL = ROOT / "results/h200/real/distill-report.json"
+LOAD = ROOT / "results/h200/real/load-real.jsonl"
+TUNE = ROOT / "results/h200/real/tune/tune.json"
 BENCHES = {"H200 (CUDA sm_90)": ROOT / "results/h200/real/bench-h200.jsonl", "CPU (2 cores)": ROOT / "results/real/bench-cpu.jsonl"}
 
 
@@ -117,8 +123,15 @@ def render() -> str:
     rep = json.loads(DISTILL.read_text(encoding="utf-8"))
     out = distill_section(rep)
     for label, path in BENCHES.items():
-        if path.is_file():
+        if path.is_file() and any(r["record"] == "overhead" for r in _records(path)):  # a finished run only
             out += bench_section(label, path)
+    if LOAD.is_file():
+        text = load_to_md.section(LOAD).replace(f"{ROOT}/", "")
+        out += ["### H200: many users at once (`dspark bench --concurrency`, REAL acceptance)", "", text.rstrip("\n"), ""]
+    if TUNE.is_file():
+        rec = TuningRecord.from_record(json.loads(TUNE.read_text(encoding="utf-8")))
+        out += ["### H200: `dspark tune` on the real pair (REAL acceptance)", "",
+                tune_to_md.record_md(rec, str(TUNE.relative_to(ROOT))).rstrip("\n"), ""]
     return "\n".join(out)
 
 
