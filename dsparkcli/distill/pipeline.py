@@ -11,7 +11,6 @@ Work folder layout (default: ``<cache>/distill/<target sha256[:12]>``)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from dsparkcli.distill.data import Dataset, PromptIds
 from dsparkcli.distill.target import load_target
 from dsparkcli.distill.train import EOG_TEXTS, TrainOptions
 from dsparkcli.errors import UsageError
+from dsparkcli.hub.download import hash_file
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 
 Progress = Callable[[str, int, int, dict[str, Any]], None]
@@ -62,14 +62,6 @@ class DistillReport:
     training: dict[str, Any] = field(default_factory=dict)
     out_sha256: str | None = None
     out_bytes: int | None = None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _eval_texts() -> list[str]:
@@ -126,7 +118,7 @@ def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress
         raise UsageError(f"--outtype must be one of {', '.join(export.OUT_TYPES)}")
     plan.work.mkdir(parents=True, exist_ok=True)
     dev = pick_device(plan.device)
-    report = DistillReport(out=str(plan.out), target_sha256=sha256_file(plan.target), device=dev)
+    report = DistillReport(out=str(plan.out), target_sha256=hash_file(plan.target), device=dev)
     if dev.startswith("cuda"):
         report.device = f"{dev} ({torch.cuda.get_device_name(torch.device(dev))})"
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -179,7 +171,7 @@ def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress
     prov = {"target_sha256": report.target_sha256, "dspark_version": __version__, "device": report.device,
             "data": report.data, "training": result.summary(), "losses": result.losses}
     timed("export", lambda: export.write_gguf(plan.out, draft, tok, plan.outtype, prov))
-    report.out_sha256 = sha256_file(plan.out)
+    report.out_sha256 = hash_file(plan.out)
     report.out_bytes = plan.out.stat().st_size
     data.write_json(plan.work / "report.json", report.__dict__)
     return report
