@@ -58,6 +58,11 @@ class ExpectVerdict:
     checks: tuple[ExpectCheck, ...]
     explicit: bool = True  # False: matched automatically by file name (a mismatch warns, does not fail)
 
+    @property
+    def compared(self) -> bool:
+        """Whether anything was compared: with nothing pinned (or computable), "ok" would mean nothing."""
+        return any(c.ok is not None for c in self.checks)
+
 
 def _registry_files(pair: ModelPair) -> list[ModelFile]:
     files = [pair.target] + ([pair.mmproj] if pair.mmproj is not None else []) + list(pair.drafts.values())
@@ -118,7 +123,7 @@ def check_expected(h: GGUFHeader, model_file: ModelFile, model: str, file_sha256
         ExpectCheck("sha256", None if model_file.sha256 is None or file_sha256 is None
                     else model_file.sha256 == file_sha256, model_file.sha256, file_sha256),
     ]
-    ok = all(c.ok is not False for c in checks)
+    ok = all(c.ok is not False for c in checks) and any(c.ok is not None for c in checks)
     return ExpectVerdict(model=model, role=model_file.role, key=model_file.key, pinned_file=model_file.pattern,
                          ok=ok, checks=tuple(checks), explicit=explicit)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import typer
 
@@ -39,19 +40,43 @@ def confirm_downloads(planned: list[PlannedFile]) -> bool:
     return ask_to_download(planned)
 
 
+class DownloadBars:
+    """``on_progress`` for downloads: the bars appear with the first event and go with ``finish()``.
+
+    A live display redirects stdout while it runs, which turns every streamed write into a line of its
+    own; so it lives only while bytes arrive, and `run` finishes it before the answer streams."""
+
+    def __init__(self, disable: bool) -> None:
+        self.disable = disable
+        self._progress: Any = None
+        self._tasks: dict[str, int] = {}
+
+    def __call__(self, event: DownloadProgress) -> None:
+        if self.disable:
+            return
+        if self._progress is None:
+            # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                       TransferSpeedColumn)
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                      TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True)
+            self._progress.start()
+        if event.role not in self._tasks:
+            verb = "verifying" if event.kind == "verify" else "fetching"
+            self._tasks[event.role] = self._progress.add_task(f"{verb} {event.role}", total=event.total or None)
+        self._progress.update(self._tasks[event.role], completed=event.done, total=event.total or None)
+
+    def finish(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress, self._tasks = None, {}
+
+
 @contextlib.contextmanager
-def download_progress(disable: bool = False) -> Iterator[Callable[[DownloadProgress], None]]:
-    # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True, disable=disable) as progress:
-        tasks: dict[str, int] = {}
-
-        def on_progress(event: DownloadProgress) -> None:
-            if event.role not in tasks:
-                verb = "verifying" if event.kind == "verify" else "fetching"
-                tasks[event.role] = progress.add_task(f"{verb} {event.role}", total=event.total or None)
-            progress.update(tasks[event.role], completed=event.done, total=event.total or None)
-
-        yield on_progress
+def download_progress(disable: bool = False) -> Iterator[DownloadBars]:
+    bars = DownloadBars(disable)
+    try:
+        yield bars
+    finally:
+        bars.finish()

@@ -12,12 +12,18 @@ from typing import Any
 from rich.console import Console
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit 1 here; cli.app.main ends every command the same quiet way when the reader quits
+        raise BrokenPipeError
+
+
 def _console(stderr: bool) -> Console:
     # Off a terminal (pipes, CI logs, `make demo | tee`) rich would squeeze wide tables into 80 columns;
     # lay them out at COLUMNS or 160 instead, so they stay readable.
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    console = _Console(stderr=stderr, highlight=False, soft_wrap=True)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=stderr, highlight=False, soft_wrap=True, width=160)
+        console = _Console(stderr=stderr, highlight=False, soft_wrap=True, width=160)
     return console
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 from typing import Annotated, Optional
@@ -111,8 +112,21 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+EXIT_PIPE = 141  # as a tool killed by SIGPIPE: the reader (`| head`) has quit
+
+
+def _stdout_gone() -> int:
+    # the reader closed the pipe: point stdout at /dev/null so the interpreter's last flush is silent too
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point. Returns the exit code (also via SystemExit)."""
+    for name in ("stdout", "stderr"):  # started with `>&-`: Python has no stream at all; write to nowhere
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - for the life of the process
     signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with SIGINT ignored
         signal.signal(signal.SIGINT, _interrupt)
@@ -132,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=args, standalone_mode=False)
         code = result if isinstance(result, int) else 0
+        sys.stdout.flush()  # inside the try: a reader that quit shows here
+    except BrokenPipeError:
+        code, reported = _stdout_gone(), True
     except typer.Exit as e:
         code = e.exit_code
     except typer.Abort:

@@ -10,6 +10,7 @@ import typer
 from dsparkcli.cli._common import JsonOpt
 from dsparkcli.cli._download import ask_to_download, download_progress, show_plan
 from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.errors import UsageError
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.registry import load_registry
 
@@ -24,17 +25,30 @@ Examples:
   dspark fetch minicpm-v-4.7                     # target + mmproj + default draft
   dspark fetch minicpm-v-4.7 --draft nvfp4a16-q8heads --yes
   dspark fetch minicpm-v-4.7 --dir ~/models --json
+  dspark fetch hf://owner/repo/model-Q8_0.gguf       # one file, sha256-verified
 """
 
 
 def fetch(
-    name: Annotated[Optional[str], typer.Argument(help="Pair name from `dspark models` (default: the registry's default).")] = None,
+    name: Annotated[Optional[str], typer.Argument(
+        help="Pair name from `dspark models` (default: the registry's default), or one file: hf://owner/repo[@rev]/file.gguf.")] = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="Draft key (default: the pair's default draft).")] = None,
     local_dir: Annotated[Optional[Path], typer.Option("--dir", help="Download into this folder instead of the HF cache.")] = None,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit for every file of the pair.")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before large downloads.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
+    if name is not None and name.startswith("hf://"):  # one file, as the error hints and --target spell it
+        if draft is not None or revision is not None:
+            raise UsageError("--draft and --revision are for pair names; write the revision as hf://owner/repo@REV/file")
+        with download_progress(disable=json_out) as on_progress:
+            path = hub.fetch_ref(name, local_dir=local_dir, yes=yes, on_progress=on_progress,
+                                 confirm=lambda p: ask_to_download(p, what=name))
+        if json_out:
+            print_json({"name": name, "path": path})
+        else:
+            out.print(f"file    {path}", markup=False)
+        return
     pair = load_registry().get(name)
     planned = hub.plan(pair, draft, local_dir=local_dir, revision=revision)
     if not json_out:

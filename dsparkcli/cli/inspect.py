@@ -134,7 +134,7 @@ def _render_file(f: core.FileReport) -> None:
         e = f.expect
         how = "expected" if e.explicit else "registry file of the same name"
         out.print(Text(f"{how}: {e.model} {e.role} '{printable(e.key, 40)}' ({printable(e.pinned_file, 80)})"
-                       f": {'matches' if e.ok else 'MISMATCH'}", style="bold"))
+                       f": {'matches' if e.ok else 'MISMATCH' if e.compared else 'nothing to compare'}", style="bold"))
         et = Table("check", "result", "pinned", "this file", box=None, pad_edge=False)
         for ch in e.checks:
             et.add_row(ch.name, "not pinned" if ch.ok is None and ch.expected is None else _mark(ch.ok),
@@ -228,6 +228,14 @@ def inspect(
     if report.pairing is not None and not report.pairing.ok:
         raise PairingError("not a compatible pair: " + "; ".join(report.pairing.reasons))
     bad = [f for f in report.files if f.expect is not None and f.expect.explicit and not f.expect.ok]
+    if bad and not bad[0].expect.compared:  # type: ignore[union-attr]
+        e = bad[0].expect
+        raise VerificationError(f"nothing to compare: models.toml pins no size, census or sha256 for {e.model} "  # type: ignore[union-attr]
+                                f"{e.role} '{e.key}' that {bad[0].spec} could be held to")  # type: ignore[union-attr]
+    if len(report.files) > 1 and report.pairing is None and report.diff is None:
+        roles = [f.summary.role for f in report.files]
+        counts = ", ".join(f"{roles.count(r)} {r}{'s' if roles.count(r) > 1 else ''}" for r in dict.fromkeys(roles))
+        raise PairingError(f"no pairing verdict for {counts}: a pair is one target with one draft and/or one mmproj")
     if bad:
         what = ", ".join(f"{c.name}" for f in bad for c in f.expect.checks if c.ok is False)  # type: ignore[union-attr]
         raise VerificationError(f"{bad[0].spec} does not match {bad[0].expect.model} in models.toml ({what})")  # type: ignore[union-attr]

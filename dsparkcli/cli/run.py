@@ -113,7 +113,7 @@ def run(
         result = runner.answer(
             question, pair, knobs, Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress),
             server_url=server, llama_bin=llama_bin, on_text=None if json_out else on_text,
-            on_status=None if json_out else (lambda msg: err.print(f"[dim]{msg}[/dim]")),
+            on_status=None if json_out else (lambda msg: (on_progress.finish(), err.print(f"[dim]{msg}[/dim]"))),
             on_notice=lambda msg: err.print(msg, markup=False),
         )
     if json_out:
