@@ -16,7 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test,train]' 'torch==$(TORCH)'
 	touch $@
 
-# CPU llama.cpp build, cached under the user cache dir keyed by commit+backend (a rerun reuses it).
+# CPU llama.cpp build (with the RPC backend: the rpc tests need ggml-rpc-server), cached under the user
+# cache dir keyed by commit+backend+rpc (a rerun reuses it). One build serves every test.
 engine: install
 	$(BIN)/dspark engine build --backend cpu --jobs $(JOBS)
 

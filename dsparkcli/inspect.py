@@ -25,6 +25,7 @@ from dsparkcli.gguf.analysis import (
     diff_tensors,
     dspark_structure,
     hash_file,
+    layer_bytes,
     memory_estimate,
     metadata_json,
     printable,
@@ -36,6 +37,7 @@ from dsparkcli.gguf.reader import GGUFHeader, TensorInfo
 from dsparkcli.hub import registry
 from dsparkcli.hub.range import read_gguf
 from dsparkcli.hub.registry import ModelFile, ModelPair
+from dsparkcli.llama.placement import DeviceShare, device_bytes
 
 # ------------------------------------------------------------------ models.toml expectations
 
@@ -150,6 +152,7 @@ class FileReport:
     memory: MemoryEstimate | None = None
     expect: ExpectVerdict | None = None
     mmproj_width: str | None = None  # mmproj only: the width it feeds the text model, and from where
+    devices: tuple[DeviceShare, ...] | None = None  # -c with --tensor-split: weights + KV on each device
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ class InspectReport:
     pairing: PairVerdict | None
     diff: TensorDiff | None
     memory_total: int | None = None  # -c with several files: all weights + every KV cache (the draft's n_ctx = the target's)
+    devices_total: tuple[DeviceShare, ...] | None = None  # --tensor-split: every file's share, per device
 
 
 HashProgress = Callable[[str, int], Callable[[int], None]]  # (name, total bytes) -> per-chunk callback
@@ -186,11 +190,16 @@ def _roles(headers: Sequence[GGUFHeader]) -> dict[str, list[GGUFHeader]]:
 
 def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str | None = None,
                   expect: str | None = None, auto_expect: bool = True, ctx: int | None = None, kv_type: str = "f16",
-                  progress: HashProgress | None = None, endpoint: str | None = None) -> InspectReport:
+                  progress: HashProgress | None = None, endpoint: str | None = None,
+                  tensor_split: tuple[float, ...] = (), draft_device: int | None = None) -> InspectReport:
     if not specs:
         raise UsageError("give at least one GGUF file")
     if kv_type not in KV_TYPE_BYTES:
         raise UsageError(f"unknown KV cache type '{printable(kv_type, 20)}' (one of {', '.join(KV_TYPE_BYTES)})")
+    if tensor_split and not ctx:
+        raise UsageError("--tensor-split splits the memory estimate: give -c CTX too")
+    if draft_device is not None and not 0 <= draft_device < len(tensor_split):
+        raise UsageError(f"--draft-device {draft_device} is not one of the {len(tensor_split)} devices of --tensor-split")
     headers = [read_gguf(s, endpoint=endpoint) for s in specs]
     other = read_gguf(against, endpoint=endpoint) if against else None
     if against and len(headers) != 1:
@@ -221,6 +230,7 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
             hash_mb_per_s=(fh.n_bytes / fh.seconds / 1e6) if fh and fh.seconds > 0 else None,
             memory=memory_estimate(h, ctx, kv_type) if ctx else None, expect=verdict,
             mmproj_width=_mmproj_width_text(h),
+            devices=_devices(h, ctx, kv_type, tensor_split, draft_device) if tensor_split and ctx else None,
         ))
     diff = None
     if other is not None:
@@ -233,4 +243,25 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
         pairing = check_pair(roles["target"][0], roles["draft"][0] if n_draft else None,
                              roles["mmproj"][0] if n_mmproj else None)
     memory_total = sum(f.memory.total_bytes for f in reports if f.memory) if ctx and len(reports) > 1 else None
-    return InspectReport(files=tuple(reports), pairing=pairing, diff=diff, memory_total=memory_total)
+    return InspectReport(files=tuple(reports), pairing=pairing, diff=diff, memory_total=memory_total,
+                         devices_total=_sum_devices([f.devices for f in reports if f.devices]) if tensor_split else None)
+
+
+def _devices(h: GGUFHeader, ctx: int, kv_type: str, split: tuple[float, ...],
+             draft_device: int | None) -> tuple[DeviceShare, ...] | None:
+    """Where llama.cpp's layer split puts this file's weights and KV cache (mmproj: not split, None).
+    A draft follows the target's split unless ``draft_device`` names one device (``-devd``)."""
+    role = role_of(h)
+    if role == "mmproj":
+        return None
+    lb = layer_bytes(h, kv_type)
+    fractions = split
+    if role == "draft" and draft_device is not None:
+        fractions = tuple(1.0 if i == draft_device else 0.0 for i in range(len(split)))
+    return device_bytes(lb.layers, lb.input_bytes, lb.output_bytes, [k * ctx for k in lb.kv_per_token], fractions)
+
+
+def _sum_devices(per_file: Sequence[tuple[DeviceShare, ...]]) -> tuple[DeviceShare, ...]:
+    names = [d.device for d in per_file[0]] if per_file else []
+    return tuple(DeviceShare(n, sum(f[i].weights_bytes for f in per_file), sum(f[i].kv_bytes for f in per_file), ())
+                 for i, n in enumerate(names))

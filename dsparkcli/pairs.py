@@ -9,7 +9,7 @@ paths / hf:// refs), refuses a wrong pair from the headers before anything is la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsparkcli.errors import PairingError, UsageError
@@ -18,6 +18,10 @@ from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.download import OnProgress
 from dsparkcli.hub.fetch import Confirm
 from dsparkcli.hub.registry import load_registry
+from dsparkcli.gguf.pairing import open_header
+from dsparkcli.llama import placement as placement_mod
+from dsparkcli.llama.engine import Engine, list_devices
+from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig, check_extra_args
 
@@ -53,9 +57,11 @@ class ServerKnobs:
     auto_budget: bool = False
     auto_p_min: bool = False
     category: str | None = None  # which tuned category (None: overall)
+    placement: Placement = Placement()  # RPC workers, multi-GPU split, the draft's device
 
     def validate(self) -> None:
         check_extra_args(self.extra_args)
+        self.placement.validate()
         if self.budget is not None and self.budget < 1:
             raise UsageError(f"--budget must be >= 1 (got {self.budget})")
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
@@ -142,17 +148,31 @@ def server_config(files: ResolvedFiles, knobs: ServerKnobs) -> ServerConfig:
         ctx=knobs.ctx * knobs.parallel if knobs.ctx else None,
         n_parallel=knobs.parallel, threads=knobs.threads, ngl=knobs.ngl,
         ngld=knobs.ngl if drafting else None, host=knobs.host, port=knobs.port, api_key=knobs.api_key,
-        extra_args=tuple(knobs.extra_args),
+        placement=knobs.placement, extra_args=tuple(knobs.extra_args),
     )
 
 
+def place_draft(placement: Placement, engine: Engine, draft: Path | None) -> Placement:
+    """``placement`` with the draft's device chosen where the pinned engine can run it (see
+    ``llama.placement.place_draft``): the draft's header says whether it has its own lm head, the
+    engine says which GPUs this machine adds after the workers."""
+    if not placement.rpc or draft is None:
+        return placement
+    own_head = any(t.name in ("output.weight", "token_embd.weight") for t in open_header(draft).tensors)
+    local = [line.split(":", 1)[0].strip() for line in list_devices(engine)]
+    return placement_mod.place_draft(placement, local, draft_has_lm_head=own_head)
+
+
 def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Downloads(), *,
-                   need_vision: bool = False) -> tuple[ServerConfig, ResolvedFiles]:
-    """Files resolved and checked, and the llama-server configuration for them (run and serve)."""
+                   need_vision: bool = False, engine: Engine | None = None) -> tuple[ServerConfig, ResolvedFiles]:
+    """Files resolved and checked, and the llama-server configuration for them (run and serve).
+    With ``engine``, RPC placements get the draft's device (``place_draft``)."""
     knobs.validate()
     files = resolve_files(spec, downloads)
     if need_vision and files.mmproj is None:
         raise UsageError("images given but no --mmproj (the model's vision projector) is known")
     check_pairing(files)
+    if engine is not None:
+        knobs = replace(knobs, placement=place_draft(knobs.placement, engine, files.draft))
     return server_config(files, knobs), files
 

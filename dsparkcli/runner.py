@@ -21,6 +21,8 @@ from dsparkcli.hub.fetch import Confirm
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
+from dsparkcli.llama import placement as placement_mod
+from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.server import LlamaServer, ServerClient, metrics_or_none, stream_chat
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
 
@@ -224,14 +226,16 @@ def answer(
         finally:
             client.close()
 
-    eng = engine or engine_mod.resolve_engine(llama_bin)
-    cfg, files = prepare_server(pair, knobs, downloads, need_vision=bool(q.images))
+    eng = engine or engine_mod.resolve_engine(llama_bin, rpc=bool(knobs.placement.rpc))
+    cfg, files = prepare_server(pair, knobs, downloads, need_vision=bool(q.images), engine=eng)
     cfg, auto = tuned.apply_auto(eng, cfg, budget=knobs.auto_budget, p_min=knobs.auto_p_min, category=knobs.category)
     if auto is not None and (on_notice or on_status):
         (on_notice or on_status)(auto.message)  # type: ignore[misc]
     n_max = cfg.n_max
     if on_status:
         on_status(f"loading {files.target.name}" + (f" + draft {files.draft.name} (budget {n_max})" if files.draft else ""))
+        if cfg.placement.rpc:
+            on_status(placement_mod.describe(cfg.placement))
     with LlamaServer(eng, cfg) as srv:
         if on_server:
             on_server(srv)
@@ -240,8 +244,10 @@ def answer(
             result = ask(srv.client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp,
                          seed=q.seed, drafting=files.draft is not None, budget=n_max, on_text=on_text,
                          argv=srv.argv, files=files.by_role())
-        except ServerError:
-            srv.check_alive()  # a crash mid-generation becomes "llama-server failed during generation: ..."
+        except ServerError as e:
+            # a crash mid-generation becomes "llama-server failed during generation: ..."; a dropped
+            # connection (kind crash) waits for the process to finish dying, an HTTP error does not
+            srv.check_alive(wait=15.0 if e.kind == "crash" else 0.0)
             raise
     if files.draft is None:
         return result
@@ -274,6 +280,7 @@ def run(
     llama_bin: str | None = None,
     threads: int | None = None,
     ngl: str | int | None = None,
+    placement: Placement = Placement(),
     yes: bool = False,
     confirm: Confirm | None = None,
     on_text: Callable[[str], None] | None = None,
@@ -291,7 +298,8 @@ def run(
         PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
         ServerKnobs(budget=None if budget == "auto" else budget, p_min=None if p_min == "auto" else p_min,  # type: ignore[arg-type]
                     ctx=ctx, threads=threads, ngl=ngl, extra_args=tuple(extra_args), api_key=api_key,
-                    auto_budget=budget == "auto", auto_p_min=p_min == "auto", category=category),
+                    auto_budget=budget == "auto", auto_p_min=p_min == "auto", category=category,
+                    placement=placement),
         Downloads(yes=yes, confirm=confirm, on_progress=on_progress),
         server_url=server_url, engine=engine, llama_bin=llama_bin, on_text=on_text, on_status=on_status,
         on_server=on_server,

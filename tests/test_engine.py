@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +173,17 @@ def test_source_commit_ignores_an_enclosing_repository(tmp_path):
     assert engine_mod.source_commit(repo) == head  # a checkout: its own commit
     assert engine_mod.source_commit(nested) != head  # a tree inside someone else's checkout: not theirs
     assert engine_mod.source_commit(nested).startswith("src")
+
+
+def test_the_default_build_has_the_rpc_backend_in_its_cache_key(engine):
+    """`make test` builds once, with GGML_RPC=ON: the same llama-server plus --rpc and the worker."""
+    assert engine_mod.build_key("0c1e570", "cpu", rpc=True) == "0c1e570-cpu-x86-64-v3-rpc"
+    assert engine_mod.build_key("0c1e570", "cuda", "90", rpc=True) == "0c1e570-cuda-x86-64-v3-sm90-rpc"
+    assert engine_mod.build_key("0c1e570", "cpu") == "0c1e570-cpu-x86-64-v3"  # --no-rpc: the older entry
+    args = engine_mod.cmake_configure_args(Path("/src"), Path("/b"), "cpu", "", rpc=True)
+    assert "-DGGML_RPC=ON" in args
+    assert "-DGGML_RPC=ON" not in engine_mod.cmake_configure_args(Path("/src"), Path("/b"), "cpu", "")
+    assert engine_mod.build_targets(True)[-1] == engine_mod.RPC_SERVER
+    eng, record, reused = engine_mod.build_engine(backend="cpu")
+    assert reused and record.rpc and engine_mod.RPC_SERVER in record.targets
+    assert (eng.bin_dir / engine_mod.RPC_SERVER).is_file() and engine_mod.supports_rpc(eng)

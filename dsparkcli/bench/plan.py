@@ -12,6 +12,7 @@ from dsparkcli.bench.records import PLAIN
 from dsparkcli.errors import UsageError
 from dsparkcli.gguf.pairing import AcceptanceKind, acceptance_kind
 from dsparkcli.hub.registry import load_registry
+from dsparkcli.llama.placement import Placement
 from dsparkcli.pairs import Downloads, PairSpec, check_pairing, resolve_files
 
 
@@ -72,6 +73,7 @@ class BenchPlan:
     concurrency: tuple[int, ...] = ()
     explicit_arms: tuple[Arm, ...] = ()  # instead of drafts x budgets (tune's cells)
     with_plain: bool = True  # plain decoding first (speedups and identity need it)
+    placement: Placement = Placement()  # RPC workers, multi-GPU split, the draft's device: every arm the same
 
     def _validate_arms(self) -> None:
         names = [a.name for a in self.explicit_arms]
@@ -120,6 +122,7 @@ class BenchPlan:
         return len(self.arms()) * per_client
 
     def validate(self) -> None:
+        self.placement.validate()
         if self.explicit_arms:
             self._validate_arms()
         elif not self.drafts:

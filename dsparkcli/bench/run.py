@@ -213,7 +213,7 @@ def _server_config(plan: BenchPlan, arm: Arm, concurrency: int = 1) -> ServerCon
         p_min=p_min, synth_len=synth_len, synth_rates=synth_rates,
         # llama-server splits -c over its slots: every client gets plan.ctx
         ctx=plan.ctx * concurrency if plan.ctx else None, n_parallel=concurrency,
-        threads=plan.threads, extra_args=plan.extra_args,
+        threads=plan.threads, placement=plan.placement, extra_args=plan.extra_args,
     )
 
 

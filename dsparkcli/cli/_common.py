@@ -12,6 +12,7 @@ import typer
 from dsparkcli.bench.tuned import parse_auto
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.server import check_extra_args
+from dsparkcli.llama.placement import Placement, parse_endpoints, parse_tensor_split
 
 LlamaBinOpt = Annotated[
     Optional[str],
@@ -38,6 +39,18 @@ ApiKeyOpt = Annotated[Optional[str], typer.Option(
 ApiKeyFileOpt = Annotated[Optional[Path], typer.Option(
     "--api-key-file", help="Read the API key from this file (its first line).", show_default=False)]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")]
+
+# Where the model goes (run, serve, bench, tune): typed llama.cpp placement options (llama.placement).
+RpcOpt = Annotated[Optional[str], typer.Option(
+    "--rpc", metavar="HOST:PORT,...", help="rpc workers (dspark rpc-worker) to place the target on.")]
+SplitModeOpt = Annotated[Optional[str], typer.Option(
+    "--split-mode", metavar="layer|row", help="Split across devices by layer or by weight rows (-sm).")]
+TensorSplitOpt = Annotated[Optional[str], typer.Option(
+    "--tensor-split", metavar="N0,N1,...", help="Proportion of the model per device, e.g. 3,1 (-ts).")]
+MainGpuOpt = Annotated[Optional[int], typer.Option(
+    "--main-gpu", min=0, help="Device index for intermediate results (row split) (-mg).")]
+DraftDeviceOpt = Annotated[Optional[str], typer.Option(
+    "--draft-device", metavar="DEV,...", help="The draft's devices, e.g. CUDA0 or none (= this process) (-devd).")]
 
 
 # Arguments after a bare `--` on the command line, passed verbatim to llama-server by run/serve/bench.
@@ -81,3 +94,13 @@ def knob_values(budget: str | None, p_min: str | None) -> dict:
     b, auto_b = parse_auto(budget, "--budget", int)
     p, auto_p = parse_auto(p_min, "--p-min", float)
     return {"budget": b, "p_min": p, "auto_budget": auto_b, "auto_p_min": auto_p}
+
+
+def placement_of(rpc: str | None, split_mode: str | None, tensor_split: str | None, main_gpu: int | None,
+                 draft_device: str | None) -> Placement:
+    """The typed placement options as one validated ``Placement``."""
+    placement = Placement(rpc=parse_endpoints(rpc) if rpc else (), split_mode=split_mode,
+                          tensor_split=parse_tensor_split(tensor_split) if tensor_split else (),
+                          main_gpu=main_gpu, draft_device=draft_device)
+    placement.validate()
+    return placement

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "bench",
     "tune",
     "serve",
+    "rpc_worker",
     "synth",
     "distill",
     "requant",
@@ -46,8 +47,8 @@ Examples:
 
 SERVING = ("run", "serve", "bench", "tune")  # the commands that pass the arguments after `--` to llama-server
 
-# Commands a module registers besides the one named after it.
-EXTRA_COMMANDS = {"synth-predict": "synth"}
+# Commands a module registers besides the one named after it (or under another spelling).
+EXTRA_COMMANDS = {"synth-predict": "synth", "rpc-worker": "rpc_worker"}
 
 
 def _new_app() -> typer.Typer:

@@ -21,21 +21,29 @@ from dsparkcli.bench import tuned
 from dsparkcli.bench.records import ALL
 from dsparkcli.bench.tuned import parse_auto
 from dsparkcli.cli._common import (
+    AutoPMinOpt,
+    DraftDeviceOpt,
     JsonOpt,
     LlamaBinOpt,
+    MainGpuOpt,
     ModelOpt,
-    AutoPMinOpt,
+    RpcOpt,
+    SplitModeOpt,
     TargetOpt,
+    TensorSplitOpt,
     ThreadsOpt,
     YesOpt,
     passthrough_args,
+    placement_of,
 )
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
 from dsparkcli.outputs import check_output_file
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import ServerConfig
+from dsparkcli.pairs import place_draft
 
 HELP = """Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit.
 
@@ -63,6 +71,7 @@ Examples:
   dspark bench --budget 5 15 -- -ngl 99 -ngld 99 -fa on
   dspark bench --target t.gguf --draft d.gguf --budget 3 --concurrency 1 2 4 8 16 --category text
   dspark bench --budget auto 5 --category code         # `dspark tune`'s pick for code vs budget 5
+  dspark bench --budget 5 --rpc 127.0.0.1:50052,127.0.0.1:50053   # target on two rpc workers
 """
 
 FORMATS = ("table", "json", "csv", "md")
@@ -161,6 +170,11 @@ def bench(
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Append JSONL records here (default: the dspark cache).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, csv or md.")] = "table",
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tok/s and speedup.")] = None,
+    rpc: RpcOpt = None,
+    split_mode: SplitModeOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    main_gpu: MainGpuOpt = None,
+    draft_device: DraftDeviceOpt = None,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
@@ -179,7 +193,8 @@ def bench(
         if path is not None:
             check_output_file(path, what=what, inputs=inputs)
     selected = kit.select(kit.load_prompts(prompts), category, limit)
-    eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
+    placement = placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device)
+    eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc)))
     engine_mod.require_dspark(eng)
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
     budgets, auto_budget = _budgets(budget)
@@ -196,6 +211,10 @@ def bench(
             budgets.append(cfg.n_max)  # type: ignore[arg-type]
         if auto_p:
             p_value = cfg.p_min
+    for d in inputs.drafts:  # the first picks the draft's device, the others must agree with it
+        placement = place_draft(placement, eng, d.path)
+    if placement.rpc:
+        err.print(placement_describe(placement), markup=False)
     plan = bench_plan.BenchPlan(
         target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts,
         budgets=tuple(budgets or [inputs.budget or DEFAULT_BUDGET]), prompts=selected,
@@ -203,6 +222,7 @@ def bench(
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=extra_args,
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
         concurrency=tuple(concurrency or ()),
+        placement=placement,
     )
     plan.validate()
     if plan.synth_len is not None:

@@ -15,7 +15,8 @@ BUILD_EXAMPLES = """Build llama.cpp (commit 0c1e570 from the llama-cpp-python 0.
 
 \b
 Examples:
-  dspark engine build                          # CPU build, reused on the next call
+  dspark engine build                          # CPU build with the RPC backend, reused on the next call
+  dspark engine build --no-rpc                 # without GGML_RPC (no --rpc, no rpc-worker)
   dspark engine build --backend cuda --cuda-arch 90 --jobs 16
   dspark engine build --source ~/src/llama.cpp # your own checkout
 """
@@ -25,6 +26,7 @@ def build(
     backend: Annotated[str, typer.Option("--backend", "-b", help="cpu or cuda.")] = "cpu",
     cuda_arch: Annotated[str, typer.Option("--cuda-arch", help="CUDA architecture(s), e.g. 90 for H100/H200.")] = "90",
     cpu_arch: Annotated[str, typer.Option("--cpu-arch", help="x86-64-v3 (portable, default) or native.")] = "x86-64-v3",
+    rpc: Annotated[bool, typer.Option("--rpc/--no-rpc", help="The RPC backend (GGML_RPC=ON) and its worker, for --rpc and dspark rpc-worker (part of the cache key).")] = True,
     source: Annotated[Optional[Path], typer.Option("--source", help="Build this llama.cpp checkout instead.")] = None,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs (default: all cores).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build exists.")] = False,
@@ -45,14 +47,15 @@ def build(
             else:
                 progress.update(task, **fields)
 
-        eng, record, reused = core.build_engine(backend=backend, cuda_arch=cuda_arch, cpu_arch=cpu_arch, source=source, jobs=jobs,
+        eng, record, reused = core.build_engine(backend=backend, cuda_arch=cuda_arch, cpu_arch=cpu_arch, rpc=rpc, source=source, jobs=jobs,
                                                force=force, on_progress=on_progress)
     if json_out:
         print_json({"server": eng.server, "reused": reused, **record.__dict__})
         return
     what = "reused cached build" if reused else f"built in {record.build_seconds:.0f} s"
     out.print(f"{what}: {eng.server}")
-    out.print(f"commit {record.commit}, backend {record.backend}" + (f", sm{record.cuda_arch}" if record.cuda_arch else ""))
+    out.print(f"commit {record.commit}, backend {record.backend}" + (f", sm{record.cuda_arch}" if record.cuda_arch else "")
+              + (", rpc" if record.rpc else ""))
 
 
 def path(llama_bin: LlamaBinOpt = None) -> None:

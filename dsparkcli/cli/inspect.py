@@ -10,11 +10,12 @@ from rich.table import Table
 from rich.text import Text
 
 from dsparkcli import inspect as core
-from dsparkcli.cli._common import JsonOpt
+from dsparkcli.cli._common import JsonOpt, TensorSplitOpt
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import PairingError, VerificationError
 from dsparkcli.gguf.analysis import TensorDiff, printable
 from dsparkcli.gguf.pairing import PairVerdict
+from dsparkcli.llama.placement import DeviceShare, parse_tensor_split
 from dsparkcli.units import format_size
 
 HELP = """Inspect GGUF files from their headers: tensor census, metadata, DSpark structure, pairing.
@@ -31,6 +32,7 @@ Examples:
   dspark inspect new.gguf --against old.gguf             # per-tensor sha256 diff
   dspark inspect draft.gguf --expect minicpm-v-4.7       # compare with models.toml
   dspark inspect target.gguf draft.gguf -c 8192          # weights + KV cache at 8k
+  dspark inspect target.gguf draft.gguf -c 8192 --tensor-split 1,1   # ... on each of two devices
   dspark inspect hf://owner/repo@main/model.gguf --json  # header bytes only
 """
 
@@ -129,6 +131,8 @@ def _render_file(f: core.FileReport) -> None:
         out.print(mt)
         for note in (m.kv.notes if m.kv else ()):
             out.print(Text(f"note: {note}"))
+    if f.devices is not None:
+        _render_devices(f"per device at -c {f.memory.ctx if f.memory else '?'}", f.devices)
 
     if f.expect is not None:
         e = f.expect
@@ -141,6 +145,15 @@ def _render_file(f: core.FileReport) -> None:
                        _t(ch.expected), _t(ch.actual))
         out.print(et)
     out.print("")
+
+
+def _render_devices(title: str, shares: tuple[DeviceShare, ...]) -> None:
+    out.print(Text(title, style="bold"))
+    t = Table("device", "weights", "KV cache", "total", "layers", box=None, pad_edge=False)
+    for d in shares:
+        layers = f"{d.layers[0]}-{d.layers[-1]}" if len(d.layers) > 1 else ",".join(map(str, d.layers))
+        t.add_row(d.device, _size(d.weights_bytes), _size(d.kv_bytes), _size(d.total_bytes), layers or "-")
+    out.print(t)
 
 
 def _render_diff(d: TensorDiff) -> None:
@@ -177,7 +190,7 @@ def _json(report: core.InspectReport) -> dict[str, Any]:
             "file": f.spec, "file_size": f.file_size, "gguf_version": f.version, "alignment": f.alignment,
             "data_offset": f.data_offset, "summary": f.summary, "census": f.census,
             "structure": f.structure, "file_sha256": f.file_sha256, "hash_mb_per_s": f.hash_mb_per_s,
-            "memory": f.memory, "expect": f.expect, "metadata": f.metadata,
+            "memory": f.memory, "devices": f.devices, "expect": f.expect, "metadata": f.metadata,
             "tensors": [{"name": t.name, "type": t.type_name, "shape": list(t.shape), "n_elements": t.n_elements,
                          "bytes": t.n_bytes, "offset": t.offset,
                          **({"sha256": f.tensor_sha256.get(t.name)} if f.tensor_sha256 is not None else {})}
@@ -186,7 +199,8 @@ def _json(report: core.InspectReport) -> dict[str, Any]:
     diff = None
     if report.diff is not None:
         diff = {**report.diff.__dict__, "summary": report.diff.summary}
-    return {"files": files, "pairing": report.pairing, "diff": diff, "memory_total": report.memory_total}
+    return {"files": files, "pairing": report.pairing, "diff": diff, "memory_total": report.memory_total,
+            "devices_total": report.devices_total}
 
 
 def inspect(
@@ -199,6 +213,9 @@ def inspect(
                                                   help="Compare with size/census/sha256 pinned in models.toml.")] = None,
     ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", metavar="CTX",
                                                help="Estimate weights + KV cache memory at this context.")] = None,
+    tensor_split: TensorSplitOpt = None,
+    draft_device: Annotated[Optional[int], typer.Option("--draft-device", min=0, metavar="INDEX",
+                                                        help="With --tensor-split: the draft all on this device.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
@@ -212,7 +229,8 @@ def inspect(
             return lambda n: progress.advance(task, n)
 
         report = core.inspect_files(files, do_hash=do_hash, against=against, expect=expect, ctx=ctx,
-                                    progress=on_hash)
+                                    progress=on_hash, draft_device=draft_device,
+                                    tensor_split=parse_tensor_split(tensor_split) if tensor_split else ())
     if json_out:
         print_json(_json(report))
     else:
@@ -223,6 +241,8 @@ def inspect(
         if report.memory_total is not None:
             out.print(Text(f"all files at -c {ctx}: {_size(report.memory_total)} (weights + KV caches; the draft's "
                            "context is the target's)", style="bold"))
+        if report.devices_total is not None and len(report.files) > 1:
+            _render_devices(f"all files per device at -c {ctx}", report.devices_total)
         if report.pairing is not None:
             _render_pairing(report.pairing)
     if report.pairing is not None and not report.pairing.ok:

@@ -12,24 +12,30 @@ from dsparkcli import runner
 from dsparkcli.cli._common import (
     ApiKeyFileOpt,
     ApiKeyOpt,
+    AutoPMinOpt,
     BudgetOpt,
+    CategoryOpt,
     CtxOpt,
+    DraftDeviceOpt,
     DraftKeyOpt,
     DraftOpt,
     JsonOpt,
     LlamaBinOpt,
+    MainGpuOpt,
     MmprojOpt,
     ModelOpt,
     NglOpt,
-    AutoPMinOpt,
-    CategoryOpt,
     NoDraftOpt,
+    RpcOpt,
+    SplitModeOpt,
     TargetOpt,
+    TensorSplitOpt,
     ThreadsOpt,
     YesOpt,
     api_key_from,
     knob_values,
     passthrough_args,
+    placement_of,
 )
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
@@ -51,6 +57,8 @@ Examples:
   dspark run photo.png "Describe" --no-draft            # plain decoding, same greedy text
   dspark run photo.png "Describe" --server http://127.0.0.1:8080   # reuse `dspark serve`
   dspark run photo.png "Describe" -- -ngl 99 -fa on     # extra llama-server flags
+  dspark run "Hi" --rpc 10.0.0.2:50052,10.0.0.3:50052   # target on two rpc workers
+  dspark run "Hi" --split-mode layer --tensor-split 3,1 --draft-device CUDA0
 """
 
 
@@ -92,6 +100,11 @@ def run(
     server: Annotated[Optional[str], typer.Option("--server", help="Use a running server (URL) instead.")] = None,
     api_key: ApiKeyOpt = None,
     api_key_file: ApiKeyFileOpt = None,
+    rpc: RpcOpt = None,
+    split_mode: SplitModeOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    main_gpu: MainGpuOpt = None,
+    draft_device: DraftDeviceOpt = None,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
@@ -108,7 +121,8 @@ def run(
                                max_tokens=max_tokens, temp=temp, seed=seed)
     pair = PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft)
     knobs = ServerKnobs(**knob_values(budget, p_min), ctx=ctx, threads=threads, ngl=ngl,
-                        extra_args=passthrough_args(), api_key=api_key, category=category)
+                        extra_args=passthrough_args(), api_key=api_key, category=category,
+                        placement=placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device))
     with download_progress(disable=json_out) as on_progress:
         result = runner.answer(
             question, pair, knobs, Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress),

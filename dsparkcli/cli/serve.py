@@ -2,37 +2,47 @@
 
 from __future__ import annotations
 
-import ipaddress
+import shlex
 from typing import Annotated, Optional
 
 import typer
 
+from dsparkcli import vllm
 from dsparkcli.bench import tuned
 from dsparkcli.cli._common import (
     ApiKeyFileOpt,
     ApiKeyOpt,
+    AutoPMinOpt,
     BudgetOpt,
+    CategoryOpt,
     CtxOpt,
+    DraftDeviceOpt,
     DraftKeyOpt,
     DraftOpt,
     JsonOpt,
     LlamaBinOpt,
+    MainGpuOpt,
     MmprojOpt,
     NglOpt,
-    AutoPMinOpt,
-    CategoryOpt,
     NoDraftOpt,
+    RpcOpt,
+    SplitModeOpt,
     TargetOpt,
+    TensorSplitOpt,
     ThreadsOpt,
     YesOpt,
     api_key_from,
     knob_values,
     passthrough_args,
+    placement_of,
 )
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
+from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.placement import describe as placement_describe
+from dsparkcli.llama.placement import is_loopback
 from dsparkcli.llama.supervise import DEFAULT_MAX_RESTARTS, Event, Supervisor
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
 
@@ -44,7 +54,9 @@ the key to every user in `ps`). Ask it with `dspark run --server URL` so a large
 loaded once. --parallel N decodes N requests at once (llama-server -np N; --ctx is per request).
 If llama-server dies, serve says why (its last log lines), restarts it on the same port with
 backoff (0.5, 1, 2, 4, 8 s) and says when it is healthy again; --max-restarts failures in a row
-end it (exit 4). Ctrl-C/SIGTERM stop llama-server too.
+end it (exit 4). Ctrl-C/SIGTERM stop llama-server too. --engine vllm serves a registry pair's
+safetensors target and DSpark draft with vLLM instead (its [pairs.NAME.vllm] table in models.toml);
+--print shows the server command instead of running it.
 
 \b
 Examples:
@@ -54,16 +66,10 @@ Examples:
   dspark serve minicpm-v-4.7 --budget auto --p-min auto   # what `dspark tune` chose on this machine
   DSPARK_API_KEY="$KEY" dspark serve minicpm-v-4.7 --host 0.0.0.0 -- -ngl 99 -fa on
   dspark serve minicpm-v-4.7 --host 0.0.0.0 --api-key-file ~/.config/dspark/key
+  dspark serve minicpm-v-4.7 --rpc 10.0.0.2:50052,10.0.0.3:50052   # target on two rpc workers
+  dspark serve minicpm-v-4.7 --engine vllm --print  # the model card's vLLM line (tensor parallel 2)
+  dspark serve minicpm-v-4.7 --engine vllm --port 8000             # ... and run it, if vllm is installed
 """
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def serve(
@@ -85,36 +91,81 @@ def serve(
     max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restarts in a row before giving up.")] = DEFAULT_MAX_RESTARTS,
     api_key: ApiKeyOpt = None,
     api_key_file: ApiKeyFileOpt = None,
+    rpc: RpcOpt = None,
+    split_mode: SplitModeOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    main_gpu: MainGpuOpt = None,
+    draft_device: DraftDeviceOpt = None,
+    engine_name: Annotated[str, typer.Option("--engine", metavar="llama|vllm",
+                                             help="llama.cpp (default), or vLLM for a registry pair on several GPUs.")] = "llama",
+    print_only: Annotated[bool, typer.Option("--print", help="Print the server command instead of running it.")] = False,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     api_key = api_key_from(api_key, api_key_file)
-    if not _is_loopback(host) and not api_key:
+    if not is_loopback(host) and not api_key:
         raise UsageError(f"--host {host} exposes the server beyond this machine: set DSPARK_API_KEY or give --api-key-file")
-    eng = engine_mod.resolve_engine(llama_bin)
+    if engine_name not in ("llama", "vllm"):
+        raise UsageError(f"--engine must be llama or vllm (got {engine_name})")
+    if engine_name == "vllm":
+        llama_only = {"--target": target, "--draft": draft, "--mmproj": mmproj, "--draft-key": draft_key,
+                      "--no-draft": no_draft or None, "--p-min": p_min, "--ctx": ctx, "--threads": threads,
+                      "--ngl": ngl, "--parallel": parallel if parallel != 1 else None, "--category": category,
+                      "--rpc": rpc, "--split-mode": split_mode, "--tensor-split": tensor_split, "--main-gpu": main_gpu,
+                      "--draft-device": draft_device, "--llama-bin": llama_bin}
+        given = [flag for flag, value in llama_only.items() if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: llama.cpp options; --engine vllm serves a registry pair's "
+                             "safetensors with the model card's recipe (vLLM flags go after --)")
+        kv = knob_values(budget, None)
+        if kv["auto_budget"]:
+            raise UsageError("--budget auto is dspark tune's pick for llama.cpp; give vLLM a number "
+                             "(default: the registry's num_speculative_tokens)")
+        cmd = vllm.serve_command(load_registry().get(name), host=host, port=port, budget=kv["budget"],
+                                 api_key=api_key, extra_args=passthrough_args())
+        if not print_only:
+            vllm.run(cmd)
+        elif json_out:
+            print_json(cmd.to_record())
+        else:
+            out.print(cmd.shell_line(), markup=False)
+        return
+    placement = placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device)
+    eng = engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc))
     kv = knob_values(budget, p_min)
     with download_progress(disable=json_out) as on_progress:
         cfg, files = prepare_server(
             PairSpec(model=name, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
             ServerKnobs(**kv, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
-                        parallel=parallel, host=host, port=port, api_key=api_key, category=category),
-            Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress))
+                        parallel=parallel, host=host, port=port, api_key=api_key, category=category,
+                        placement=placement),
+            Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress), engine=eng)
     cfg, auto = tuned.apply_auto(eng, cfg, budget=kv["auto_budget"], p_min=kv["auto_p_min"],
                                  category=category)
     if auto is not None:
         err.print(auto.message, markup=False)
+    if print_only:
+        argv = cfg.argv(eng.server, port)
+        if json_out:
+            print_json({"argv": argv, "shell": shlex.join(argv)})
+        else:
+            out.print(shlex.join(argv), markup=False)
+        return
     with Supervisor(eng, cfg, on_event=_say, max_restarts=max_restarts) as sup:
         srv = sup.server
         assert srv is not None
         info = {"url": srv.url, "pid": srv.pid, "log": str(srv.log_path), "target": str(files.target),
                 "draft": str(files.draft) if files.draft else None, "mmproj": str(files.mmproj) if files.mmproj else None,
                 "budget": cfg.n_max, "p_min": cfg.p_min, "parallel": cfg.n_parallel,
-                "tuning": auto.message if auto else None}
+                "tuning": auto.message if auto else None, "rpc": [str(e) for e in cfg.placement.rpc],
+                "draft_device": cfg.placement.draft_device}
         if json_out:
             print_json(info)
         else:
             out.print(f"serving on {srv.url} (pid {srv.pid}, {cfg.n_parallel} at once, log {srv.log_path})", markup=False)
+            if cfg.placement.rpc:
+                out.print(placement_describe(cfg.placement), markup=False)
             out.print(f"ask it:  dspark run --server {srv.url} IMAGE \"PROMPT\"   (Ctrl-C stops)", markup=False)
         sup.watch()
 

@@ -10,6 +10,7 @@ import hashlib
 import math
 import os
 import queue
+import re
 import threading
 import time
 import unicodedata
@@ -525,3 +526,45 @@ def memory_estimate(h: GGUFHeader, ctx: int, kv_type: str = "f16") -> MemoryEsti
     kv_bytes = kv.bytes_per_token * ctx if kv else 0
     return MemoryEstimate(name=h.name, role=role_of(h), weights_by_type=weights, weights_bytes=c.tensor_bytes, ctx=ctx,
                           kv=kv, kv_bytes=kv_bytes, total_bytes=c.tensor_bytes + kv_bytes)
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """Weights by llama.cpp layer: ``blk.N.*`` per repeating layer, the input embedding, the rest (output
+    head and norm; a draft's own extras) counted with the output layer, as load_tensors places them."""
+
+    layers: tuple[int, ...]
+    input_bytes: int
+    output_bytes: int
+    kv_per_token: tuple[int, ...]  # K/V bytes per context token, per repeating layer
+
+
+_BLK = re.compile(r"^blk\.(\d+)\.")
+
+
+def layer_bytes(h: GGUFHeader, kv_type: str = "f16") -> LayerBytes:
+    n_layer = int_of(h.arch_key("block_count")) or 0
+    layers = [0] * n_layer
+    input_bytes = output_bytes = 0
+    for t in h.tensors:
+        size = t.n_bytes or 0
+        m = _BLK.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            layers[int(m.group(1))] += size
+        elif t.name.startswith("token_embd."):
+            input_bytes += size
+        else:
+            output_bytes += size
+    kv = kv_cache_estimate(h, kv_type)
+    per_layer = [0] * n_layer
+    if kv is not None and kv.bytes_per_token and n_layer:
+        heads_kv = h.arch_key("attention.head_count_kv")
+        per_head = (kv.key_length + kv.value_length) * kv.bytes_per_element
+        if isinstance(heads_kv, GGUFArray) and heads_kv.items:
+            per_layer = [int(x * per_head) for x in list(ints_of(heads_kv))[:n_layer]]
+        else:
+            interval = int_of(h.arch_key("full_attention_interval"))
+            # llama.cpp's hybrids keep K/V in every interval-th layer (il + 1) % interval == 0
+            per_layer = [int(kv.n_head_kv * per_head) if not interval or (il + 1) % interval == 0 else 0
+                         for il in range(n_layer)]
+    return LayerBytes(tuple(layers), input_bytes, output_bytes, tuple(per_layer))

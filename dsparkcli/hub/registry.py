@@ -24,8 +24,11 @@ from dsparkcli.llama.protocol import DEFAULT_BUDGET
 ROLES = ("target", "mmproj", "draft")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census", "pypi", "member", "packaged"}
-_PAIR_KEYS = {"description", "budget", "p_min", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts"}
+_PAIR_KEYS = {"description", "budget", "p_min", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts",
+              "vllm"}
 _OVERRIDE_KEYS = {"budget", "p_min"}  # a table of only these tunes an earlier file's pair
+_VLLM_KEYS = {"target", "target_revision", "draft", "draft_revision", "num_speculative_tokens", "tensor_parallel_size",
+              "max_model_len"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,19 @@ class ModelFile:
 
 
 @dataclass(frozen=True)
+class VllmRecipe:
+    """The same pair for vLLM: hub ids of the safetensors target and DSpark draft, and the recipe's sizes."""
+
+    target: str  # hub repo id, e.g. openbmb/MiniCPM-V-4.7-35B-A3B
+    draft: str  # the DSpark safetensors checkpoint, e.g. openbmb/MiniCPM-V-4.7-35B-A3B-DSpark
+    target_revision: str | None = None
+    draft_revision: str | None = None
+    num_speculative_tokens: int | None = None  # None: the pair's budget
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
 class ModelPair:
     name: str
     target: ModelFile
@@ -63,6 +79,7 @@ class ModelPair:
     acceptance: dict[str, float] = field(default_factory=dict)  # category -> upstream acceptance length
     description: str = ""
     source: Path | None = None  # the models.toml this pair came from
+    vllm: VllmRecipe | None = None  # [pairs.<name>.vllm]: the pair as `dspark serve --engine vllm` serves it
 
     def draft(self, key: str | None = None) -> ModelFile:
         """The draft named ``key`` (the default draft when None); UsageError with close matches if unknown."""
@@ -292,6 +309,7 @@ def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
             v.fail(f"{where}.acceptance.{category}", "must be a number >= 1 (tokens per verification step)")
         acceptance[str(category)] = float(value)
+    vllm = _vllm(v, table["vllm"], f"{where}.vllm") if "vllm" in table else None
     return ModelPair(
         name=name,
         target=target,
@@ -304,4 +322,27 @@ def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
         acceptance=acceptance,
         description=v.string(table, "description", where) or "",
         source=v.path,
+        vllm=vllm,
+    )
+
+
+def _vllm(v: _Validator, raw: Any, where: str) -> VllmRecipe:
+    table = v.table(raw, where)
+    extra = set(table) - _VLLM_KEYS
+    if extra:
+        v.fail(f"{where}.{sorted(extra)[0]}", f"unknown key (expected {', '.join(sorted(_VLLM_KEYS))})")
+    repos = {}
+    for key in ("target", "draft"):
+        repo = v.string(table, key, where, required=True)
+        assert repo is not None
+        if repo.count("/") != 1 or repo.startswith("/") or repo.endswith("/"):
+            v.fail(f"{where}.{key}", f"'{repo}' is not a hub repo id (owner/name)")
+        repos[key] = repo
+    return VllmRecipe(
+        target=repos["target"], draft=repos["draft"],
+        target_revision=v.string(table, "target_revision", where),
+        draft_revision=v.string(table, "draft_revision", where),
+        num_speculative_tokens=v.integer(table, "num_speculative_tokens", where, minimum=1),
+        tensor_parallel_size=v.integer(table, "tensor_parallel_size", where, minimum=1) or 1,
+        max_model_len=v.integer(table, "max_model_len", where, minimum=1),
     )

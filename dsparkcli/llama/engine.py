@@ -28,6 +28,8 @@ SDIST_PACKAGE = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 PINNED_COMMIT = "0c1e570"
 BUILD_TARGETS = ("llama-server", "llama-cli", "llama-quantize", "llama-gguf-split")
+# tools/rpc's target (GGML_RPC=ON only): the worker that `dspark rpc-worker` supervises
+RPC_SERVER = "ggml-rpc-server"
 BACKENDS = ("cpu", "cuda")
 
 BUILD_HINT = "build one with: dspark engine build (add --backend cuda on a GPU machine)"
@@ -70,6 +72,7 @@ class BuildRecord:
     build_seconds: float = 0.0
     built_at: str = ""
     cpu_arch: str = ""
+    rpc: bool = False  # GGML_RPC=ON: llama-server takes --rpc and ggml-rpc-server sits in bin_dir
 
 
 # ------------------------------------------------------------------ probing a binary
@@ -140,6 +143,28 @@ def require_dspark(engine: Engine) -> Capabilities:
     return caps
 
 
+def supports_rpc(engine: Engine) -> bool:
+    """Whether llama-server was built with GGML_RPC=ON. ``--help`` lists ``--rpc`` either way (the flag
+    fails at use: "RPC not supported in this build"), so look for the RPC backend next to the binary,
+    else ask with an unreachable worker (a build with RPC then aborts on the connection, quietly)."""
+    if any(engine.bin_dir.glob("libggml-rpc.*")) or (engine.bin_dir / RPC_SERVER).is_file():
+        return True
+    try:
+        proc = subprocess.run([str(engine.server), "--rpc", "127.0.0.1:1", "--list-devices"], capture_output=True,
+                              text=True, timeout=30, stdin=subprocess.DEVNULL, errors="replace",
+                              env={**os.environ, "GGML_NO_BACKTRACE": "1"})
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "RPC not supported" not in proc.stdout + proc.stderr
+
+
+def require_rpc(engine: Engine) -> None:
+    """--rpc needs llama-server built with GGML_RPC=ON; say how to get one before anything starts."""
+    if not supports_rpc(engine):
+        raise EngineCapabilityError(f"{engine.server} was built without the RPC backend (GGML_RPC=ON)",
+                                    hint="build one with: dspark engine build --rpc")
+
+
 def list_devices(engine: Engine) -> list[str]:
     """Device lines from ``llama-server --list-devices`` (empty on a CPU-only build)."""
     text = _run_probe(engine.server, "--list-devices")
@@ -200,8 +225,9 @@ _CPU_ARCH_FLAGS = {
 }
 
 
-def build_key(commit: str, backend: str, cuda_arch: str = "", cpu_arch: str = "x86-64-v3") -> str:
-    return f"{commit}-{backend}-{cpu_arch}" + (f"-sm{cuda_arch}" if backend == "cuda" and cuda_arch else "")
+def build_key(commit: str, backend: str, cuda_arch: str = "", cpu_arch: str = "x86-64-v3", rpc: bool = False) -> str:
+    return (f"{commit}-{backend}-{cpu_arch}" + (f"-sm{cuda_arch}" if backend == "cuda" and cuda_arch else "")
+            + ("-rpc" if rpc else ""))
 
 
 def cached_builds() -> list[tuple[Path, BuildRecord]]:
@@ -222,8 +248,19 @@ def cached_builds() -> list[tuple[Path, BuildRecord]]:
     return found
 
 
-def resolve_engine(llama_bin: str | None = None, *, backend: str | None = None) -> Engine:
-    """Find llama-server: ``--llama-bin``/``DSPARK_LLAMA_BIN``, config file, cache, PATH."""
+def resolve_engine(llama_bin: str | None = None, *, backend: str | None = None, rpc: bool = False) -> Engine:
+    """Find llama-server: ``--llama-bin``/``DSPARK_LLAMA_BIN``, config file, cache, PATH.
+
+    ``rpc``: the engine must take ``--rpc`` (cached builds without it are passed over; a given binary
+    is asked through its ``--help``), so ``run --rpc`` fails in one line before any file is fetched.
+    """
+    found = _find_engine(llama_bin, backend=backend, rpc=rpc)
+    if rpc:
+        require_rpc(found)
+    return found
+
+
+def _find_engine(llama_bin: str | None, *, backend: str | None, rpc: bool) -> Engine:
     if llama_bin:
         return _as_server(llama_bin, "--llama-bin")
     env = os.environ.get("DSPARK_LLAMA_BIN")
@@ -235,9 +272,10 @@ def resolve_engine(llama_bin: str | None = None, *, backend: str | None = None) 
     builds = cached_builds()
     if backend:
         builds = [b for b in builds if b[1].backend == backend]
-    else:
-        # a GPU build wins over a CPU one when both are cached
-        builds.sort(key=lambda b: b[1].backend != "cuda")
+    if rpc:
+        builds = [b for b in builds if b[1].rpc]
+    # a GPU build wins over a CPU one; then an RPC build (the same llama-server plus --rpc and the worker)
+    builds.sort(key=lambda b: (b[1].backend != "cuda", not b[1].rpc))
     if builds:
         _, record = builds[0]
         server = Path(record.bin_dir) / "llama-server"
@@ -308,8 +346,12 @@ def source_commit(source: Path) -> str:
 _PCT_RE = re.compile(r"^\[\s*(\d+)%\]")
 
 
+def build_targets(rpc: bool) -> tuple[str, ...]:
+    return BUILD_TARGETS + ((RPC_SERVER,) if rpc else ())
+
+
 def cmake_configure_args(source: Path, build_dir: Path, backend: str, cuda_arch: str,
-                         cpu_arch: str = "x86-64-v3") -> list[str]:
+                         cpu_arch: str = "x86-64-v3", rpc: bool = False) -> list[str]:
     args = ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"]
@@ -320,6 +362,8 @@ def cmake_configure_args(source: Path, build_dir: Path, backend: str, cuda_arch:
         args += _CPU_ARCH_FLAGS[cpu_arch]
     if backend == "cuda":
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+    if rpc:
+        args += ["-DGGML_RPC=ON"]
     return args
 
 
@@ -328,12 +372,18 @@ def build_engine(
     backend: str = "cpu",
     cuda_arch: str = "90",
     cpu_arch: str = "x86-64-v3",
+    rpc: bool = True,
     source: Path | None = None,
     jobs: int | None = None,
     force: bool = False,
     on_progress: ProgressFn | None = None,
 ) -> tuple[Engine, BuildRecord, bool]:
-    """Build (or reuse) llama.cpp. Returns (engine, record, reused)."""
+    """Build (or reuse) llama.cpp. Returns (engine, record, reused).
+
+    ``rpc`` (on by default): GGML_RPC=ON and the ggml-rpc-server target. It adds ``--rpc`` to llama-server
+    and one small binary and changes nothing else (same devices, same flags otherwise), so the default
+    build, and CI's single build, serve both ``dspark rpc-worker`` and everything else.
+    """
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if cpu_arch not in CPU_ARCHES:
@@ -347,11 +397,12 @@ def build_engine(
     else:
         source = vendored_source(on_line=on_progress)
     commit = source_commit(source)
-    key = build_key(commit, backend, cuda_arch, cpu_arch)
+    key = build_key(commit, backend, cuda_arch, cpu_arch, rpc)
     root = engine_root() / key
     marker = root / "engine.json"
     bin_dir = root / "build" / "bin"
-    if marker.is_file() and not force and (bin_dir / "llama-server").is_file():
+    targets = build_targets(rpc)
+    if marker.is_file() and not force and all((bin_dir / t).is_file() for t in ("llama-server", *targets[len(BUILD_TARGETS):])):
         record = BuildRecord(**json.loads(marker.read_text()))
         if record.source_dir == str(source):
             return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
@@ -361,8 +412,8 @@ def build_engine(
     log_path = root / "build.log"
     started = time.monotonic()
     steps = [
-        cmake_configure_args(source, root / "build", backend, cuda_arch, cpu_arch),
-        ["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(jobs), "--target", *BUILD_TARGETS],
+        cmake_configure_args(source, root / "build", backend, cuda_arch, cpu_arch, rpc),
+        ["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(jobs), "--target", *targets],
     ]
     with open(log_path, "w", encoding="utf-8") as log:
         for i, cmd in enumerate(steps):
@@ -393,8 +444,8 @@ def build_engine(
                 raise EngineBuildError(f"{'configure' if i == 0 else 'build'} failed (rc {rc}): {tail[0] if tail else ''}",
                                        hint=f"full log: {log_path}")
     record = BuildRecord(commit=commit, backend=backend, cuda_arch=cuda_arch if backend == "cuda" else "",
-                         source_dir=str(source), bin_dir=str(bin_dir), targets=list(BUILD_TARGETS),
+                         source_dir=str(source), bin_dir=str(bin_dir), targets=list(targets),
                          build_seconds=round(time.monotonic() - started, 1),
-                         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu_arch=cpu_arch)
+                         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu_arch=cpu_arch, rpc=rpc)
     marker.write_text(json.dumps(asdict(record), indent=2))
     return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False

@@ -26,6 +26,7 @@ from dsparkcli import config
 from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.placement import Placement
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -84,6 +85,7 @@ class ServerConfig:
     port: int = 0  # 0: pick a free one
     api_key: str | None = None  # passed through the environment, never argv or logs
     jinja: bool = False
+    placement: Placement = Placement()  # --rpc workers, -sm/-ts/-mg, -dev/-devd
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -115,11 +117,14 @@ class ServerConfig:
             args.append("--metrics")
         if self.jinja:
             args.append("--jinja")
+        args += self.placement.argv(drafting=self.draft is not None)
         args += list(self.extra_args)
         return args
 
 
 # ------------------------------------------------------------------ log classification
+
+_RPC_FAILURE = r"Remote RPC server crashed|Failed to connect to \S+:\d+|RPC handshake failed|RPC server version mismatch"
 
 # First match wins: the specific causes before the generic "crash".
 _LOAD_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
@@ -133,6 +138,8 @@ _LOAD_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("out-of-memory", re.compile(r"out of memory|cudaMalloc failed|failed to allocate|unable to allocate|ErrorOutOfDeviceMemory", re.I),
      "not enough memory to load the model"),
     ("port", re.compile(r"couldn't bind|Address already in use|bind\(\) failed", re.I), "the port is already in use"),
+    # ggml-rpc aborts the whole llama-server when a worker cannot be reached or dies mid-graph
+    ("rpc", re.compile(_RPC_FAILURE), "an RPC worker is unreachable or died"),
     ("crash", re.compile(r"GGML_ASSERT|Segmentation fault|terminate called"), "llama-server crashed"),
 )
 
@@ -148,7 +155,9 @@ def classify_log(text: str) -> tuple[str, str]:
 def _key_line(text: str) -> str:
     """The most telling log line: an assert, an error, or the last line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for pattern in (r"GGML_ASSERT|error:|failed to open GGUF|invalid magic|exception|couldn't bind",):
+    # ggml_abort's "file.cpp:LINE: message" says more than the gdb backtrace printed after it
+    for pattern in (_RPC_FAILURE, r"\.(?:c|cpp|cu):\d+: \S",
+                    r"GGML_ASSERT|error:|failed to open GGUF|invalid magic|exception|couldn't bind"):
         for ln in lines:
             if re.search(pattern, ln) and "this warning is normal" not in ln:
                 return ln[:300]
@@ -316,13 +325,40 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphan even if dspark is SIGKILLed
     except OSError:
         pass
     os.setpgrp()  # own process group: a terminal's Ctrl-C reaches dspark, which stops us in order
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, grace: float) -> int | None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; the exit code (None when there was no process)."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def log_tail(path: Path | None, n: int = 30) -> str:
+    """The last ``n`` lines of a child's log (read from its last 64 KiB)."""
+    if not path or not path.is_file():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 64 * 1024))
+        text = f.read().decode("utf-8", "replace")
+    return "\n".join(text.splitlines()[-n:])
 
 
 @dataclass
@@ -363,13 +399,7 @@ class LlamaServer:
                 raise UsageError(f"{label} model not found: {path}")
 
     def log_tail(self, n: int = 30) -> str:
-        if not self.log_path or not self.log_path.is_file():
-            return ""
-        with open(self.log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-        return "\n".join(text.splitlines()[-n:])
+        return log_tail(self.log_path, n)
 
     def start(self) -> LlamaServer:
         self._check_files()
@@ -389,7 +419,7 @@ class LlamaServer:
             with open(self.log_path, "xb") as log:  # never an existing file
                 self.process = subprocess.Popen(
                     self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, preexec_fn=_die_with_parent,
+                    env=env, preexec_fn=die_with_parent,
                 )
             self.client = ServerClient(self.url, api_key=self.config.api_key)
             try:
@@ -433,30 +463,23 @@ class LlamaServer:
         return ServerError(f"llama-server failed during {during} ({how}): {summary}: {_key_line(tail)}",
                            kind=kind, log_tail=tail, hint=f"log: {self.log_path}")
 
-    def check_alive(self, during: str = "generation") -> None:
-        """Raise a typed ServerError if the process has died (e.g. after a failed request)."""
+    def check_alive(self, during: str = "generation", wait: float = 0.0) -> None:
+        """Raise a typed ServerError if the process has died (e.g. after a failed request). ``wait``: give
+        a dying process that long to finish (an abort writes its backtrace before it exits, after the
+        connection has already dropped)."""
         if self.process is not None:
-            rc = self.process.poll()
+            try:
+                rc = self.process.wait(timeout=wait) if wait > 0 else self.process.poll()
+            except subprocess.TimeoutExpired:
+                rc = None
             if rc is not None:
                 raise self._died(rc, during=during)
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after the grace period. Returns the exit code. Idempotent."""
-        proc = self.process
         if self.client is not None:
             self.client.close()
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait()
-        return proc.returncode
+        return stop_process(self.process, self.stop_grace)
 
     def __enter__(self) -> LlamaServer:
         return self.start()
