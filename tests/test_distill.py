@@ -199,6 +199,8 @@ def test_cli_distill_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     r = run(str(t), str(tmp_path / "d.gguf"))
     assert r.returncode == 2 and "--minutes N or --steps N" in r.stderr and r.stderr.count("\n") == 1
     r = run(str(t), str(t), "--steps", "1")
-    assert r.returncode == 2 and "replace the target" in r.stderr
+    assert r.returncode == 2 and f"is the input {t}" in r.stderr
     r = run(str(t), "/dev/null", "--steps", "1")
-    assert r.returncode == 2 and "not a regular file" in r.stderr
+    assert r.returncode == 2 and "/dev/null is a device" in r.stderr
+    r = run(str(t), str(tmp_path / "no" / "d.gguf"), "--steps", "1")
+    assert r.returncode == 2 and r.stderr.startswith("dspark: error: ") and r.stderr.count("\n") == 1

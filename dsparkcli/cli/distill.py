@@ -13,6 +13,7 @@ from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.config import cache_dir
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.engine import resolve_engine
+from dsparkcli.outputs import check_output_dir, check_output_file
 
 HELP = """Train a DSpark draft for a GGUF target (llama, qwen3) and write it as a GGUF llama.cpp serves.
 
@@ -71,13 +72,11 @@ def distill(
         raise UsageError("say how long to train: --minutes N or --steps N")
     if not target.is_file():
         raise UsageError(f"target not found: {target}")
-    out_path = output.resolve()
-    if out_path == target.resolve():
-        raise UsageError("the output would replace the target")
-    if out_path.exists() and not out_path.is_file():
-        raise UsageError(f"output is not a regular file: {output}")
-    if not out_path.parent.is_dir():
-        raise UsageError(f"output folder does not exist: {out_path.parent}")
+    out_path = check_output_file(output, what="draft output", inputs=(target,)).resolve()
+    if prompts is not None and not prompts.is_file():
+        raise UsageError(f"prompts file not found: {prompts}")
+    if work is not None:
+        check_output_dir(work, what="--work folder")
     try:  # torch is the optional training extra: deferred, so every other command works without it
         from dsparkcli.distill.pipeline import DistillPlan, run_distill
         from dsparkcli.distill.train import TrainOptions
