@@ -1,4 +1,5 @@
-"""What engine dspark will use and whether it can run DSpark: asked of the binary, not assumed."""
+"""What engine dspark will use, whether it can run DSpark and what it can load: asked of the binary (and
+the tree it was built from), not assumed."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 
 from dsparkcli.llama import engine as eng_mod
 from dsparkcli.llama.engine import Capabilities, Engine
+from dsparkcli.llama.tables import EngineTables
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class DoctorReport:
     capabilities: Capabilities
     ok: bool  # draft-dspark available
     problems: tuple[str, ...]
+    loads: EngineTables | None = None  # the archs, projector types and tensor types it can load
 
 
 def diagnose(llama_bin: str | None = None) -> DoctorReport:
@@ -32,7 +35,12 @@ def diagnose(llama_bin: str | None = None) -> DoctorReport:
         problems.append("no --mmproj: vision models cannot be served")
     if not caps.spec_synth_len:
         problems.append("no --spec-synth-len: `dspark bench --synth-len` unavailable")
+    loads = eng_mod.engine_tables(engine)
+    if loads is None:
+        problems.append("no arch/projector/type tables found in its source tree or libraries: files are not "
+                        "checked before download or launch")
     return DoctorReport(
         server=str(engine.server), found_via=engine.source, version=engine.version, commit=engine.commit,
         backend=engine.backend, devices=devices, capabilities=caps, ok=caps.draft_dspark, problems=tuple(problems),
+        loads=loads,
     )

@@ -32,12 +32,13 @@ from dsparkcli.gguf.analysis import (
     role_of,
     summarize,
 )
-from dsparkcli.gguf.pairing import PairVerdict, check_pair, mmproj_width
+from dsparkcli.gguf.pairing import PairCheck, PairVerdict, check_loads, check_pair, mmproj_width
 from dsparkcli.gguf.reader import GGUFHeader, TensorInfo
 from dsparkcli.hub import registry
 from dsparkcli.hub.range import read_gguf
 from dsparkcli.hub.registry import ModelFile, ModelPair
 from dsparkcli.llama.placement import DeviceShare, device_bytes
+from dsparkcli.llama.tables import EngineTables
 
 # ------------------------------------------------------------------ models.toml expectations
 
@@ -153,6 +154,7 @@ class FileReport:
     expect: ExpectVerdict | None = None
     mmproj_width: str | None = None  # mmproj only: the width it feeds the text model, and from where
     devices: tuple[DeviceShare, ...] | None = None  # -c with --tensor-split: weights + KV on each device
+    engine: tuple[PairCheck, ...] = ()  # can the engine in use load it (arch / projector, tensor types)
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,8 @@ def _roles(headers: Sequence[GGUFHeader]) -> dict[str, list[GGUFHeader]]:
 def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str | None = None,
                   expect: str | None = None, auto_expect: bool = True, ctx: int | None = None, kv_type: str = "f16",
                   progress: HashProgress | None = None, endpoint: str | None = None,
-                  tensor_split: tuple[float, ...] = (), draft_device: int | None = None) -> InspectReport:
+                  tensor_split: tuple[float, ...] = (), draft_device: int | None = None,
+                  tables: EngineTables | None = None) -> InspectReport:
     if not specs:
         raise UsageError("give at least one GGUF file")
     if kv_type not in KV_TYPE_BYTES:
@@ -229,7 +232,7 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
             tensor_sha256=fh.tensors if fh else None,
             hash_mb_per_s=(fh.n_bytes / fh.seconds / 1e6) if fh and fh.seconds > 0 else None,
             memory=memory_estimate(h, ctx, kv_type) if ctx else None, expect=verdict,
-            mmproj_width=_mmproj_width_text(h),
+            mmproj_width=_mmproj_width_text(h), engine=check_loads(h, tables) if tables is not None else (),
             devices=_devices(h, ctx, kv_type, tensor_split, draft_device) if tensor_split and ctx else None,
         ))
     diff = None

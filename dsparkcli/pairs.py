@@ -9,21 +9,24 @@ paths / hf:// refs), refuses a wrong pair from the headers before anything is la
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsparkcli.errors import PairingError, UsageError
-from dsparkcli.gguf.pairing import check_pair
+from dsparkcli.gguf.pairing import PairCheck, check_loads, check_pair, open_header, refuse_unloadable
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.download import OnProgress
-from dsparkcli.hub.fetch import Confirm
+from dsparkcli.hub.fetch import Check, Confirm, PlannedFile
+from dsparkcli.hub.range import read_gguf
 from dsparkcli.hub.registry import load_registry
-from dsparkcli.gguf.pairing import open_header
 from dsparkcli.llama import placement as placement_mod
-from dsparkcli.llama.engine import Engine, list_devices
+from dsparkcli.llama.engine import Engine, engine_label, engine_tables, list_devices
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig, check_extra_args
+
+FORCE_HINT = "dspark fetch --force downloads them anyway"
 
 
 @dataclass(frozen=True)
@@ -72,11 +75,40 @@ class ServerKnobs:
 
 @dataclass(frozen=True)
 class Downloads:
-    """Whether (``yes``, ``confirm``) and with what progress display missing files are fetched."""
+    """Whether (``yes``, ``confirm``) and with what progress display missing files are fetched; with an
+    ``engine``, files it cannot load are refused from their remote headers first (unless ``force``)."""
 
     yes: bool = False
     confirm: Confirm | None = None
     on_progress: OnProgress | None = None
+    engine: Engine | None = None
+    force: bool = False
+
+    @property
+    def check(self) -> Check | None:
+        return None if self.engine is None or self.force else engine_check(self.engine)
+
+
+def engine_check(engine: Engine, *, after: str = FORCE_HINT, on_advice: Callable[[PairCheck], None] | None = None) -> Check:
+    """A ``hub.fetch`` check: read the headers of the files to be downloaded (HTTP range requests, header
+    bytes only) and refuse, in one line, any the engine cannot load; ``on_advice`` sees the checks that
+    pass with advice (FP4 weights on a build without native FP4)."""
+
+    def check(planned: list[PlannedFile]) -> None:
+        tables = engine_tables(engine)
+        if tables is None:
+            return
+        checks: list[PairCheck] = []
+        for p in planned:
+            if not p.present:
+                h = read_gguf(f"hf://{p.repo}@{p.commit or p.revision}/{p.filename}")
+                checks.extend(check_loads(h, tables))
+        refuse_unloadable(checks, tables, engine_label(engine), after=after)
+        for c in checks:
+            if c.ok is None and on_advice is not None:
+                on_advice(c)
+
+    return check
 
 
 @dataclass(frozen=True)
@@ -98,7 +130,7 @@ def _local_or_ref(value: str | Path | None, role: str, downloads: Downloads) -> 
     text = str(value)
     if text.startswith("hf://"):
         return hub.fetch_ref(text, role=role, yes=downloads.yes, confirm=downloads.confirm,
-                             on_progress=downloads.on_progress)
+                             on_progress=downloads.on_progress, check=downloads.check)
     path = Path(text).expanduser()
     if not path.is_file():
         raise UsageError(f"{role} model not found: {path}")
@@ -113,7 +145,7 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
         wanted = ({"target"} | ({"draft"} if spec.draft is None and not spec.no_draft else set())
                   | ({"mmproj"} if spec.mmproj is None else set()))
         files = hub.ensure_files(pair, spec.draft_key, yes=downloads.yes, confirm=downloads.confirm,
-                                 on_progress=downloads.on_progress, roles=wanted)
+                                 on_progress=downloads.on_progress, roles=wanted, check=downloads.check)
         draft = None if spec.no_draft else (_local_or_ref(spec.draft, "draft", downloads) or files.get("draft"))
         mmproj = _local_or_ref(spec.mmproj, "mmproj", downloads) or files.get("mmproj")
         return ResolvedFiles(target=files["target"], draft=draft, mmproj=mmproj, budget=pair.budget, p_min=pair.p_min)
@@ -126,12 +158,16 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
                          budget=None)
 
 
-def check_pairing(files: ResolvedFiles) -> None:
-    """Refuse a wrong pair with one line, before llama.cpp can assert on it."""
-    if files.draft is None and files.mmproj is None:
+def check_pairing(files: ResolvedFiles, engine: Engine | None = None) -> None:
+    """Refuse, in one line, files the ``engine`` cannot load (EngineCapabilityError) and a wrong pair
+    (PairingError), before llama.cpp can assert on either."""
+    tables = engine_tables(engine) if engine is not None else None
+    if files.draft is None and files.mmproj is None and tables is None:
         return
-    verdict = check_pair(files.target, files.draft, files.mmproj)
-    if not verdict.ok:
+    verdict = check_pair(files.target, files.draft, files.mmproj, tables=tables)
+    if tables is not None and engine is not None:
+        refuse_unloadable(verdict.checks, tables, engine_label(engine))
+    if not verdict.ok and (files.draft is not None or files.mmproj is not None):
         raise PairingError(f"{files.draft or files.mmproj} does not fit {files.target}: " + "; ".join(verdict.reasons),
                            hint="dspark inspect TARGET DRAFT shows every check")
 
@@ -165,13 +201,16 @@ def place_draft(placement: Placement, engine: Engine, draft: Path | None) -> Pla
 
 def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Downloads(), *,
                    need_vision: bool = False, engine: Engine | None = None) -> tuple[ServerConfig, ResolvedFiles]:
-    """Files resolved and checked, and the llama-server configuration for them (run and serve).
-    With ``engine``, RPC placements get the draft's device (``place_draft``)."""
+    """Files resolved and checked, and the llama-server configuration for them (run and serve). With
+    ``engine``, the files are checked against it (before downloading them, from their remote headers,
+    and again once here) and RPC placements get the draft's device (``place_draft``)."""
+    if engine is not None and downloads.engine is None:
+        downloads = replace(downloads, engine=engine)
     knobs.validate()
     files = resolve_files(spec, downloads)
     if need_vision and files.mmproj is None:
         raise UsageError("images given but no --mmproj (the model's vision projector) is known")
-    check_pairing(files)
+    check_pairing(files, downloads.engine)
     if engine is not None:
         knobs = replace(knobs, placement=place_draft(knobs.placement, engine, files.draft))
     return server_config(files, knobs), files

@@ -13,6 +13,7 @@ from dsparkcli.errors import UsageError
 from dsparkcli.gguf.pairing import AcceptanceKind, acceptance_kind
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama.placement import Placement
+from dsparkcli.llama.engine import Engine
 from dsparkcli.pairs import Downloads, PairSpec, check_pairing, resolve_files
 
 
@@ -199,14 +200,14 @@ def _label(path: str, taken: set[str]) -> str:
 
 
 def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None,
-                   yes: bool = False) -> BenchInputs:
+                   yes: bool = False, engine: Engine | None = None) -> BenchInputs:
     """Local paths (or hf:// refs) with --target, else the registry pair (``drafts``: keys or paths,
     each optionally ``LABEL=...`` to name its configurations).
 
     Every draft is checked against the target first: a wrong pair fails in one line, not as a
-    llama.cpp assert in each configuration.
+    llama.cpp assert in each configuration; so is every file against the ``engine``, before it is downloaded.
     """
-    downloads = Downloads(yes=yes)
+    downloads = Downloads(yes=yes, engine=engine)
     resolved: list[Draft] = []
     taken: set[str] = set()
     if target is not None:
@@ -217,7 +218,7 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
         for spec in drafts:
             given, d = _split_label(spec)
             files = resolve_files(PairSpec(target=target, draft=d, mmproj=mmproj), downloads)
-            check_pairing(files)
+            check_pairing(files, engine)
             label = given or _label(d, taken)
             taken.add(label)
             resolved.append(Draft(label, files.draft))  # type: ignore[arg-type]
@@ -238,7 +239,7 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
             label = given or _label(d, taken)
         if files.draft is None:
             raise UsageError(f"pair {name} has no draft '{d}' (known: {', '.join(pair.drafts)})")
-        check_pairing(files)
+        check_pairing(files, engine)
         taken.add(label)
         resolved.append(Draft(label, files.draft))
     return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),

@@ -196,7 +196,8 @@ def bench(
     placement = placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc)))
     engine_mod.require_dspark(eng)
-    inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes)
+    inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes,
+                                       engine=eng)
     budgets, auto_budget = _budgets(budget)
     p_value, auto_p = parse_auto(p_min, "--p-min", float)
     if auto_budget or auto_p:  # the tuning of the (first) draft: for the one category benched, else overall

@@ -15,7 +15,12 @@ from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import EngineCapabilityError
 from dsparkcli.llama.engine import BUILD_HINT
 
-HELP = """Show the llama.cpp engine dspark uses and what it can do.
+HELP = """Show the llama.cpp engine dspark uses and what it can do and load.
+
+What it loads (model archs, vision projector types, ggml tensor types) comes from the source
+tree of an engine dspark built (exact), or else from the strings of the binary's shared
+libraries (a name absent there is surely unknown to it); fetch, run, serve, bench and inspect
+check files against it.
 
 \b
 Examples:
@@ -81,6 +86,11 @@ def doctor(
         table.add_row("--mmproj", yes[caps.mmproj])
         table.add_row("--spec-synth-len", yes[caps.spec_synth_len])
         table.add_row("--spec-draft-p-min", yes[caps.spec_draft_p_min])
+        if report.loads is not None:
+            t = report.loads
+            origin = "the source tree" if t.origin == "source" else "the strings of its shared libraries"
+            table.add_row("loads", f"{len(t.archs)} archs, {len(t.projectors)} projector types, "
+                                   f"{len(t.tensor_types)} tensor types (from {origin} {t.where}; --json lists them)")
         out.print(table)
         for problem in report.problems:
             out.print(f"warning: {problem}")

@@ -7,12 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli.cli._common import JsonOpt
+from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._download import ask_to_download, download_progress, show_plan
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
 from dsparkcli.hub import fetch as hub
+from dsparkcli.errors import EngineNotFoundError
+from dsparkcli.gguf.analysis import printable
 from dsparkcli.hub.registry import load_registry
+from dsparkcli.llama.engine import resolve_engine
+from dsparkcli.pairs import engine_check
 
 HELP = """Download a model pair from the Hugging Face hub and verify it (size and sha256).
 
@@ -20,12 +24,17 @@ Files go to the HF cache (HF_HOME) or to --dir. An interrupted download resumes 
 stopped on the next run. Asks before downloading more than 1 GB unless --yes. Honours HF_TOKEN
 (gated repos), HF_HUB_OFFLINE and HF_ENDPOINT.
 
+Before any download, the GGUF headers of the files are read from the hub (HTTP range requests,
+header bytes only) and checked against the llama.cpp engine in use (`dspark doctor`): a model arch,
+vision projector type or tensor type it cannot load stops the fetch, unless --force.
+
 \b
 Examples:
   dspark fetch minicpm-v-4.7                     # target + mmproj + default draft
   dspark fetch minicpm-v-4.7 --draft nvfp4a16-q8heads --yes
   dspark fetch minicpm-v-4.7 --dir ~/models --json
   dspark fetch hf://owner/repo/model-Q8_0.gguf       # one file, sha256-verified
+  dspark fetch minicpm-v-4.7 --force             # download even what this engine cannot load
 """
 
 
@@ -36,6 +45,8 @@ def fetch(
     local_dir: Annotated[Optional[Path], typer.Option("--dir", help="Download into this folder instead of the HF cache.")] = None,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit for every file of the pair.")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before large downloads.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Download even files the engine in use cannot load.")] = False,
+    llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     if name is not None and name.startswith("hf://"):  # one file, as the error hints and --target spell it
@@ -53,6 +64,17 @@ def fetch(
     planned = hub.plan(pair, draft, local_dir=local_dir, revision=revision)
     if not json_out:
         show_plan(planned)
+    if not force:
+        try:
+            engine = resolve_engine(llama_bin)
+        except EngineNotFoundError:
+            engine = None  # fetching for another machine is fine: the files are checked where they are run
+            if not json_out:
+                err.print("note: no llama.cpp engine here, so the files are not checked against one")
+        if engine is not None:
+            advice = None if json_out else (lambda c: err.print(f"warning: {printable(c.file, 80)}: {c.detail}", markup=False))
+            hub.check_before_download(planned, engine_check(engine, after="--force downloads them anyway",
+                                                            on_advice=advice))
     hub.confirm_large(planned, pair.name, yes=yes,
                       confirm=lambda p: ask_to_download(p, what=pair.name, show=False))  # the plan is shown above
     with download_progress(disable=json_out) as on_progress:

@@ -10,12 +10,21 @@ from rich.table import Table
 from rich.text import Text
 
 from dsparkcli import inspect as core
+<<<<<<< HEAD
 from dsparkcli.cli._common import JsonOpt, TensorSplitOpt
+=======
+from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
+>>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
 from dsparkcli.cli._output import err, out, print_json
-from dsparkcli.errors import PairingError, VerificationError
+from dsparkcli.errors import EngineNotFoundError, PairingError, VerificationError
 from dsparkcli.gguf.analysis import TensorDiff, printable
+<<<<<<< HEAD
 from dsparkcli.gguf.pairing import PairVerdict
 from dsparkcli.llama.placement import DeviceShare, parse_tensor_split
+=======
+from dsparkcli.gguf.pairing import PairVerdict, refuse_unloadable
+from dsparkcli.llama.engine import engine_label, engine_tables, resolve_engine
+>>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
 from dsparkcli.units import format_size
 
 HELP = """Inspect GGUF files from their headers: tensor census, metadata, DSpark structure, pairing.
@@ -24,6 +33,9 @@ Give a target and a draft (and optionally an mmproj) to check that they fit: sam
 BOS/EOS, hidden size, taps inside the target, a target arch that exposes layer inputs, and
 the projector width. Exit 0 when they fit, 1 when they do not. hf://owner/repo[@rev]/file.gguf
 reads only the header over HTTP range requests.
+
+Every file is also checked against the llama.cpp engine in use (`dspark doctor`; --llama-bin):
+its arch or projector type and every tensor type must be in the engine's tables (exit 3 if not).
 
 \b
 Examples:
@@ -114,6 +126,10 @@ def _render_file(f: core.FileReport) -> None:
         for problem in st.problems:
             out.print(Text(f"warning: {printable(problem, 300)}"))
 
+    for ch in f.engine:
+        out.print(Text(f"{ch.name} {_mark(ch.ok)}: {printable(ch.detail, 300)}",
+                       style={True: "", False: "bold red", None: "yellow"}[ch.ok]))
+
     if f.file_sha256:
         speed = f" ({f.hash_mb_per_s:.0f} MB/s)" if f.hash_mb_per_s else ""
         out.print(f"sha256 {f.file_sha256}{speed}; {len(f.tensor_sha256 or {})} tensor hashes (--json lists them)")
@@ -190,7 +206,11 @@ def _json(report: core.InspectReport) -> dict[str, Any]:
             "file": f.spec, "file_size": f.file_size, "gguf_version": f.version, "alignment": f.alignment,
             "data_offset": f.data_offset, "summary": f.summary, "census": f.census,
             "structure": f.structure, "file_sha256": f.file_sha256, "hash_mb_per_s": f.hash_mb_per_s,
+<<<<<<< HEAD
             "memory": f.memory, "devices": f.devices, "expect": f.expect, "metadata": f.metadata,
+=======
+            "memory": f.memory, "expect": f.expect, "engine": f.engine, "metadata": f.metadata,
+>>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
             "tensors": [{"name": t.name, "type": t.type_name, "shape": list(t.shape), "n_elements": t.n_elements,
                          "bytes": t.n_bytes, "offset": t.offset,
                          **({"sha256": f.tensor_sha256.get(t.name)} if f.tensor_sha256 is not None else {})}
@@ -213,14 +233,23 @@ def inspect(
                                                   help="Compare with size/census/sha256 pinned in models.toml.")] = None,
     ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", metavar="CTX",
                                                help="Estimate weights + KV cache memory at this context.")] = None,
+<<<<<<< HEAD
     tensor_split: TensorSplitOpt = None,
     draft_device: Annotated[Optional[int], typer.Option("--draft-device", min=0, metavar="INDEX",
                                                         help="With --tensor-split: the draft all on this device.")] = None,
+=======
+    llama_bin: LlamaBinOpt = None,
+>>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
     json_out: JsonOpt = False,
 ) -> None:
     # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+    try:
+        engine = resolve_engine(llama_bin)
+    except EngineNotFoundError:
+        engine = None  # inspecting needs no engine: the files are then not checked against one
+    tables = engine_tables(engine) if engine is not None else None
     columns = (TextColumn("hashing {task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
     with Progress(*columns, console=err, transient=True, disable=json_out or not err.is_terminal) as progress:
 
@@ -229,8 +258,12 @@ def inspect(
             return lambda n: progress.advance(task, n)
 
         report = core.inspect_files(files, do_hash=do_hash, against=against, expect=expect, ctx=ctx,
+<<<<<<< HEAD
                                     progress=on_hash, draft_device=draft_device,
                                     tensor_split=parse_tensor_split(tensor_split) if tensor_split else ())
+=======
+                                    progress=on_hash, tables=tables)
+>>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
     if json_out:
         print_json(_json(report))
     else:
@@ -245,6 +278,8 @@ def inspect(
             _render_devices(f"all files per device at -c {ctx}", report.devices_total)
         if report.pairing is not None:
             _render_pairing(report.pairing)
+    if tables is not None and engine is not None:
+        refuse_unloadable([c for f in report.files for c in f.engine], tables, engine_label(engine))
     if report.pairing is not None and not report.pairing.ok:
         raise PairingError("not a compatible pair: " + "; ".join(report.pairing.reasons))
     bad = [f for f in report.files if f.expect is not None and f.expect.explicit and not f.expect.ok]

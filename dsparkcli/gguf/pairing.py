@@ -7,12 +7,14 @@ refuses a wrong pair with it before llama.cpp can assert on it.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsparkcli.errors import UsageError
+from dsparkcli.errors import EngineCapabilityError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure, int_of, printable, role_of, str_of
 from dsparkcli.gguf.reader import GGUFArray, GGUFHeader, read_header
+from dsparkcli.llama.tables import EngineTables
 
 # Target archs whose graph fills t_layer_inp (llama.cpp 0c1e570, grep t_layer_inp in src/models/); only
 # these can feed a DFlash/DSpark draft. The second set also exposes index n_layer (the last layer's output).
@@ -45,8 +47,9 @@ MMPROJ_WIDTH = {
 @dataclass(frozen=True)
 class PairCheck:
     name: str
-    ok: bool | None  # None: could not be checked (shown, but does not fail the pair)
+    ok: bool | None  # None: could not be checked, or advice (shown, but does not fail the pair)
     detail: str
+    file: str = ""  # the file a check is about, where that is one file (the engine checks)
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def _first_token_difference(a: GGUFArray, b: GGUFArray) -> str:
 
 def mmproj_width(h: GGUFHeader) -> tuple[int | None, str]:
     """(width the projector feeds the text model, how it was found)."""
-    ptype = str_of(h.get("clip.vision.projector_type")) or str_of(h.get("clip.projector_type")) or "mlp"
+    ptype = next(iter(projector_types(h)), "") or "mlp"
     tensors = h.tensor_map()
     if ptype in MMPROJ_WIDTH:
         name, axis = MMPROJ_WIDTH[ptype]
@@ -86,6 +89,91 @@ def mmproj_width(h: GGUFHeader) -> tuple[int | None, str]:
     return None, f"projector type '{printable(ptype, 40)}' not known to dspark"
 
 
+# ------------------------------------------------------------------ can the engine load it
+
+
+ENGINE_CHECK = "engine: "  # the prefix of every check against the engine in use
+FP4_TYPES = {39: "MXFP4", 40: "NVFP4"}
+
+
+def projector_types(h: GGUFHeader) -> tuple[str, ...]:
+    """The projector types mtmd looks up, as clip.cpp reads them: ``clip.projector_type``, else one per
+    encoder the file has (vision, audio)."""
+    common = str_of(h.get("clip.projector_type"))
+    if common:
+        return (common,)
+    found = []
+    for modality in ("vision", "audio"):
+        if h.get(f"clip.has_{modality}_encoder") or h.get(f"clip.{modality}.projector_type") is not None:
+            found.append(str_of(h.get(f"clip.{modality}.projector_type")) or "")
+    return tuple(found)
+
+
+def _types_text(groups: dict[tuple[int, str], int]) -> str:
+    return ", ".join(f"{printable(name, 20)} x{n}" for (_, name), n in sorted(groups.items(), key=lambda g: -g[1]))
+
+
+def check_loads(h: GGUFHeader, tables: EngineTables) -> tuple[PairCheck, ...]:
+    """Can the engine load this file: its arch (or, for an mmproj, its projector types) and every tensor
+    type in the engine's own tables. FP4 weights on a build without native FP4 get advice, not a failure:
+    they load and run, slower."""
+    role = role_of(h)
+    base = h.name.rsplit("/", 1)[-1]
+    checks: list[PairCheck] = []
+    if role == "mmproj":
+        ptypes = projector_types(h)
+        if not ptypes:
+            checks.append(PairCheck(f"{ENGINE_CHECK}{role} projector", False,
+                                    "no clip.projector_type in the header: mtmd cannot tell what it is", base))
+        for ptype in ptypes:
+            ok = bool(ptype) and tables.knows_projector(ptype)
+            checks.append(PairCheck(f"{ENGINE_CHECK}{role} projector", ok, f"projector type '{printable(ptype, 40)}' "
+                                    + ("is" if ok else "is not") + f" in the engine's projector table "
+                                    f"({len(tables.projectors)} names)", base))
+    else:
+        ok = bool(h.arch) and tables.knows_arch(h.arch)
+        checks.append(PairCheck(f"{ENGINE_CHECK}{role} arch", ok, f"arch '{printable(h.arch or '?', 40)}' "
+                                + ("is" if ok else "is not") + f" in the engine's arch table ({len(tables.archs)} names)",
+                                base))
+    groups: dict[tuple[int, str], int] = {}
+    for t in h.tensors:
+        groups[(t.type_id, t.type_name)] = groups.get((t.type_id, t.type_name), 0) + 1
+    verdicts = {g: tables.knows_type(*g) for g in groups}
+    missing = {g: n for g, n in groups.items() if verdicts[g] is False}
+    unsure = {g: n for g, n in groups.items() if verdicts[g] is None}
+    if missing:
+        checks.append(PairCheck(f"{ENGINE_CHECK}{role} tensor types", False, f"{_types_text(missing)} not in the "
+                                f"engine's ggml type table ({len(tables.tensor_types)} types)", base))
+    elif unsure:
+        checks.append(PairCheck(f"{ENGINE_CHECK}{role} tensor types", None, f"{_types_text(unsure)}: dspark has no "
+                                "name for these type ids, so the engine's libraries cannot be asked", base))
+    else:
+        checks.append(PairCheck(f"{ENGINE_CHECK}{role} tensor types", True,
+                                f"{_types_text(groups) or 'no tensors'}: all in the engine's type table", base))
+    fp4 = sum(n for (tid, _), n in groups.items() if tid in FP4_TYPES)
+    if fp4 and tables.native_fp4() is False:
+        checks.append(PairCheck(f"{ENGINE_CHECK}{role} FP4 speed", None, f"{fp4} FP4 tensors, but this CUDA build "
+                                f"(sm_{tables.cuda_arch or '?'}) has no native FP4 path (ggml-cuda has one for "
+                                "sm_120/121 only): they load and run slower; on this GPU use a Q8_0/Q6_K/Q4_K GGUF "
+                                "instead" + (" (the registry's drafts: --draft q8_0 or q6_k)" if role == "draft" else ""),
+                                base))
+    return tuple(checks)
+
+
+def refuse_unloadable(checks: Sequence[PairCheck], tables: EngineTables, engine: str, *, after: str = "") -> None:
+    """One line naming what the engine cannot load and how to get one that can (``after``: one more way on)."""
+    failed = [c for c in checks if c.name.startswith(ENGINE_CHECK) and c.ok is False]
+    if not failed:
+        return
+    what = "; ".join(f"{printable(c.file, 80)}: {c.detail}" for c in failed)
+    if tables.origin == "source":
+        how = "build a newer one: dspark engine build --source <llama.cpp checkout that has it>"
+    else:
+        how = ("use a newer llama.cpp: --llama-bin <its build/bin>, or dspark engine build --source "
+               "<llama.cpp checkout that has it>")
+    raise EngineCapabilityError(f"the engine {engine} cannot load {what}", hint=how + (f"; {after}" if after else ""))
+
+
 def open_header(spec: str | os.PathLike[str] | GGUFHeader) -> GGUFHeader:
     """A local file's header (a header passes through: remote ``hf://`` files are read by ``hub.range``)."""
     if isinstance(spec, GGUFHeader):
@@ -97,12 +185,18 @@ def open_header(spec: str | os.PathLike[str] | GGUFHeader) -> GGUFHeader:
 
 
 def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.PathLike[str] | GGUFHeader | None = None,
-               mmproj: str | os.PathLike[str] | GGUFHeader | None = None) -> PairVerdict:
-    """Does this draft (and/or mmproj) fit this target? Headers only, so cheap enough to run before launch."""
+               mmproj: str | os.PathLike[str] | GGUFHeader | None = None, *,
+               tables: EngineTables | None = None) -> PairVerdict:
+    """Does this draft (and/or mmproj) fit this target, and (given the engine's ``tables``) can the engine
+    load each of them? Headers only, so cheap enough to run before launch."""
     t = open_header(target)
     d = open_header(draft) if draft is not None else None
     m = open_header(mmproj) if mmproj is not None else None
     checks: list[PairCheck] = []
+    if tables is not None:
+        for h in (t, d, m):
+            if h is not None:
+                checks.extend(check_loads(h, tables))
     t_layers = int_of(t.arch_key("block_count"))
     t_embd = int_of(t.arch_key("embedding_length"))
     checks.append(PairCheck("target role", role_of(t) == "target",

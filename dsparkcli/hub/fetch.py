@@ -94,6 +94,14 @@ class FetchedFile:
 
 
 Confirm = Callable[[list[PlannedFile]], bool]  # shown the planned downloads, answers go/no-go
+Check = Callable[[list[PlannedFile]], None]  # sees the plan before any download; raises to refuse it
+
+
+def check_before_download(planned: list[PlannedFile], check: Check | None) -> None:
+    """Run ``check`` (e.g. can the engine load these files, from their remote headers) when something is
+    to be downloaded; files already here are checked where they are used."""
+    if check is not None and any(not p.present for p in planned):
+        check(planned)
 
 
 def fetch_ref(
@@ -104,6 +112,7 @@ def fetch_ref(
     yes: bool = False,
     confirm: Confirm | None = None,
     on_progress: OnProgress | None = None,
+    check: Check | None = None,
 ) -> Path:
     """Download (or find cached) one ``hf://`` file, verified against the hub's LFS sha256."""
     loc = parse_hf_uri(spec)
@@ -114,6 +123,7 @@ def fetch_ref(
     else:
         commit, remote = _listing(f.repo, f.revision, f.filename or "")
         planned = [_plan_online(f, commit, remote, local)]
+    check_before_download(planned, check)
     confirm_large(planned, spec, yes=yes, confirm=confirm)
     return fetch_planned(planned, spec, on_progress=on_progress)[0].path
 
@@ -146,9 +156,12 @@ def fetch(
     confirm: Confirm | None = None,
     on_progress: OnProgress | None = None,
     roles: Collection[str] | None = None,
+    check: Check | None = None,
 ) -> list[FetchedFile]:
-    """Plan, confirm big downloads, download and verify. Raises HubError / VerificationError."""
+    """Plan, check (``check``, before any byte), confirm big downloads, download and verify.
+    Raises HubError / VerificationError, or what ``check`` raises."""
     planned = plan(pair, draft_key, local_dir=local_dir, revision=revision, roles=roles)
+    check_before_download(planned, check)
     confirm_large(planned, pair.name, yes=yes, confirm=confirm)
     return fetch_planned(planned, pair.name, on_progress=on_progress)
 

@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli import config
-from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.errors import GGUFError, ServerError, UsageError
+from dsparkcli.gguf.pairing import PairCheck, check_loads, refuse_unloadable
+from dsparkcli.gguf.reader import read_header
 from dsparkcli.llama import protocol
-from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.engine import Engine, engine_label, engine_tables
 from dsparkcli.llama.placement import Placement
 
 DEFAULT_HOST = "127.0.0.1"
@@ -398,11 +400,27 @@ class LlamaServer:
             if path is not None and not Path(path).is_file():
                 raise UsageError(f"{label} model not found: {path}")
 
+    def _check_loads(self) -> None:
+        """Refuse, before launch, files the engine's tables say it cannot load (arch, projector, tensor
+        types); a header dspark cannot read is left to llama.cpp, whose log says why (ServerError)."""
+        tables = engine_tables(self.engine)
+        if tables is None:
+            return
+        checks: list[PairCheck] = []
+        for path in (self.config.model, self.config.draft, self.config.mmproj):
+            if path is not None:
+                try:
+                    checks.extend(check_loads(read_header(Path(path)), tables))
+                except GGUFError:
+                    continue
+        refuse_unloadable(checks, tables, engine_label(self.engine))
+
     def log_tail(self, n: int = 30) -> str:
         return log_tail(self.log_path, n)
 
     def start(self) -> LlamaServer:
         self._check_files()
+        self._check_loads()
         if self.log_dir is None:  # kept after the run: the user's evidence when something failed
             self.log_dir = config.cache_dir() / "logs"
             prune_logs(self.log_dir)
