@@ -22,7 +22,7 @@ from dsparkcli.synth import known_answer as synth
 from dsparkcli import pairs
 from dsparkcli.errors import EngineCapabilityError
 from dsparkcli.gguf.pairing import check_pair
-from dsparkcli.gguf.reader import GGML_TYPES, read_header
+from dsparkcli.gguf.reader import ggml_types, read_header
 from dsparkcli.hub import fetch as hub_fetch
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import engine as engine_mod
@@ -31,7 +31,7 @@ from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
 
 REMOVED_TYPE_IDS = {4, 5, 31, 32, 33, 36, 37, 38}  # ggml.h: "support has been removed"
-TYPE_IDS = {name: tid for tid, (name, _, _) in GGML_TYPES.items()}
+TYPE_IDS = {name: tid for tid, (name, _, _) in ggml_types().items()}
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dsparkcli import config
 from dsparkcli.errors import EngineBuildError, EngineCapabilityError, EngineNotFoundError, UsageError
-from dsparkcli.gguf.reader import GGML_TYPES
+from dsparkcli.gguf.reader import ggml_types
 from dsparkcli.llama import tables as tables_mod
 from dsparkcli.llama.tables import EngineTables, TablesNotFound
 
@@ -251,7 +251,7 @@ def engine_tables(engine: Engine) -> EngineTables | None:
         if inputs[0] != engine.server:
             result = tables_mod.from_source(Path(record.source_dir))  # type: ignore[union-attr]
         else:
-            result = tables_mod.from_libraries(engine.bin_dir, engine.server, {v[0]: k for k, v in GGML_TYPES.items()})
+            result = tables_mod.from_libraries(engine.bin_dir, engine.server, {v[0]: k for k, v in ggml_types().items()})
     except (TablesNotFound, OSError):
         return None
     backend = (record.backend if record else "") or engine.backend or describe_backend(engine)
