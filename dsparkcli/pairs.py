@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsparkcli.errors import PairingError, UsageError
-from dsparkcli.gguf.pairing import PairCheck, check_loads, check_pair, open_header, refuse_unloadable
+from dsparkcli.gguf.pairing import PairCheck, check_file_loads, check_loads, check_pair, open_header, refuse_unloadable
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.download import OnProgress
 from dsparkcli.hub.fetch import Check, Confirm, PlannedFile
@@ -162,12 +162,14 @@ def check_pairing(files: ResolvedFiles, engine: Engine | None = None) -> None:
     """Refuse, in one line, files the ``engine`` cannot load (EngineCapabilityError) and a wrong pair
     (PairingError), before llama.cpp can assert on either."""
     tables = engine_tables(engine) if engine is not None else None
-    if files.draft is None and files.mmproj is None and tables is None:
-        return
-    verdict = check_pair(files.target, files.draft, files.mmproj, tables=tables)
     if tables is not None and engine is not None:
-        refuse_unloadable(verdict.checks, tables, engine_label(engine))
-    if not verdict.ok and (files.draft is not None or files.mmproj is not None):
+        checks = [c for f in (files.target, files.draft, files.mmproj) if f is not None
+                  for c in check_file_loads(f, tables)]
+        refuse_unloadable(checks, tables, engine_label(engine))
+    if files.draft is None and files.mmproj is None:
+        return
+    verdict = check_pair(files.target, files.draft, files.mmproj)
+    if not verdict.ok:
         raise PairingError(f"{files.draft or files.mmproj} does not fit {files.target}: " + "; ".join(verdict.reasons),
                            hint="dspark inspect TARGET DRAFT shows every check")
 

@@ -65,7 +65,7 @@ def test_the_shared_libraries_give_no_false_no(engine, source_tables):
     """A user's binary is read from its libraries' strings: every name of the pinned tables is found,
     nothing outside them is, and the tensor types (a closed, numbered set) come out exactly."""
     t = tables.from_libraries(engine.bin_dir, engine.server, TYPE_IDS)
-    assert t.origin == "libraries" and Path(t.libraries["projectors"]).name.startswith("libmtmd")
+    assert t.origin == "libraries" and Path(dict(t.libraries)["projectors"]).name.startswith("libmtmd")
     assert all(t.knows_arch(a) for a in source_tables.archs)
     assert all(t.knows_projector(p) for p in source_tables.projectors)
     assert t.tensor_types == source_tables.tensor_types

@@ -6,6 +6,7 @@ refuses a wrong pair with it before llama.cpp can assert on it.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -158,6 +159,18 @@ def check_loads(h: GGUFHeader, tables: EngineTables) -> tuple[PairCheck, ...]:
                                 "instead" + (" (the registry's drafts: --draft q8_0 or q6_k)" if role == "draft" else ""),
                                 base))
     return tuple(checks)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_loads(path: str, size: int, mtime_ns: int, tables: EngineTables) -> tuple[PairCheck, ...]:
+    return check_loads(read_header(Path(path)), tables)
+
+
+def check_file_loads(path: str | os.PathLike[str], tables: EngineTables) -> tuple[PairCheck, ...]:
+    """``check_loads`` of a local file, worked out once per file version and engine: a real target's
+    header (a 248k-token tokenizer) takes most of a second to read, and bench starts a server per arm."""
+    st = Path(path).stat()
+    return _file_loads(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, tables)
 
 
 def refuse_unloadable(checks: Sequence[PairCheck], tables: EngineTables, engine: str, *, after: str = "") -> None:

@@ -24,8 +24,7 @@ from typing import Any
 
 from dsparkcli import config
 from dsparkcli.errors import GGUFError, ServerError, UsageError
-from dsparkcli.gguf.pairing import PairCheck, check_loads, refuse_unloadable
-from dsparkcli.gguf.reader import read_header
+from dsparkcli.gguf.pairing import PairCheck, check_file_loads, refuse_unloadable
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine, engine_label, engine_tables
 from dsparkcli.llama.placement import Placement
@@ -410,7 +409,7 @@ class LlamaServer:
         for path in (self.config.model, self.config.draft, self.config.mmproj):
             if path is not None:
                 try:
-                    checks.extend(check_loads(read_header(Path(path)), tables))
+                    checks.extend(check_file_loads(path, tables))
                 except GGUFError:
                     continue
         refuse_unloadable(checks, tables, engine_label(self.engine))

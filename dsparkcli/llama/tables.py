@@ -21,7 +21,7 @@ Standard library only.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 FORMAT = 1  # bump when what is recorded changes: cached tables of another format are recomputed
@@ -58,12 +58,13 @@ class EngineTables:
     backend: str = ""  # cpu | cuda
     cuda_arch: str = ""  # as built (e.g. "90", "120"); "" when unknown
     format: int = FORMAT
-    libraries: dict[str, str] = field(default_factory=dict)  # origin "libraries": table -> the library read
+    libraries: tuple[tuple[str, str], ...] = ()  # origin "libraries": (table, the library read); a tuple keeps
+    # the tables hashable, so checks of the same file against the same engine are worked out once
 
     def _has(self, table: str, listed: tuple[str, ...], name: str) -> bool:
         if name in listed:
             return True
-        lib = self.libraries.get(table) if self.origin == "libraries" else None
+        lib = dict(self.libraries).get(table) if self.origin == "libraries" else None
         if lib is None:
             return False
         try:  # a name dspark does not list: look it up in the library itself (a few ms)
@@ -224,7 +225,7 @@ def from_libraries(bin_dir: Path, server: Path, type_ids: dict[str, int],
         raise TablesNotFound(f"no arch or projector names in the libraries of {server}")
     return EngineTables(archs=listed["archs"], projectors=listed["projectors"], tensor_types=listed["tensor_types"],
                         tensor_type_ids=tuple(type_ids[n] for n in listed["tensor_types"]), origin="libraries",
-                        where=str(bin_dir), libraries=libraries)
+                        where=str(bin_dir), libraries=tuple(libraries.items()))
 
 
 # ------------------------------------------------------------------ cache records
@@ -250,7 +251,7 @@ def from_record(data: dict[str, object]) -> EngineTables | None:
             tensor_type_ids=tuple(map(int, data["tensor_type_ids"])),  # type: ignore[call-overload]
             origin=str(data["origin"]), where=str(data["where"]), backend=str(data.get("backend", "")),
             cuda_arch=str(data.get("cuda_arch", "")),
-            libraries={str(k): str(v) for k, v in libraries.items()},
+            libraries=tuple((str(k), str(v)) for k, v in libraries.items()),
         )
     except (KeyError, TypeError, ValueError):
         return None
