@@ -132,7 +132,7 @@ def tune_cmd(
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
     engine_mod.require_dspark(eng)
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=[draft] if draft else [], mmproj=mmproj,
-                                       yes=yes)
+                                       yes=yes, engine=eng)
     draft_path = inputs.drafts[0].path
     max_n, has_conf = tuning.draft_limits(draft_path)
     cands = tuple(budgets or [b for b in tuning.DEFAULT_BUDGETS if max_n is None or b <= max_n])
