@@ -10,21 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from dsparkcli import inspect as core
-<<<<<<< HEAD
-from dsparkcli.cli._common import JsonOpt, TensorSplitOpt
-=======
-from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
->>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
+from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, TensorSplitOpt
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import EngineNotFoundError, PairingError, VerificationError
 from dsparkcli.gguf.analysis import TensorDiff, printable
-<<<<<<< HEAD
-from dsparkcli.gguf.pairing import PairVerdict
-from dsparkcli.llama.placement import DeviceShare, parse_tensor_split
-=======
 from dsparkcli.gguf.pairing import PairVerdict, refuse_unloadable
 from dsparkcli.llama.engine import engine_label, engine_tables, resolve_engine
->>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
+from dsparkcli.llama.placement import DeviceShare, parse_tensor_split
 from dsparkcli.units import format_size
 
 HELP = """Inspect GGUF files from their headers: tensor census, metadata, DSpark structure, pairing.
@@ -206,11 +198,7 @@ def _json(report: core.InspectReport) -> dict[str, Any]:
             "file": f.spec, "file_size": f.file_size, "gguf_version": f.version, "alignment": f.alignment,
             "data_offset": f.data_offset, "summary": f.summary, "census": f.census,
             "structure": f.structure, "file_sha256": f.file_sha256, "hash_mb_per_s": f.hash_mb_per_s,
-<<<<<<< HEAD
-            "memory": f.memory, "devices": f.devices, "expect": f.expect, "metadata": f.metadata,
-=======
-            "memory": f.memory, "expect": f.expect, "engine": f.engine, "metadata": f.metadata,
->>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
+            "memory": f.memory, "devices": f.devices, "expect": f.expect, "engine": f.engine, "metadata": f.metadata,
             "tensors": [{"name": t.name, "type": t.type_name, "shape": list(t.shape), "n_elements": t.n_elements,
                          "bytes": t.n_bytes, "offset": t.offset,
                          **({"sha256": f.tensor_sha256.get(t.name)} if f.tensor_sha256 is not None else {})}
@@ -233,13 +221,10 @@ def inspect(
                                                   help="Compare with size/census/sha256 pinned in models.toml.")] = None,
     ctx: Annotated[Optional[int], typer.Option("-c", "--ctx-size", metavar="CTX",
                                                help="Estimate weights + KV cache memory at this context.")] = None,
-<<<<<<< HEAD
     tensor_split: TensorSplitOpt = None,
     draft_device: Annotated[Optional[int], typer.Option("--draft-device", min=0, metavar="INDEX",
                                                         help="With --tensor-split: the draft all on this device.")] = None,
-=======
     llama_bin: LlamaBinOpt = None,
->>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
     json_out: JsonOpt = False,
 ) -> None:
     # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
@@ -258,12 +243,8 @@ def inspect(
             return lambda n: progress.advance(task, n)
 
         report = core.inspect_files(files, do_hash=do_hash, against=against, expect=expect, ctx=ctx,
-<<<<<<< HEAD
-                                    progress=on_hash, draft_device=draft_device,
+                                    progress=on_hash, draft_device=draft_device, tables=tables,
                                     tensor_split=parse_tensor_split(tensor_split) if tensor_split else ())
-=======
-                                    progress=on_hash, tables=tables)
->>>>>>> 448295c (Will this engine load these files? (issue 22): the engine's arch, projector and tensor-type tables (source tree or shared libraries, cached with the record); checked by fetch before download (remote headers), by inspect, and before every launch; doctor shows them)
     if json_out:
         print_json(_json(report))
     else:
