@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dsparkcli.llama import engine as eng_mod
 from dsparkcli.llama.engine import Capabilities, Engine
+from dsparkcli.llama.loads import engine_tables
 from dsparkcli.llama.tables import EngineTables
 
 
@@ -35,7 +36,7 @@ def diagnose(llama_bin: str | None = None) -> DoctorReport:
         problems.append("no --mmproj: vision models cannot be served")
     if not caps.spec_synth_len:
         problems.append("no --spec-synth-len: `dspark bench --synth-len` unavailable")
-    loads = eng_mod.engine_tables(engine)
+    loads = engine_tables(engine)
     if loads is None:
         problems.append("no arch/projector/type tables found in its source tree or libraries: files are not "
                         "checked before download or launch")

@@ -21,7 +21,8 @@ from dsparkcli.hub.fetch import Check, Confirm, PlannedFile
 from dsparkcli.hub.range import read_gguf
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import placement as placement_mod
-from dsparkcli.llama.engine import Engine, engine_label, engine_tables, list_devices
+from dsparkcli.llama.engine import Engine, list_devices
+from dsparkcli.llama.loads import engine_label, engine_tables
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig, check_extra_args

@@ -26,7 +26,7 @@ from dsparkcli.gguf.reader import ggml_types, read_header
 from dsparkcli.hub import fetch as hub_fetch
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import engine as engine_mod
-from dsparkcli.llama import tables
+from dsparkcli.llama import loads, tables
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
 
@@ -36,7 +36,7 @@ TYPE_IDS = {name: tid for tid, (name, _, _) in ggml_types().items()}
 
 @pytest.fixture(scope="module")
 def record(engine):
-    found = engine_mod.build_record(engine)
+    found = loads.build_record(engine)
     assert found is not None, "the test engine is a dspark build"
     return found[1]
 
@@ -47,7 +47,7 @@ def source_tables(record):
 
 
 def test_the_pinned_engines_tables_from_its_source_tree(engine, source_tables):
-    t = engine_mod.engine_tables(engine)
+    t = loads.engine_tables(engine)
     assert t is not None and t.origin == "source" and t.backend == "cpu"
     assert (t.archs, t.projectors, t.tensor_types) == (source_tables.archs, source_tables.projectors,
                                                      source_tables.tensor_types)
@@ -98,7 +98,7 @@ def test_tables_are_cached_with_the_record_and_follow_the_tree(engine, record, t
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
     _fake_build(tmp_path / "cache", engine, tree)
     eng = engine_mod.Engine(engine.server, engine.bin_dir, "flag")  # found by its folder, however it was named
-    first = engine_mod.engine_tables(eng)
+    first = loads.engine_tables(eng)
     assert first is not None and first.origin == "source" and first.where == str(tree)
     cached = json.loads((tmp_path / "cache" / "engine" / "test-cpu" / "tables.json").read_text())
     assert cached["projectors"] == list(first.projectors) and len(cached["inputs"]) == 4
@@ -108,17 +108,17 @@ def test_tables_are_cached_with_the_record_and_follow_the_tree(engine, record, t
 
     with monkeypatch.context() as m:  # a second look is the cache's
         m.setattr(tables, "from_source", boom)
-        assert engine_mod.engine_tables(eng) == first
+        assert loads.engine_tables(eng) == first
     # a newer tree (here: one that names minicpmv4_7) is read again
     header = tree / tables.PROJECTOR_SOURCE
     text = header.read_text().replace('{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},',
                                       '{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},\n    { PROJECTOR_TYPE_MINICPMV4_7, "minicpmv4_7"},')
     header.write_text(text)
-    newer = engine_mod.engine_tables(eng)
+    newer = loads.engine_tables(eng)
     assert newer is not None and "minicpmv4_7" in newer.projectors and len(newer.projectors) == 64
     # the tree gone: the shared libraries answer instead
     shutil.rmtree(tree)
-    fallback = engine_mod.engine_tables(eng)
+    fallback = loads.engine_tables(eng)
     assert fallback is not None and fallback.origin == "libraries" and fallback.knows_projector("minicpmv4_6")
 
 
@@ -151,7 +151,7 @@ def bad(tmp_path, good):
 
 
 def test_each_unloadable_file_is_named_with_what_to_do(engine, bad, good):
-    t = engine_mod.engine_tables(engine)
+    t = loads.engine_tables(engine)
     verdict = check_pair(bad["arch"], tables=t)
     [c] = [c for c in verdict.checks if c.name == "engine: target arch"]
     assert c.ok is False and c.file == "qwen99.gguf" and "'qwen99moe' is not in the engine's arch table (153 names)" in c.detail
@@ -197,7 +197,7 @@ def test_cli_run_refuses_in_one_line(bad, tmp_path):
 
 
 def test_fp4_on_a_build_without_native_fp4_gets_advice_not_a_refusal(engine, tmp_path):
-    t = engine_mod.engine_tables(engine)
+    t = loads.engine_tables(engine)
     draft = fx.write_draft(tmp_path / "d.gguf")  # 35 NVFP4 tensors, like the real NVFP4A16 draft
     for arch, advice in (("90", True), ("120", False), ("", False)):
         cuda = dataclasses.replace(t, backend="cuda", cuda_arch=arch)
@@ -309,7 +309,7 @@ def test_fp4_advice_before_download_names_the_files_to_use_instead(hub, tmp_path
     _serve_minicpm(hub, tmp_path, projector="minicpmv4_6")
     for key, value in _hub_env(tmp_path, hub).items():
         monkeypatch.setenv(key, value)
-    hopper = dataclasses.replace(engine_mod.engine_tables(engine), backend="cuda", cuda_arch="90")
+    hopper = dataclasses.replace(loads.engine_tables(engine), backend="cuda", cuda_arch="90")
     monkeypatch.setattr(pairs, "engine_tables", lambda _engine: hopper)
     planned = hub_fetch.plan(load_registry().get("minicpm-v-4.7"))
     advice: list = []

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsparkcli.errors import EngineCapabilityError, UsageError
+from dsparkcli.errors import EngineCapabilityError, GGUFError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure, int_of, printable, role_of, str_of
 from dsparkcli.gguf.reader import GGUFArray, GGUFHeader, read_header
 from dsparkcli.llama.tables import EngineTables
@@ -171,6 +171,17 @@ def check_file_loads(path: str | os.PathLike[str], tables: EngineTables) -> tupl
     header (a 248k-token tokenizer) takes most of a second to read, and bench starts a server per arm."""
     st = Path(path).stat()
     return _file_loads(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, tables)
+
+
+def readable_load_checks(paths: Sequence[str | os.PathLike[str]], tables: EngineTables) -> list[PairCheck]:
+    """``check_file_loads`` of each file whose header dspark can read (llama.cpp reports the others)."""
+    checks: list[PairCheck] = []
+    for path in paths:
+        try:
+            checks.extend(check_file_loads(path, tables))
+        except GGUFError:
+            continue
+    return checks
 
 
 def refuse_unloadable(checks: Sequence[PairCheck], tables: EngineTables, engine: str, *, after: str = "") -> None:

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli import config
-from dsparkcli.errors import GGUFError, ServerError, UsageError
-from dsparkcli.gguf.pairing import PairCheck, check_file_loads, refuse_unloadable
+from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.gguf.pairing import readable_load_checks, refuse_unloadable
 from dsparkcli.llama import protocol
-from dsparkcli.llama.engine import Engine, engine_label, engine_tables
+from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.loads import engine_label, engine_tables
 from dsparkcli.llama.placement import Placement
 
 DEFAULT_HOST = "127.0.0.1"
@@ -400,19 +401,11 @@ class LlamaServer:
                 raise UsageError(f"{label} model not found: {path}")
 
     def _check_loads(self) -> None:
-        """Refuse, before launch, files the engine's tables say it cannot load (arch, projector, tensor
-        types); a header dspark cannot read is left to llama.cpp, whose log says why (ServerError)."""
+        """Refuse files the engine's tables say it cannot load; an unreadable header is left to llama.cpp."""
         tables = engine_tables(self.engine)
-        if tables is None:
-            return
-        checks: list[PairCheck] = []
-        for path in (self.config.model, self.config.draft, self.config.mmproj):
-            if path is not None:
-                try:
-                    checks.extend(check_file_loads(path, tables))
-                except GGUFError:
-                    continue
-        refuse_unloadable(checks, tables, engine_label(self.engine))
+        if tables is not None:
+            paths = [p for p in (self.config.model, self.config.draft, self.config.mmproj) if p is not None]
+            refuse_unloadable(readable_load_checks(paths, tables), tables, engine_label(self.engine))
 
     def log_tail(self, n: int = 30) -> str:
         return log_tail(self.log_path, n)
