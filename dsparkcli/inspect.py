@@ -197,6 +197,8 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
                   tables: EngineTables | None = None) -> InspectReport:
     if not specs:
         raise UsageError("give at least one GGUF file")
+    if ctx is not None and ctx < 1:
+        raise UsageError(f"-c must be at least 1 (got {ctx})")
     if kv_type not in KV_TYPE_BYTES:
         raise UsageError(f"unknown KV cache type '{printable(kv_type, 20)}' (one of {', '.join(KV_TYPE_BYTES)})")
     if tensor_split and not ctx:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsparkcli.errors import PairingError, UsageError
+from dsparkcli.gguf.analysis import dspark_structure, summarize
 from dsparkcli.gguf.pairing import PairCheck, check_file_loads, check_loads, check_pair, open_header, refuse_unloadable
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.download import OnProgress
@@ -216,5 +217,23 @@ def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Do
     check_pairing(files, downloads.engine)
     if engine is not None:
         knobs = replace(knobs, placement=place_draft(knobs.placement, engine, files.draft))
-    return server_config(files, knobs), files
+    cfg = server_config(files, knobs)
+    check_limits(files, cfg)
+    return cfg, files
+
+
+def check_limits(files: ResolvedFiles, cfg: ServerConfig) -> None:
+    """Settings the files cannot honour, from their headers, before a load that would fail or clamp them:
+    a context above the target's trained one (llama-server spends a minute failing to allocate it), a
+    budget above what the draft's block can propose (llama.cpp clamps it silently)."""
+    if cfg.ctx is not None:
+        trained = summarize(open_header(files.target)).context
+        if trained is not None and cfg.ctx > trained:
+            raise UsageError(f"--ctx {cfg.ctx} is above the target's trained context {trained} ({files.target.name})")
+    if files.draft is not None and cfg.n_max is not None:
+        structure = dspark_structure(open_header(files.draft))
+        most = structure.max_spec_draft_n if structure is not None else None
+        if most is not None and cfg.n_max > most:
+            raise UsageError(f"--budget {cfg.n_max} is above what the draft proposes per step: at most {most} "
+                             f"(block size {structure.block_size}, {files.draft.name})")  # type: ignore[union-attr]
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dsparkcli.bench import tuned
 from dsparkcli.errors import ServerError, UsageError
@@ -105,6 +106,8 @@ def load_image(path: Path | str) -> ImageInput:
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"image is a directory, not a file: {path}")
     if not path.is_file():
         raise UsageError(f"image not found: {path}")
     size = path.stat().st_size
@@ -198,6 +201,10 @@ class Question:
     temp: float = 0.0
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        if not self.prompt.strip():  # before any model is loaded
+            raise UsageError("the prompt is empty")
+
 
 def answer(
     question: Question,
@@ -219,6 +226,9 @@ def answer(
     if server_url:
         if pair.no_draft or knobs.budget is not None or knobs.p_min is not None or knobs.auto_budget or knobs.auto_p_min:
             raise UsageError("--no-draft, --budget and --p-min are fixed when a server starts; restart it to change them")
+        where = urlsplit(server_url)
+        if where.scheme not in ("http", "https") or not where.netloc:
+            raise UsageError(f"--server takes a URL such as http://127.0.0.1:8080 (got {server_url[:100]!r})")
         client = ServerClient(server_url, api_key=knobs.api_key)
         try:
             return ask(client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp, seed=q.seed,

@@ -145,7 +145,7 @@ def test_wrong_pair_is_refused_before_launch(cli, vpair, tmp_path):
 def test_server_crash_during_generation_is_one_line(engine, vpair):
     """Kill llama-server while dspark streams: a typed one-line error, not a hang or a traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "run", "--target", str(vpair.target),
-                             "--draft", str(vpair.draft), "--max-tokens", "30000", "--ctx", "32768", "-t", "1",
+                             "--draft", str(vpair.draft), "--max-tokens", "4000", "--ctx", "4096", "-t", "1",
                              "go on"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     from test_server import _children_named, _wait_for
 

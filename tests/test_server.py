@@ -154,7 +154,7 @@ def _run_dspark(args: list[str]) -> subprocess.Popen[str]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_mid_stream_leaves_no_server(engine, pair, sig):
     proc = _run_dspark(["run", "--target", str(pair.target), "--draft", str(pair.draft), "--budget", "7",
-                        "--max-tokens", "30000", "--ctx", "32768", "-t", "1", "count forever"])
+                        "--max-tokens", "4000", "--ctx", "4096", "-t", "1", "count forever"])
     try:
         server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server child")[0]
         assert proc.stdout is not None

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     app = build_app((module,) if module else COMMAND_MODULES)
     reported = False
     try:
-        result = app(args=args, standalone_mode=False)
+        result = app(args=args, prog_name="dspark", standalone_mode=False)
         code = result if isinstance(result, int) else 0
         sys.stdout.flush()  # inside the try: a reader that quit shows here
     except BrokenPipeError:
@@ -154,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         code = e.exit_code
     except typer.Abort:
         code, reported = _errors.report(KeyboardInterrupt()), True
-    except TyperException as e:  # click's usage errors: they print themselves, exit 2
-        e.show()  # type: ignore[attr-defined]
+    except TyperException as e:  # click's usage errors: one line like every other error, exit 2
+        ctx = getattr(e, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        print(f"dspark: error: {' '.join(message.split())}{where}", file=sys.stderr)
         code = getattr(e, "exit_code", 2)
     except BaseException as e:  # noqa: BLE001 - the table decides what is expected; the rest re-raises
         if isinstance(e, SystemExit):

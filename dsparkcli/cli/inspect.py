@@ -66,7 +66,7 @@ def _render_file(f: core.FileReport) -> None:
     meta = Table(show_header=False, box=None, pad_edge=False)
     rows: list[tuple[str, Any]] = [
         ("name", s.name), ("blocks", s.blocks), ("context", s.context), ("embedding", s.embedding),
-        ("heads (kv)", None if s.heads is None else f"{s.heads} ({s.heads_kv})"),
+        ("heads (kv)", None if s.heads is None else f"{s.heads}" + ("" if s.heads_kv is None else f" ({s.heads_kv})")),
         ("vocab", None if s.vocab_size is None else f"{s.vocab_size} tokens, sha256 {s.tokens_sha256[:16]}"),
         ("tokenizer", None if s.tokenizer_model is None else f"{s.tokenizer_model} / {s.tokenizer_pre or '-'}"),
         ("BOS / EOS", None if s.bos is None and s.eos is None else f"{s.bos} / {s.eos}"),

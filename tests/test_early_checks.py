@@ -1,0 +1,65 @@
+"""Checks that come before the work, and checks that check (issue 14 items 8 and 10): one line, exit 2,
+nothing loaded. The pair is synthetic: block size 8 (budget at most 8), trained context known."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsparkcli.gguf.analysis import summarize
+from dsparkcli.gguf.pairing import open_header
+from dsparkcli.synth import known_answer as synth
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return synth.write_pair(tmp_path_factory.mktemp("pair"), vocab=64, seed=2, vision=True)
+
+
+def _error(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dspark: error: ") and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def _run(cli, pair, *extra):
+    return cli("run", "--target", str(pair.target), "--draft", str(pair.draft), "-t", "1", *extra, timeout=60)
+
+
+def test_empty_prompt_is_refused_before_loading(cli, pair):
+    proc = _run(cli, pair, "  ")
+    assert proc.returncode == 2 and "the prompt is empty" in _error(proc)
+    assert "loading" not in proc.stderr
+
+
+def test_context_above_the_trained_one_is_refused(cli, pair):
+    trained = summarize(open_header(pair.target)).context
+    assert trained
+    proc = _run(cli, pair, "--ctx", str(trained * 2), "hi")
+    assert proc.returncode == 2
+    assert f"--ctx {trained * 2} is above the target's trained context {trained}" in _error(proc)
+
+
+def test_budget_above_the_draft_block_is_refused(cli, pair):
+    proc = _run(cli, pair, "--budget", "9", "hi")
+    assert proc.returncode == 2 and "--budget 9 is above what the draft proposes per step: at most 8" in _error(proc)
+
+
+def test_option_parser_errors_are_one_line(cli):
+    proc = cli("run", "--max-tokens", "zero", "hi")
+    assert proc.returncode == 2
+    line = _error(proc)
+    assert "--max-tokens" in line and "dspark run --help" in line and "Usage:" not in proc.stderr
+
+
+def test_inspect_context_zero_is_an_error_and_heads_print_clean(cli, pair):
+    proc = cli("inspect", str(pair.target), "-c", "0")
+    assert proc.returncode == 2 and "-c must be at least 1" in _error(proc)
+    shown = cli("inspect", str(pair.mmproj)).stdout + cli("inspect", str(pair.target)).stdout
+    assert "(None)" not in shown
+
+
+def test_server_url_and_image_folder_are_named(cli, pair, tmp_path):
+    proc = cli("run", "--server", "notaurl", "hi")
+    assert proc.returncode == 2 and "--server takes a URL" in _error(proc)
+    proc = cli("run", str(tmp_path), "hi", "--server", "http://127.0.0.1:9")
+    assert proc.returncode == 2 and "image is a directory" in _error(proc)
