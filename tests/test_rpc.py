@@ -184,7 +184,7 @@ def test_worker_killed_mid_request_is_one_line_no_hang_no_orphan(engine, pair, t
     try:
         infos = [json.loads("".join(iter(p.stdout.readline, "}\n")) + "}") for p in procs]
         run = subprocess.Popen([*cmd, "run", "go on", "--target", str(pair.target), "--draft", str(pair.draft),
-                                "-n", "30000", "--ctx", "32768", "-t", "1", "--rpc",
+                                "-n", "4000", "--ctx", "4096", "-t", "1", "--rpc",
                                 ",".join(i["endpoint"] for i in infos)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         server = _wait_for(lambda: _children_named(run.pid, "llama-server"), 60, "llama-server")[0]
