@@ -279,6 +279,16 @@ def test_fetch_force_downloads_anyway_and_a_loadable_pair_is_fetched(hub, tmp_pa
     assert [f["action"] for f in json.loads(r.stdout)["files"]] == ["present", "downloaded", "present"]
 
 
+def _settled(hub, quiet_s: float = 0.3, limit_s: float = 10.0) -> int:
+    """bytes_served once the server threads stopped counting (unchanged for ``quiet_s``)."""
+    deadline = time.monotonic() + limit_s
+    last = -1
+    while hub.bytes_served != last and time.monotonic() < deadline:
+        last = hub.bytes_served
+        time.sleep(quiet_s)
+    return last
+
+
 def test_run_checks_the_remote_headers_before_fetching(hub, tmp_path, engine, good):
     _serve_minicpm(hub, tmp_path, projector="minicpmv4_7")
     env = _hub_env(tmp_path, hub)
@@ -289,15 +299,12 @@ def test_run_checks_the_remote_headers_before_fetching(hub, tmp_path, engine, go
             prepare_server(PairSpec(model="minicpm-v-4.7"), ServerKnobs(), Downloads(yes=True, engine=engine))
         assert "--force" in str(info.value)
         assert not list((tmp_path / "hf").rglob("*.gguf"))
-        served = hub.bytes_served
+        served = _settled(hub)  # the server thread counts a body once it has written it: let it finish
         # an hf:// mmproj next to local files: the same check, header only
         with pytest.raises(EngineCapabilityError, match="minicpmv4_7"):
             prepare_server(PairSpec(target=good.target, mmproj=f"hf://{TARGET_REPO}/{MMPROJ_FILE}", no_draft=True),
                            ServerKnobs(), Downloads(yes=True, engine=engine))
-        deadline = time.monotonic() + 5  # the server thread counts a body once it has written it
-        while hub.bytes_served == served and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert hub.bytes_served - served == 64 * 1024  # one first chunk: the mmproj header is 384 bytes
+        assert _settled(hub) - served == 64 * 1024  # one first chunk: the mmproj header is 384 bytes
     finally:
         for key in env:
             os.environ.pop(key, None)
