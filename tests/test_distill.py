@@ -8,8 +8,11 @@ llama-server's speculative loop with the torch draft and compare every proposal 
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,7 @@ import torch  # the training extra: `make install` installs it, so a missing tor
 
 from dsparkcli.distill import corpus, export, parity
 from dsparkcli.distill.data import Dataset
-from dsparkcli.distill.model import DSparkDraft
+from dsparkcli.distill.model import DraftConfig, DSparkDraft
 from dsparkcli.distill.target import load_target
 from dsparkcli.bench.prompts import load_prompts
 from dsparkcli.distill.train import (
@@ -132,6 +135,18 @@ def _loss_of(draft: DSparkDraft, target, ds: Dataset, opt: TrainOptions) -> floa
                              opt.conf_weight))
 
 
+def _request_log(path: Path, start: int, timeout_s: float = 10.0) -> str:
+    """The log of one finished request. The HTTP answer can arrive before llama-server's log thread has
+    written the request's last lines (on a loaded machine, several draft calls were missing): wait for
+    the slot's release line, which comes after every line of the request."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        log = path.read_bytes()[start:].decode(errors="replace")
+        if "stop processing" in log or time.monotonic() > deadline:
+            return log
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("budget", [3, 6])
 def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path: Path, budget: int) -> None:
     target, tok = load_target(tiny / "target.gguf")
@@ -152,7 +167,7 @@ def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path:
             log_start = Path(srv.log_path).stat().st_size
             r = srv.client.completion({"prompt": prompt, "n_predict": n_predict, "temperature": 0,
                                        "return_tokens": True})
-            log = Path(srv.log_path).read_bytes()[log_start:].decode(errors="replace")
+            log = _request_log(Path(srv.log_path), log_start)
             sim = parity.simulate(target, draft, prompt, r["tokens"], budget, n_predict)
             logged = parity.logged_proposals(log)
             s, t = parity.decisive_agreement(sim, logged)
@@ -185,6 +200,8 @@ def test_corpus_holds_out_the_kit() -> None:
     assert len({p.text for p in prompts}) == 3000
     assert {p.category for p in prompts} == {"code", "math", "general"}
     assert not set(p.text for p in prompts) & set(kit)
+    groups = {p.group for p in prompts}  # the template each came from: validation holds whole ones out
+    assert all(p.group.startswith(p.category + ":") for p in prompts) and len(groups) > 60
 
 
 def test_cli_distill_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
@@ -204,3 +221,65 @@ def test_cli_distill_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     assert r.returncode == 2 and "/dev/null is a device" in r.stderr
     r = run(str(t), str(tmp_path / "no" / "d.gguf"), "--steps", "1")
     assert r.returncode == 2 and r.stderr.startswith("dspark: error: ") and r.stderr.count("\n") == 1
+
+
+def test_validation_holds_whole_templates_out() -> None:
+    from dsparkcli.distill.train import split_validation
+    n = 240
+    cats = ["code", "math", "general"] * (n // 3)
+    groups = [f"{c}:{i % 10}" for i, c in enumerate(cats)]  # 10 templates per category
+    ds = Dataset(np.zeros(n, dtype=np.int32), np.arange(n + 1, dtype=np.int64), np.zeros(n, dtype=np.int32),
+                 cats, groups)
+    opt = TrainOptions(steps=1, val_fraction=0.1, val_groups=2)
+    val, train_idx = split_validation(ds, opt, np.random.default_rng(0))
+    held = {groups[i] for i in val}
+    assert len(val) == 24 and set(val).isdisjoint(train_idx)
+    assert {groups[i] for i in train_idx}.isdisjoint(held)  # no sequence of a held template is trained on
+    assert {g.split(":")[0] for g in held} == {"code", "math", "general"} and len(held) <= 6
+    assert len(train_idx) == n - sum(1 for g in groups if g in held)
+    # without groups (or too few per category): a random split of the same size
+    ds0 = Dataset(ds.tokens, ds.offsets, ds.prompt_lens, cats, [""] * n)
+    val0, train0 = split_validation(ds0, opt, np.random.default_rng(0))
+    assert len(val0) == 24 and len(train0) == n - 24 and set(val0).isdisjoint(train0)
+
+
+def test_soft_labels_are_the_targets_top_k(tiny: Path) -> None:
+    target, _ = load_target(tiny / "target.gguf")
+    ds = _dataset(target, n=6, new=20)
+    fs = compute_features(target, ds, (1, 3), 1024, torch.float32, soft_k=4)
+    assert fs.top_ids.shape == (ds.n_tokens, 4) and fs.top_p.shape == (ds.n_tokens, 4)
+    assert bool((fs.top_p.float().sum(-1) <= 1.001).all()) and bool((fs.top_p[:, 0] >= fs.top_p[:, 1]).all())
+    # the data is greedy: the top-1 at each response position is the next token of the sequence
+    for i in range(len(ds)):
+        lo, hi, p = fs.offsets[i], fs.offsets[i + 1], fs.prompt_lens[i]
+        assert fs.top_ids[lo + p - 1: hi - 1, 0].tolist() == fs.tokens[lo + p: hi].tolist()
+    # soft_weight 0 is the hard loss exactly; a positive weight changes it and stays finite
+    draft = DSparkDraft(DraftConfig(n_embd=target.cfg.n_embd, n_layer=1, n_head=target.cfg.n_head,
+                                    n_head_kv=target.cfg.n_head_kv, head_dim=target.cfg.head_dim,
+                                    n_ff=target.cfg.n_ff, vocab=target.cfg.vocab, taps=(1, 3), block_size=4,
+                                    markov_rank=8, rope_base=target.cfg.rope_base, eps=target.cfg.eps,
+                                    mask_token_id=VOCAB - 1, context_length=512))
+    from dsparkcli.distill.train import _batch_soft
+    tokens, feats, anc, ids, p = _batch_soft(fs, list(range(6)), 8, 4, np.random.default_rng(0), torch.device("cpu"))
+    lens = torch.tensor([fs.lens[i] for i in range(6)])
+    with torch.no_grad():
+        args = (draft, tokens, feats, anc, lens, target.tok_embd, target.head, 4.0, 0.1)
+        hard = float(loss_fn(*args))
+        assert float(loss_fn(*args, (ids, p), 0.0)) == pytest.approx(hard)
+        mixed = float(loss_fn(*args, (ids, p), 0.5))
+    assert math.isfinite(mixed) and mixed != pytest.approx(hard)
+
+
+def test_cli_prepare_only_tokenises_and_stops(engine, tiny: Path, tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    r = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "distill", str(tiny / "target.gguf"),
+                        str(tmp_path / "d.gguf"), "--prepare-only", "--work", str(work), "--n-prompts", "30",
+                        "--n-questions", "9", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    pj = json.loads((work / "prompts.json").read_text())
+    assert rep["data"]["prompts"] == len(pj["ids"]) == len(pj["groups"]) == 30 - pj["dropped_as_eval"]
+    assert rep["data"]["meta_prompts"] == len(pj["meta_ids"]) == 9
+    assert all(g.split(":")[0] in ("code", "math", "general") for g in pj["groups"])
+    assert sorted(p.name for p in work.iterdir()) == ["prompts.json"]  # nothing trained, nothing written
+    assert not (tmp_path / "d.gguf").exists()

@@ -29,6 +29,7 @@ Examples:
   dspark distill smollm2.gguf smollm2-dspark.gguf --minutes 8
   dspark distill t.gguf d.gguf --layers 1 --block-size 4 --steps 200 --device cpu
   dspark distill t.gguf d.gguf --prompts my_prompts.txt --taps 2,15,28 --json
+  dspark distill t.gguf d.gguf --prepare-only --work w/ --n-prompts 30000   # tokenise here, train on the GPU
 """
 
 
@@ -62,13 +63,16 @@ def distill(
     gen_batch: Annotated[int, typer.Option("--gen-batch", min=1, help="Prompts per generation batch.")] = 256,
     data_minutes: Annotated[Optional[float], typer.Option("--data-minutes", min=0.05, help="Stop generating training data after this long.")] = None,
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak learning rate.")] = 1e-3,
+    soft_weight: Annotated[float, typer.Option("--soft-weight", min=0.0, max=1.0, help="Share of the soft loss (the target's top-8 distribution) in the token loss.")] = 0.5,
+    val_groups: Annotated[int, typer.Option("--val-groups", min=0, help="Prompt templates per category held out whole for validation (0: a random split).")] = 2,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda[:N].")] = "auto",
     outtype: Annotated[str, typer.Option("--outtype", help="Weights in the GGUF: q8_0, f16 or f32.")] = "q8_0",
     work: Annotated[Optional[Path], typer.Option("--work", help="Work folder (default: dspark cache).")] = None,
+    prepare_only: Annotated[bool, typer.Option("--prepare-only", help="Only tokenise the prompts into --work (needs an engine), then stop: train elsewhere from that folder.")] = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    if minutes is None and steps is None:
+    if minutes is None and steps is None and not prepare_only:
         raise UsageError("say how long to train: --minutes N or --steps N")
     if not target.is_file():
         raise UsageError(f"target not found: {target}")
@@ -89,9 +93,10 @@ def distill(
     plan = DistillPlan(
         target=target, out=out_path, work=work or cache_dir() / "distill" / key,
         train=TrainOptions(layers=layers, block_size=block_size, taps=_taps(taps), markov_rank=markov_rank,
-                           minutes=minutes, steps=steps, seed=seed, batch=batch, lr=lr),
+                           minutes=minutes, steps=steps, seed=seed, batch=batch, lr=lr, soft_weight=soft_weight,
+                           val_groups=val_groups),
         n_prompts=n_prompts, n_meta=n_questions, max_new=max_new, gen_batch=gen_batch, data_minutes=data_minutes, device=device,
-        outtype=outtype, prompts_file=prompts)
+        outtype=outtype, prompts_file=prompts, prepare_only=prepare_only)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
@@ -108,6 +113,10 @@ def distill(
         report = run_distill(plan, lambda: resolve_engine(llama_bin), on_progress)
     if json_out:
         print_json(report)
+        return
+    if prepare_only:
+        out.print(f"prepared {report.data['prompts']:,} prompts and {report.data['meta_prompts']:,} question prompts "
+                  f"in {plan.work}; train with the same command and --work, without --prepare-only")
         return
     best = report.training.get("best") or {}
     out.print(f"wrote {report.out} ({report.out_bytes:,} bytes, sha256 {report.out_sha256})")

@@ -23,6 +23,9 @@ from dsparkcli.errors import UsageError
 class TrainPrompt:
     category: str
     text: str
+    # the template (or meta-prompt) it came from: validation holds whole groups out, so early stopping
+    # measures transfer to phrasings the draft never saw, as the kit's prompts are
+    group: str = ""
 
 
 LANGS = ("Python", "JavaScript", "TypeScript", "C", "C++", "Rust", "Go", "Java", "Ruby", "bash", "SQL",
@@ -51,6 +54,17 @@ CODE_TASKS = (
     "evaluates a simple arithmetic expression", "implements a min-heap", "finds the median of two sorted arrays",
     "converts snake_case to camelCase", "splits a string on commas and trims spaces", "zips two lists into a dict",
     "computes the dot product of two vectors", "implements a simple hash map", "draws a text progress bar",
+        "groups records by a key and counts them", "deduplicates lines of a text file", "validates a sudoku board", "converts an integer to Roman numerals",
+    "computes a running average of a stream of numbers", "finds the longest palindromic substring",
+    "merges overlapping intervals", "checks whether a binary tree is balanced", "serialises a tree to a string",
+    "implements a trie with insert and prefix search", "implements a rate limiter", "parses command-line arguments",
+    "pretty-prints a table of rows", "computes the n-th prime", "finds the k most frequent words",
+    "implements a thread-safe counter", "retries an HTTP request with exponential backoff",
+    "reads environment variables with defaults", "converts a list of dicts to JSON", "tokenises an arithmetic expression",
+    "computes a SHA-256 hash of a file", "finds duplicate files by content", "renames files by a pattern",
+    "implements binary search", "computes the Levenshtein distance", "simulates a bank account class",
+    "validates an IPv4 address", "finds the intersection of two arrays", "computes matrix multiplication",
+    "implements a circular buffer", "normalises whitespace in text",
 )
 CODE_FORMS = (
     "Write a {lang} function that {task}.", "Implement a {lang} program that {task}.",
@@ -59,13 +73,27 @@ CODE_FORMS = (
     "Write a {lang} snippet that {task}, then explain its time complexity.",
     "Give a {lang} solution that {task} and show a usage example.",
     "Write clean, idiomatic {lang} that {task}.",
+    "Write a {lang} class that {task}, and explain the design.",
+    "I need a {lang} function that {task}. Keep it short and handle edge cases.",
+    "Explain step by step how to write a {lang} program that {task}.",
+    "Write a {lang} function that {task} in O(n) time and state its complexity.",
+    "Can you write a {lang} script that {task}? Explain how it handles empty input.",
+    "Refactor a {lang} function that {task} into a cleaner version and explain each change.",
 )
 CODE_EXTRA = (
     "Explain what a {concept} is in programming, with a short {lang} example.",
     "What is the difference between {concept} and {concept2}? Use {lang} to illustrate.",
     "Write a unit test in {lang} for a function that {task}.",
     "Find and fix the bug in a {lang} function that is supposed to say it {task}; explain the fix.",
+    "Explain how {concept} works and when to use it, with {lang} code.",
+    "What are common mistakes with {concept} in {lang}, and how do you avoid them?",
+    "Write a SQL query that {sql}.",
 )
+SQL_TASKS = ("counts orders per month",
+             "finds customers who never placed an order", "returns the average salary per department",
+             "lists the top five products by revenue", "finds duplicate email addresses in a users table",
+             "joins employees with their managers", "computes a running total of sales by day",
+             "deletes rows older than thirty days", "returns the second highest salary")
 CONCEPTS = ("closure", "recursion", "a hash table", "a linked list", "an iterator", "a decorator", "polymorphism",
             "inheritance", "an interface", "a mutex", "a race condition", "garbage collection", "a pointer",
             "a lambda function", "immutability", "a REST API", "a database index", "a transaction", "big-O notation",
@@ -94,6 +122,14 @@ MATH_FORMS = (
     "How many minutes are there in {a} days?", "Round {num}.{den} to the nearest whole number and explain.",
     "Is {big} a prime number? Explain how you check.", "Find the slope of the line through ({a}, {b}) and ({c}, {d}).",
     "Write {num}/{den} as a decimal and as a percentage.", "Compute {a}! and explain what a factorial is.",
+    "Prove by induction that 1 + 2 + ... + n = n(n + 1)/2.", "Find the sum of the geometric series {a} + {a}*{e} + ... with {b} terms.",
+    "What is the expected value of one roll of a fair {s2}-sided die?", "Convert {big} from base 10 to base {e}.",
+    "A recipe needs {a} eggs for {b} people. How many eggs for {c} people?", "Find the median of {a}, {c}, {b}, {d}, {big}.",
+    "Solve the inequality {a}x - {b} > {c}.", "Find the distance between ({a}, {b}) and ({c}, {d}).",
+    "What is the sum of the interior angles of a polygon with {s} sides?", "Find x if {a}^x = {a}^{e} * {a}^{b}.",
+    "A price rises by {c}% and then falls by {c}%. Is it back where it started? Explain.",
+    "How many ways can {e} people sit in a row of {e} chairs?", "Simplify ({a}x^2 * {b}x^3) / ({c}x^4).",
+    "Find the vertex of the parabola y = x^2 - {s}x + {p}.", "Show that {big} is divisible by 3 without dividing.",
 )
 
 GENERAL_TOPICS = (
@@ -111,6 +147,14 @@ GENERAL_TOPICS = (
     "recycling plastic", "job interviews", "moving to a new city", "adopting a dog", "caring for houseplants",
     "learning to swim", "the seasons", "lightning", "whales", "coral reefs", "the printing of money",
     "city parks", "photography", "knitting", "the first computers", "space telescopes", "fossils", "kites",
+    "learning to cook", "a road trip", "a broken laptop", "a noisy flat", "planting a vegetable garden",
+    "writing a CV", "asking for a raise", "a school science fair", "a family reunion", "buying a first car",
+    "the history of chocolate", "volcanic islands", "the Silk Road", "the human brain", "sharks", "tornadoes",
+    "the Industrial Revolution", "democracy", "money and banks", "the speed of light", "tides and the moon",
+    "a power cut at night", "a lost wallet", "a museum visit", "starting a small business", "a wedding toast",
+    "a thank-you note", "a complaint to a landlord", "a holiday in the mountains", "composting", "owls",
+    "the Vikings", "ancient Greece", "airplanes and flight", "submarines", "the first cars", "hurricanes",
+    "a birthday party", "a job offer", "a new neighbour", "good study habits", "a healthy morning routine", "reading more books", "a city at night", "a train journey",
 )
 GENERAL_FORMS = (
     "Explain {topic} to a ten-year-old.", "Write a short paragraph about {topic}.",
@@ -121,13 +165,22 @@ GENERAL_FORMS = (
     "Write a short story opening that involves {topic}.", "List some common misconceptions about {topic}.",
     "How would you explain {topic} to someone from the 1800s?", "Write a haiku about {topic}.",
     "What questions should I ask to learn more about {topic}?", "Compare {topic} and {topic2} briefly.",
+    "Explain {topic} and why it matters, in plain words.", "Give me a list of ideas related to {topic}.",
+    "Write a limerick about {topic}.", "Give step-by-step advice on {topic}.", "Tell me something surprising about {topic}.",
+    "Write a diary entry from someone experiencing {topic}.", "Describe a typical day involving {topic}.",
 )
 
 # Meta-prompts: the target writes its own questions (sampled), so the corpus is not only our templates.
 META_FORMS = {
-    "code": "Write one short programming question about {concept} that a student might ask. Reply with the question only.",
-    "math": "Write one short math word problem about {topic} with numbers in it. Reply with the problem only.",
-    "general": "Write one interesting question someone might ask about {topic}. Reply with the question only.",
+    "code": ("Write one short programming question about {concept} that a student might ask. Reply with the question only.",
+             "Write one request a developer might make to get {lang} code for a task involving {concept}. Reply with the request only.",
+             "Write one coding exercise about {concept} in {lang}. Reply with the exercise only."),
+    "math": ("Write one short math word problem about {topic} with numbers in it. Reply with the problem only.",
+             "Write one algebra or geometry exercise with numbers in it. Reply with the exercise only.",
+             "Write one probability or statistics question about {topic}. Reply with the question only."),
+    "general": ("Write one interesting question someone might ask about {topic}. Reply with the question only.",
+                "Write one request a person might make to an assistant about {topic}, such as an email, a plan or a list. Reply with the request only.",
+                "Write one question a curious child might ask about {topic}. Reply with the question only."),
 }
 
 
@@ -153,26 +206,28 @@ def templated(n: int, seed: int) -> list[TrainPrompt]:
     rng = random.Random(seed)
     seen: set[str] = set()
     out: list[TrainPrompt] = []
-    makers = {
-        "code": lambda: rng.choice(CODE_FORMS + CODE_EXTRA).format(
-            lang=rng.choice(LANGS), task=rng.choice(CODE_TASKS), concept=rng.choice(CONCEPTS),
-            concept2=rng.choice(CONCEPTS)),
-        "math": lambda: rng.choice(MATH_FORMS).format(
+    forms = {"code": CODE_FORMS + CODE_EXTRA, "math": MATH_FORMS, "general": GENERAL_FORMS}
+    fill = {
+        "code": lambda: dict(lang=rng.choice(LANGS), task=rng.choice(CODE_TASKS), concept=rng.choice(CONCEPTS),
+                             concept2=rng.choice(CONCEPTS), sql=rng.choice(SQL_TASKS)),
+        "math": lambda: dict(
             a=rng.randint(2, 19), b=rng.randint(2, 29), c=rng.randint(2, 40), d=rng.randint(1, 30),
             e=rng.randint(2, 6), s=rng.randint(3, 15), p=rng.randint(2, 50), s2=rng.randint(2, 12),
-            big=rng.randint(40, 960), big2=rng.randint(40, 960), num=rng.randint(2, 99), den=rng.randint(2, 99)),
-        "general": lambda: rng.choice(GENERAL_FORMS).format(
-            topic=rng.choice(GENERAL_TOPICS), topic2=rng.choice(GENERAL_TOPICS)),
+            big=rng.randint(40, 960), big2=rng.randint(40, 960), num=rng.randint(2, 99), den=rng.randint(2, 99),
+            h=rng.randint(6, 20), m=rng.randint(0, 5), per=2 * rng.randint(10, 40), area=rng.randint(20, 300),
+            prime=rng.choice((3, 5, 7, 11, 13))),
+        "general": lambda: dict(topic=rng.choice(GENERAL_TOPICS), topic2=rng.choice(GENERAL_TOPICS)),
     }
-    cats = list(makers)
+    cats = list(forms)
     tries = 0
     while len(out) < n and tries < n * 50:
         tries += 1
         cat = cats[len(out) % len(cats)]
-        text = makers[cat]()
+        k = rng.randrange(len(forms[cat]))
+        text = forms[cat][k].format(**fill[cat]())
         if text not in seen:
             seen.add(text)
-            out.append(TrainPrompt(cat, text))
+            out.append(TrainPrompt(cat, text, f"{cat}:{k}"))
     return out
 
 
@@ -181,8 +236,9 @@ def meta_prompts(n: int, seed: int) -> list[TrainPrompt]:
     out = []
     for i in range(n):
         cat = ("code", "math", "general")[i % 3]
-        out.append(TrainPrompt(cat, META_FORMS[cat].format(concept=rng.choice(CONCEPTS),
-                                                           topic=rng.choice(GENERAL_TOPICS))))
+        k = rng.randrange(len(META_FORMS[cat]))
+        out.append(TrainPrompt(cat, META_FORMS[cat][k].format(concept=rng.choice(CONCEPTS), lang=rng.choice(LANGS),
+                                                              topic=rng.choice(GENERAL_TOPICS)), f"self-{cat}:{k}"))
     return out
 
 
@@ -200,11 +256,11 @@ def load_user_prompts(path: Path) -> list[TrainPrompt]:
         if line.startswith("{"):
             try:
                 obj = json.loads(line)
-                out.append(TrainPrompt(str(obj.get("category", "user")), str(obj["prompt"])))
+                out.append(TrainPrompt(str(obj.get("category", "user")), str(obj["prompt"]), "user"))
             except (ValueError, KeyError, TypeError) as e:
                 raise UsageError(f"{path}:{n}: not a JSON object with a 'prompt' field") from e
         else:
-            out.append(TrainPrompt("user", line))
+            out.append(TrainPrompt("user", line, "user"))
     if not out:
         raise UsageError(f"prompts file {path} has no prompts")
     return out

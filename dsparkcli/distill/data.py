@@ -51,6 +51,8 @@ class PromptIds:
     categories: list[str]
     meta_ids: list[list[int]]
     meta_categories: list[str]
+    groups: list[str]  # the template each prompt came from (TrainPrompt.group)
+    meta_groups: list[str]
     prefix: list[int]  # template tokens before the user's text
     suffix: list[int]  # template tokens after it (ends where the assistant's answer starts)
     stop: list[int]  # end-of-generation ids
@@ -87,7 +89,7 @@ def tokenize_prompts(client, prompts: Sequence[TrainPrompt], meta: Sequence[Trai
         if progress and i % 64 == 0:
             progress("tokenise", len(prompts) + i, total)
     return PromptIds(ids, [p.category for p in prompts], meta_ids, [p.category for p in meta],
-                     prefix, suffix, list(stop), list(newline))
+                     [p.group for p in prompts], [p.group for p in meta], prefix, suffix, list(stop), list(newline))
 
 
 def _batches(n: int, size: int) -> list[range]:
@@ -95,21 +97,23 @@ def _batches(n: int, size: int) -> list[range]:
 
 
 def write_questions(target, pids: PromptIds, batch: int, max_new: int, seed: int,  # type: ignore[no-untyped-def]
-                    progress: Progress | None = None) -> list[list[int]]:
-    """Stage 2: the target's own questions (sampled), wrapped in the chat template. Empty/long ones dropped."""
+                    progress: Progress | None = None) -> list[dict]:
+    """Stage 2: the target's own questions (sampled), wrapped in the chat template, each with the category
+    and group of the meta-prompt that asked for it. Empty/long ones dropped."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     nl = set(pids.newline)
     out = []
     for r in _batches(len(pids.meta_ids), batch):
         res = target.generate([pids.meta_ids[i] for i in r], max_new, pids.stop, temperature=0.8, generator=gen)
-        for q in res:
+        for i, q in zip(r, res):
             q = [t for t in q if t not in pids.stop]
             # keep the first line: a question, not an answer that follows it
             if nl:
                 cut = next((k for k, t in enumerate(q) if t in nl), len(q))
                 q = q[:cut]
             if 4 <= len(q) < max_new:
-                out.append(pids.prefix + q + pids.suffix)
+                out.append({"ids": pids.prefix + q + pids.suffix, "category": pids.meta_categories[i],
+                            "group": pids.meta_groups[i]})
         if progress:
             progress("questions", r.stop, len(pids.meta_ids))
     return out
@@ -123,6 +127,7 @@ class Dataset:
     offsets: np.ndarray  # int64 [n+1]
     prompt_lens: np.ndarray  # int32 [n]
     categories: list[str]
+    groups: list[str]  # the prompt's template group (validation holds groups out)
 
     def __len__(self) -> int:
         return len(self.prompt_lens)
@@ -142,26 +147,30 @@ class Dataset:
         def w(p: Path) -> None:
             with open(p, "wb") as f:
                 np.savez(f, tokens=self.tokens, offsets=self.offsets, prompt_lens=self.prompt_lens,
-                         categories=np.array(self.categories))
+                         categories=np.array(self.categories), groups=np.array(self.groups))
         _atomic_write(path, w)
 
     @staticmethod
     def load(path: Path) -> Dataset:
         z = np.load(path)
-        return Dataset(z["tokens"], z["offsets"], z["prompt_lens"], [str(c) for c in z["categories"]])
+        cats = [str(c) for c in z["categories"]]
+        groups = [str(g) for g in z["groups"]] if "groups" in z else [""] * len(cats)
+        return Dataset(z["tokens"], z["offsets"], z["prompt_lens"], cats, groups)
 
     @staticmethod
-    def build(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], categories: Sequence[str]) -> Dataset:
+    def build(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], categories: Sequence[str],
+              groups: Sequence[str] | None = None) -> Dataset:
         seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
         offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(s) for s in seqs])
         tokens = np.array([t for s in seqs for t in s], dtype=np.int32)
-        return Dataset(tokens, offsets, np.array([len(p) for p in prompts], dtype=np.int32), list(categories))
+        return Dataset(tokens, offsets, np.array([len(p) for p in prompts], dtype=np.int32), list(categories),
+                       list(groups) if groups is not None else [""] * len(seqs))
 
 
 def write_responses(target, prompts: Sequence[Sequence[int]], categories: Sequence[str], batch: int,  # type: ignore[no-untyped-def]
                     max_new: int, stop: Sequence[int], progress: Progress | None = None,
-                    deadline: float | None = None, seed: int = 0) -> Dataset:
+                    deadline: float | None = None, seed: int = 0, groups: Sequence[str] | None = None) -> Dataset:
     """Stage 3: greedy responses, in a seeded random order so that a ``deadline`` (time.monotonic())
     that stops generation early still leaves every category represented."""
     order = [int(i) for i in np.random.default_rng(seed).permutation(len(prompts))]
@@ -178,4 +187,5 @@ def write_responses(target, prompts: Sequence[Sequence[int]], categories: Sequen
         if progress:
             progress("responses", done, len(prompts))
     keep = [i for i in sorted(responses) if len(responses[i]) >= 2]
-    return Dataset.build([prompts[i] for i in keep], [responses[i] for i in keep], [categories[i] for i in keep])
+    return Dataset.build([prompts[i] for i in keep], [responses[i] for i in keep], [categories[i] for i in keep],
+                         [groups[i] for i in keep] if groups is not None else None)

@@ -50,6 +50,9 @@ class DistillPlan:
     outtype: str = "q8_0"
     prompts_file: Path | None = None
     threads: int | None = None
+    # stage 1 only (it needs a llama-server for the chat template): prepare the work folder on a machine
+    # with an engine, train where the GPU is (a machine whose engine is still building, for one)
+    prepare_only: bool = False
 
 
 @dataclass
@@ -141,6 +144,10 @@ def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress
     pj = json.loads(p_path.read_text()) if p_path.exists() else timed(
         "prompts", lambda: stage_prompts(plan, tok, engine(), progress))
     pids = PromptIds.from_json({k: v for k, v in pj.items() if k != "dropped_as_eval"})
+    if plan.prepare_only:
+        report.data = {"prompts": len(pids.ids), "meta_prompts": len(pids.meta_ids),
+                       "dropped_as_eval": pj.get("dropped_as_eval", 0), "work": str(plan.work)}
+        return report
     q_path = plan.work / "questions.json"
     if q_path.exists():
         questions = json.loads(q_path.read_text())
@@ -152,13 +159,12 @@ def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress
     if d_path.exists():
         ds = Dataset.load(d_path)
     else:
-        # self-written questions take the category of the meta-prompt that asked for them
-        q_cats = [pids.meta_categories[i % len(pids.meta_categories)] for i in range(len(questions))] \
-            if pids.meta_categories else []
+        # self-written questions take the category and group of the meta-prompt that asked for them
         deadline = time.monotonic() + plan.data_minutes * 60 if plan.data_minutes else None
         ds = timed("responses", lambda: data.write_responses(
-            target, pids.ids + questions, pids.categories + q_cats, plan.gen_batch, plan.max_new, pids.stop,
-            gen_progress, deadline, plan.train.seed))
+            target, pids.ids + [q["ids"] for q in questions], pids.categories + [q["category"] for q in questions],
+            plan.gen_batch, plan.max_new, pids.stop, gen_progress, deadline, plan.train.seed,
+            pids.groups + [q["group"] for q in questions]))
         ds.save(d_path)
     report.data = {"sequences": len(ds), "tokens": ds.n_tokens, "response_tokens": ds.n_response_tokens,
                    "templated_prompts": len(pids.ids), "self_written_questions": len(questions),

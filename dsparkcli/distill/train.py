@@ -3,11 +3,13 @@
 Training follows the published DSpark recipe where it fits the pinned engine (see model.py for the
 graph): random anchors in the target's responses, block = [anchor, MASK x (B-1)], slot i predicts the
 token at anchor+i+1, the Markov head's previous token teacher-forced, cross-entropy against the
-target's greedy tokens weighted exp(-i/gamma), and a confidence head trained (BCE) to predict whether
+target's greedy tokens weighted exp(-i/gamma) (mixed with a soft cross-entropy against the target's
+top-k distribution at the same position: the near-misses carry what the hard label hides), and a confidence head trained (BCE) to predict whether
 slot i's argmax is right. The target's tapped features are computed once and kept (on the GPU: a few
 GB for ~2 M tokens), so each step costs only the draft.
 
-Held-out sequences give the simulated acceptance after each evaluation: 1 + the leading matches of the
+Held-out sequences (whole prompt templates held out, so the number measures transfer to phrasings the
+draft never saw, as the kit's are) give the simulated acceptance after each evaluation: 1 + the leading matches of the
 greedy Markov chain against the target's greedy tokens, per budget 1..B (a block's slot i sees only
 slots <= i, so budget k's proposals are the first k of budget B's). The best evaluation is exported.
 """
@@ -54,6 +56,9 @@ class TrainOptions:
     conf_weight: float = 0.1
     max_len: int = 1024
     val_fraction: float = 0.03
+    val_groups: int = 2  # prompt templates per category held out whole for validation (0: random split)
+    soft_weight: float = 0.5  # share of the soft (top-k distribution) cross-entropy in the token loss
+    soft_k: int = 8
     eval_every_s: float = 60.0
     checkpoint_every_s: float = 60.0
     mask_token_id: int | None = None
@@ -124,13 +129,16 @@ class Features:
 
     data: torch.Tensor  # [n_tokens, nt*E]
     tokens: torch.Tensor  # [n_tokens] int64
+    top_ids: torch.Tensor  # [n_tokens, K] int64: the target's top-k next tokens at each position
+    top_p: torch.Tensor  # [n_tokens, K] float16: their probabilities
     offsets: list[int]
     lens: list[int]
     prompt_lens: list[int]
 
 
 def compute_features(target: Target, ds: Dataset, taps: Sequence[int], max_len: int, dtype: torch.dtype,
-                     progress: Callable[[str, int, int], None] | None = None, batch_tokens: int = 32768) -> Features:
+                     progress: Callable[[str, int, int], None] | None = None, batch_tokens: int = 32768,
+                     soft_k: int = 8) -> Features:
     dev = target.device
     lens = [min(int(ds.offsets[i + 1] - ds.offsets[i]), max_len) for i in range(len(ds))]
     offs = [0]
@@ -138,6 +146,8 @@ def compute_features(target: Target, ds: Dataset, taps: Sequence[int], max_len: 
         offs.append(offs[-1] + n)
     feat = torch.empty(offs[-1], len(taps) * target.cfg.n_embd, dtype=dtype, device=dev)
     toks = torch.empty(offs[-1], dtype=torch.long, device=dev)
+    top_ids = torch.zeros(offs[-1], soft_k, dtype=torch.long, device=dev)
+    top_p = torch.zeros(offs[-1], soft_k, dtype=torch.float16, device=dev)
     order = sorted(range(len(ds)), key=lambda i: lens[i])
     i = 0
     while i < len(order):
@@ -151,33 +161,52 @@ def compute_features(target: Target, ds: Dataset, taps: Sequence[int], max_len: 
         x = torch.zeros(len(idx), t, dtype=torch.long, device=dev)
         for r, k in enumerate(idx):
             x[r, : lens[k]] = torch.from_numpy(ds.seq(k)[: lens[k]].astype(np.int64))
-        _, f = target(x, taps, logits=False)
+        h, f = target(x, taps, logits=False)
         for r, k in enumerate(idx):
             feat[offs[k]: offs[k + 1]] = f[r, : lens[k]].to(dtype)
             toks[offs[k]: offs[k + 1]] = x[r, : lens[k]]
+            # the head one sequence at a time: [T, V] logits, not [B, T, V]
+            prob = torch.softmax((h[r, : lens[k]] @ target.head.T).float(), -1)
+            p, ids = prob.topk(soft_k, -1)
+            top_ids[offs[k]: offs[k + 1]] = ids
+            top_p[offs[k]: offs[k + 1]] = p.to(torch.float16)
         i = j
         if progress:
             progress("features", i, len(order))
-    return Features(feat, toks, offs, lens, [min(int(p), n) for p, n in zip(ds.prompt_lens, lens)])
+    return Features(feat, toks, top_ids, top_p, offs, lens, [min(int(p), n) for p, n in zip(ds.prompt_lens, lens)])
 
 
 def _batch(fs: Features, idx: Sequence[int], anchors: int, size: int, rng: np.random.Generator,
            dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """tokens [B, T], features [B, T, F], anchors [B, A] for the chosen sequences."""
+    tokens, feats, anc, _, _ = _batch_soft(fs, idx, anchors, size, rng, dev, soft=False)
+    return tokens, feats, anc
+
+
+def _batch_soft(fs: Features, idx: Sequence[int], anchors: int, size: int, rng: np.random.Generator,
+                dev: torch.device, soft: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """_batch plus the target's top-k ids/probabilities per position [B, T, K] (when ``soft``)."""
     t = max(fs.lens[i] for i in idx)
     b = len(idx)
     tokens = torch.zeros(b, t, dtype=torch.long, device=dev)
     feats = torch.zeros(b, t, fs.data.shape[1], dtype=fs.data.dtype, device=dev)
+    k = fs.top_ids.shape[1]
+    top_ids = torch.zeros(b, t, k, dtype=torch.long, device=dev) if soft else None
+    top_p = torch.zeros(b, t, k, dtype=torch.float16, device=dev) if soft else None
     anc = np.zeros((b, anchors), dtype=np.int64)
     for r, i in enumerate(idx):
         n = fs.lens[i]
         tokens[r, :n] = fs.tokens[fs.offsets[i]: fs.offsets[i + 1]]
         feats[r, :n] = fs.data[fs.offsets[i]: fs.offsets[i + 1]]
+        if top_ids is not None and top_p is not None:
+            top_ids[r, :n] = fs.top_ids[fs.offsets[i]: fs.offsets[i + 1]]
+            top_p[r, :n] = fs.top_p[fs.offsets[i]: fs.offsets[i + 1]]
         lo, hi = fs.prompt_lens[i], n - 2  # an anchor is a generated token with at least one after it
         if hi < lo:
             lo = hi = max(0, n - 2)
         anc[r] = rng.integers(lo, hi + 1, size=anchors)
-    return tokens, feats, torch.from_numpy(anc).to(dev)
+    return tokens, feats, torch.from_numpy(anc).to(dev), top_ids, top_p
 
 
 def _slot_targets(tokens: torch.Tensor, anchors: torch.Tensor, size: int, lens: torch.Tensor
@@ -192,7 +221,10 @@ def _slot_targets(tokens: torch.Tensor, anchors: torch.Tensor, size: int, lens: 
 
 
 def loss_fn(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, lens: torch.Tensor,
-            embed: torch.Tensor, head: torch.Tensor, gamma: float, conf_weight: float) -> torch.Tensor:
+            embed: torch.Tensor, head: torch.Tensor, gamma: float, conf_weight: float,
+            soft: tuple[torch.Tensor, torch.Tensor] | None = None, soft_weight: float = 0.0) -> torch.Tensor:
+    """``soft``: the target's top-k (ids, probabilities) per position [B, T, K]; slot i at position p is
+    scored against the distribution at p (the one that chose the token at p + 1)."""
     size = draft.cfg.block_size
     te, _ = draft.blocks(tokens, feats, anchors, size, embed)
     prev, labels, valid = _slot_targets(tokens, anchors, size, lens)
@@ -200,6 +232,16 @@ def loss_fn(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, ancho
     logits = (te @ head.T.to(te.dtype)).float() + bias.float()
     w = torch.exp(-torch.arange(size, device=te.device, dtype=torch.float32) / gamma) * valid
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(w)
+    if soft is not None and soft_weight > 0:
+        pos = (anchors[:, :, None] + torch.arange(size, device=te.device)).clamp(max=tokens.shape[1] - 1)
+        b, a, _ = pos.shape
+        k = soft[0].shape[-1]
+        gather = pos.flatten(1)[:, :, None].expand(b, a * size, k)
+        ids = soft[0].gather(1, gather).view(b, a, size, k)
+        p = soft[1].gather(1, gather).view(b, a, size, k).float()
+        p = p / p.sum(-1, keepdim=True).clamp(min=1e-6)  # the top-k renormalised
+        logq = torch.log_softmax(logits, -1).gather(-1, ids)
+        ce = (1 - soft_weight) * ce + soft_weight * -(p * logq).sum(-1)
     right = (logits.argmax(-1) == labels).float()
     conf_logit = draft.conf(torch.cat((te, w1.to(te.dtype)), -1)).squeeze(-1).float()  # sigmoid in the loss
     bce = F.binary_cross_entropy_with_logits(conf_logit, right, reduction="none")
@@ -235,6 +277,33 @@ def evaluate(draft: DSparkDraft, fs: Features, idx: Sequence[int], categories: S
     return out
 
 
+def split_validation(ds: Dataset, opt: TrainOptions, rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """(validation, training) sequence indices. With ``val_groups``, that many prompt templates per
+    category are held out whole (none of their sequences is trained on) and up to ``val_fraction`` of the
+    data is drawn from them; categories with too few templates, and ungrouped data, fall back to a
+    random split."""
+    n = len(ds)
+    n_val = max(1, int(round(n * opt.val_fraction))) if n > 4 else 1
+    held: set[str] = set()
+    if opt.val_groups > 0:
+        by_cat: dict[str, set[str]] = {}
+        for c, g in zip(ds.categories, ds.groups):
+            if g:
+                by_cat.setdefault(c, set()).add(g)
+        for c, gs in sorted(by_cat.items()):
+            if len(gs) >= 4 * opt.val_groups:
+                pick = rng.permutation(sorted(gs))[: opt.val_groups]
+                held.update(str(g) for g in pick)
+    if held:
+        pool = [i for i in range(n) if ds.groups[i] in held]
+        val = sorted(int(pool[i]) for i in rng.permutation(len(pool))[:n_val])
+        train = [i for i in range(n) if ds.groups[i] not in held]
+        if val and train:
+            return val, [int(i) for i in rng.permutation(train)]
+    perm = rng.permutation(n)
+    return sorted(int(i) for i in perm[:n_val]), ([int(i) for i in perm[n_val:]] or sorted(int(i) for i in perm[:n_val]))
+
+
 def _score(tau: dict[str, list[float]]) -> float:
     return float(np.mean([v[-1] for v in tau.values()])) if tau else 0.0
 
@@ -262,17 +331,13 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
         draft.norm.weight.copy_(target.w["output_norm.weight"].to(dev))
     embed = target.tok_embd
     head = target.head
-    n = len(ds)
-    perm = rng.permutation(n)
-    n_val = max(1, int(round(n * opt.val_fraction))) if n > 4 else 1
-    val_idx = sorted(int(i) for i in perm[:n_val])
-    train_idx = [int(i) for i in perm[n_val:]] or val_idx
+    val_idx, train_idx = split_validation(ds, opt, rng)
 
     def feat_progress(stage: str, done: int, total: int) -> None:
         if progress:
             progress(stage, done, total, {})
 
-    fs = compute_features(target, ds, cfg.taps, opt.max_len, dtype, feat_progress)
+    fs = compute_features(target, ds, cfg.taps, opt.max_len, dtype, feat_progress, soft_k=opt.soft_k)
     optim = torch.optim.AdamW(draft.parameters(), lr=opt.lr, betas=(0.9, 0.95), weight_decay=0.01)
     res = TrainResult(cfg, 0, 0.0, sum(fs.lens[i] - fs.prompt_lens[i] for i in train_idx), len(val_idx))
     best_state: dict[str, torch.Tensor] | None = None
@@ -324,10 +389,13 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
         for g in optim.param_groups:
             g["lr"] = max(lr, opt.lr * 0.02)
         idx = [train_idx[int(i)] for i in rng.integers(0, len(train_idx), size=opt.batch)]
-        tokens, feats, anc = _batch(fs, idx, opt.anchors, cfg.block_size, rng, dev)
+        tokens, feats, anc, top_ids, top_p = _batch_soft(fs, idx, opt.anchors, cfg.block_size, rng, dev,
+                                                         soft=opt.soft_weight > 0)
         lens = torch.tensor([fs.lens[i] for i in idx], device=dev)
         with torch.autocast(device_type=dev.type, dtype=dtype, enabled=gpu):
-            loss = loss_fn(draft, tokens, feats, anc, lens, embed, head, opt.gamma, opt.conf_weight)
+            loss = loss_fn(draft, tokens, feats, anc, lens, embed, head, opt.gamma, opt.conf_weight,
+                           (top_ids, top_p) if top_ids is not None and top_p is not None else None,
+                           opt.soft_weight)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
