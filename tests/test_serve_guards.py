@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_server import _alive
 
 from dsparkcli.synth import known_answer as synth
 
@@ -100,3 +101,47 @@ def test_a_second_serve_on_a_busy_port_keeps_the_first_log(engine, pair):
         assert str(log) not in second.stderr  # the failed launch pointed at its own log
     finally:
         _stop(first)
+
+
+STOP_BOUND_S = 3.0  # llama-server's SIGKILL comes after STOP_GRACE_S (1 s); it took 5.1 s (the old 5 s grace)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_serve_normally_and_fast_with_streams_in_flight(engine, pair, sig):
+    """Ctrl-C / SIGTERM is how serve ends: "stopped", exit 0, within ~1 s although two streams fill both
+    slots and a third waits (llama-server never exits on SIGTERM while a stream is open), no orphan."""
+    import threading
+
+    proc, info = _serve(pair, "--parallel", "2", "--ctx", "1024")
+    chunks: list[int] = []
+
+    def stream() -> None:
+        body = {"prompt": [1, 2], "n_predict": 1000, "stream": True, "ignore_eos": True, "temperature": 0}
+        try:
+            with httpx.stream("POST", info["url"] + "/completion", json=body, timeout=60) as resp:
+                for line in resp.iter_lines():
+                    chunks.append(len(line))
+        except httpx.HTTPError:
+            pass  # the server goes away under it
+
+    clients = [threading.Thread(target=stream, daemon=True) for _ in range(3)]
+    try:
+        for t in clients:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(chunks) < 40 and time.monotonic() < deadline:  # both slots are streaming
+            time.sleep(0.02)
+        assert len(chunks) >= 40, "no stream started"
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = proc.stderr.read()
+    assert rc == 0, stderr
+    assert stderr.strip().splitlines()[-1] == "dspark serve: stopped"
+    assert "error" not in stderr and "Traceback" not in stderr
+    assert took < STOP_BOUND_S, f"serve took {took:.2f} s to stop"
+    assert not _alive(info["pid"])  # llama-server is gone (reaped by serve)

@@ -20,6 +20,7 @@ Another machine (or another process here) then places its target on it with
 otherwise; RPC has NO authentication (whoever reaches the port can use the device and read its
 memory), so a non-loopback host also needs --allow-remote, and only on a network you trust.
 The worker serves one llama-server at a time. Needs an engine built with RPC (the default build).
+Ctrl-C or SIGTERM stop it normally ("stopped", exit 0).
 
 \b
 Examples:
@@ -53,9 +54,13 @@ def rpc_worker(
         else:
             out.print(f"rpc worker on {worker.endpoint} (pid {worker.pid}, log {worker.log_path})", markup=False)
             out.print(f"use it:  dspark run --rpc {worker.endpoint} \"PROMPT\"   (Ctrl-C stops)", markup=False)
-        while True:  # until Ctrl-C / SIGTERM (which stop the worker too) or the worker's death (one line)
-            worker.check_alive()
-            time.sleep(0.5)
+        try:
+            while True:  # until Ctrl-C / SIGTERM (which stop the worker too) or the worker's death (one line)
+                worker.check_alive()
+                time.sleep(0.5)
+        except KeyboardInterrupt:  # the normal end of a worker, as of `dspark serve`: exit 0
+            pass
+    err.print("dspark rpc-worker: stopped", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -54,7 +54,8 @@ the key to every user in `ps`). Ask it with `dspark run --server URL` so a large
 loaded once. --parallel N decodes N requests at once (llama-server -np N; --ctx is per request).
 If llama-server dies, serve says why (its last log lines), restarts it on the same port with
 backoff (0.5, 1, 2, 4, 8 s) and says when it is healthy again; --max-restarts failures in a row
-end it (exit 4). Ctrl-C/SIGTERM stop llama-server too. --engine vllm serves a registry pair's
+end it (exit 4). Ctrl-C or SIGTERM stop llama-server and end serve normally ("stopped",
+exit 0; during loading they interrupt it: exit 130). --engine vllm serves a registry pair's
 safetensors target and DSpark draft with vLLM instead (its [pairs.NAME.vllm] table in models.toml);
 --print shows the server command instead of running it.
 
@@ -167,7 +168,12 @@ def serve(
             if cfg.placement.rpc:
                 out.print(placement_describe(cfg.placement), markup=False)
             out.print(f"ask it:  dspark run --server {srv.url} IMAGE \"PROMPT\"   (Ctrl-C stops)", markup=False)
-        sup.watch()
+        try:
+            sup.watch()
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli/app.py) once serving: the normal end of serve
+            pass
+    # out of the `with`: llama-server has stopped. A signal before this point (loading) is an interruption
+    err.print("dspark serve: stopped", markup=False)
 
 
 def _say(event: Event) -> None:

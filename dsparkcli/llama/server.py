@@ -309,6 +309,13 @@ def stream_chat(
 
 KEEP_LOGS = 50
 
+# Seconds between SIGTERM and SIGKILL. An idle llama-server exits in ~0.05 s (CPU, SmolLM2-135M); one
+# with a client's stream open never does (0c1e570: after SIGTERM its HTTP pool waits for stream
+# handlers whose tokens will never come, so `dspark serve` took 5 s plus to stop under load). What
+# SIGKILL skips is only freeing memory the kernel and the GPU driver free anyway; llama-server keeps no
+# state but its log.
+STOP_GRACE_S = 1.0
+
 
 def prune_logs(log_dir: Path, keep: int = KEEP_LOGS) -> None:
     """Keep the newest ``keep`` server logs in dspark's own log folder, so it does not grow forever."""
@@ -374,7 +381,7 @@ class LlamaServer:
     engine: Engine
     config: ServerConfig
     startup_timeout: float = 300.0
-    stop_grace: float = 5.0
+    stop_grace: float = STOP_GRACE_S
     log_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
 
