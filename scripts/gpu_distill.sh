@@ -14,6 +14,12 @@
 #   bash scripts/gpu_distill.sh bench [ARGS]     # after the build: dspark bench on the H200, records to $OUT
 #   bash scripts/gpu_distill.sh exec CMD...      # after the build: any command with the engine and pair set
 #                                                # ($DSPARK_TARGET, $DSPARK_DRAFT, DSPARK_LLAMA_BIN exported)
+#   bash scripts/gpu_distill.sh standin          # background: the full-width stand-in pair into $W/pair, where
+#                                                # gpu_load.sh / gpu_rpc.sh find it with DSPARK_STUDY_DIR=$W
+#
+# WORKDIR for pack: a work folder from `dspark distill ... --prepare-only --work WORKDIR` (stage 1 needs a
+# llama-server, which the device has only once its build is done); its prompts.json travels gzipped.
+# The trained draft (~17 MB) comes back as $OUT/draft.partNN (15 MiB each; the device returns <= 16 MiB a file).
 set -euo pipefail
 REPO=$(pwd)
 W=${DSPARK_DISTILL_DIR:-/tmp/dspark-distill}
@@ -40,7 +46,7 @@ pack)  # here, with the project venv: what the device lacks
   rm -f .gpu/bundle/wheels/pillow-* .gpu/bundle/wheels/hf_xet-*  # on the device already / unused there
   mv .gpu/bundle/llama.cpp.tar.gz .gpu/bundle/wheels .gpu/p1/
   split -b "${part_mib}M" -d "$src" .gpu/parts/target.part
-  [ -z "$work" ] || cp "$work/prompts.json" .gpu/p1/
+  [ -z "$work" ] || gzip -9 -c "$work/prompts.json" > .gpu/p1/prompts.json.gz
   du -sh .gpu/p1 .gpu/parts/*
   ;;
 recv)  # parts arrive in order over calls; a part already appended (it stays in the tree) is skipped
@@ -69,7 +75,7 @@ start)
   # the sdist's layout, so dspark names the build by the pinned commit (0c1e570-cuda-sm90)
   SRC=$W/src/llama_cpp_python-0.3.36/vendor/llama.cpp
   mkdir -p "$(dirname "$SRC")" && tar xzf .gpu/p1/llama.cpp.tar.gz -C "$(dirname "$SRC")"
-  [ ! -f .gpu/p1/prompts.json ] || { mkdir -p "$W/work"; cp .gpu/p1/prompts.json "$W/work/"; }
+  [ ! -f .gpu/p1/prompts.json.gz ] || { mkdir -p "$W/work"; gunzip -c .gpu/p1/prompts.json.gz > "$W/work/prompts.json"; }
   say "source $SRC; starting the CUDA build in the background"
   setsid nohup bash -c "\"$PY\" -P -m dsparkcli.cli.app engine build --backend cuda --cuda-arch 90 --source \"$SRC\" --jobs \$(nproc) --json > $W/build.json 2> $W/build.err; echo \$? > $W/build.rc" > /dev/null 2>&1 &
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } | tee -a "$OUT/gpu.log"
@@ -92,7 +98,10 @@ wait)
     say "distill rc=$(cat "$W/distill.rc")"
     tail -c 2000 "$W/distill.err" || true
     cp "$W/distill.json" "$OUT/distill-report.json" 2>/dev/null || true
-    cp "$W/smollm2-135m-dspark.gguf" "$OUT/" 2>/dev/null || true
+    if [ -f "$W/smollm2-135m-dspark.gguf" ]; then
+      split -b 15M -d "$W/smollm2-135m-dspark.gguf" "$OUT/draft.part"
+      sha256sum "$W/smollm2-135m-dspark.gguf" | tee -a "$OUT/gpu.log"
+    fi
   else
     say "distill still running"
   fi
@@ -105,6 +114,12 @@ bench)
   D=$W/smollm2-135m-dspark.gguf; [ -f "$D" ] || D=$REPO/dsparkcli/data/drafts/smollm2-135m-dspark-q8_0.gguf
   dspark bench --target "$T" --draft "smollm2-135m-dspark=$D" --out "$OUT/bench-h200.jsonl" "$@" \
     -- -ngl 99 -ngld 99 -fa on 2>&1 | tee "$OUT/bench-h200.md"
+  ;;
+standin)
+  mkdir -p "$W/pair"
+  setsid nohup "$PY" -c "from dsparkcli.synth.full_width import write_full_width as w
+print(w('$W/pair', qtype='Q4_K', draft_qtype='Q8_0', target_arch='qwen35moe').manifest)" > "$W/pair.log" 2>&1 &
+  say "writing the full-width stand-in pair into $W/pair in the background (log $W/pair.log)"
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

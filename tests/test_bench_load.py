@@ -173,3 +173,40 @@ def test_concurrency_values_are_checked(pair, kit):
                   concurrency=(0, 2)).validate()
     assert BenchPlan(target=Path("t"), drafts=(Draft("d", Path("d")),), budgets=(3, 5), prompts=kit, reps=2,
                      warmup=1, concurrency=(1, 4)).total_requests() == 3 * (1 + 4) * (1 + 3 * 2)
+
+
+def test_a_dropped_connection_is_sent_again_and_a_dead_server_named(engine, pair) -> None:
+    import os
+    import signal
+
+    from dsparkcli.bench.run import _surviving
+    from dsparkcli.errors import ServerError
+
+    with LlamaServer(engine, ServerConfig(model=pair.target, threads=1, ctx=512)) as srv:
+        calls = []
+
+        def flaky(drops: int):  # the first `drops` sends lose their connection, as httpx reports it
+            def send():
+                calls.append(1)
+                if len(calls) <= drops:
+                    raise ServerError("connection to llama-server lost during generation: RemoteProtocolError",
+                                      kind="crash")
+                return srv.client.completion({"prompt": [1, 2, 3], "n_predict": 4, "temperature": 0})
+            return send
+
+        r = _surviving(srv, "plain x16", flaky(1))
+        assert len(calls) == 2 and r["tokens_predicted"] == 4  # asked again on a live server, answered
+        calls.clear()
+        with pytest.raises(ServerError, match=r"^llama-server dropped a plain x16 request twice"):
+            _surviving(srv, "plain x16", flaky(2))
+        assert len(calls) == 2
+        calls.clear()
+        with pytest.raises(ServerError, match="exit") as http_err:  # an HTTP error is not retried
+            _surviving(srv, "x", lambda: (calls.append(1), (_ for _ in ()).throw(ServerError("exit", kind="http")))[1])
+        assert len(calls) == 1 and http_err.value.kind == "http"
+        os.kill(srv.pid, signal.SIGKILL)
+        calls.clear()
+        with pytest.raises(ServerError) as died:
+            _surviving(srv, "draft@3 x16", flaky(5))
+        assert len(calls) == 1  # a dead server is not asked again
+        assert str(died.value).startswith("llama-server failed during generation (draft@3 x16) (signal 9, SIGKILL)")

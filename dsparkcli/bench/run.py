@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from dsparkcli import config
 from dsparkcli.bench import load, provenance
@@ -58,7 +58,7 @@ from dsparkcli.bench.stats import (
     text_sha256,
     tokens_sha256,
 )
-from dsparkcli.errors import BenchError
+from dsparkcli.errors import BenchError, ServerError
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import COMPLETION_FIELDS, SpecCounters, completion_payload, timings_drafts
 from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
@@ -228,6 +228,30 @@ def _render_once(client: ServerClient, plan: BenchPlan, state: _RunState, writer
     return state.rendered
 
 
+_T = TypeVar("_T")
+
+
+def _surviving(srv: LlamaServer, where: str, send: Callable[[], _T]) -> _T:
+    """One request, told apart when its connection drops: if llama-server died, the error says how
+    (exit status, its log's key line: "llama-server failed during generation (signal 11, SIGSEGV): ...");
+    if it is alive, it dropped just this connection (seen under load: a stream ended without a
+    response), and the request is sent once more on a fresh connection. A second drop is an error."""
+    try:
+        return send()
+    except ServerError as e:
+        if e.kind != "crash":
+            raise
+        srv.check_alive(during=f"generation ({where})", wait=15.0)
+        try:
+            return send()
+        except ServerError as e2:
+            if e2.kind == "crash":
+                srv.check_alive(during=f"generation ({where})", wait=15.0)
+                raise ServerError(f"llama-server dropped a {where} request twice (it is still running)",
+                                  kind="crash", log_tail=srv.log_tail(), hint=f"log: {srv.log_path}") from e2
+            raise
+
+
 def _drafted_nothing(arm: Arm, requests: int, srv: LlamaServer) -> BenchError:
     return BenchError(f"configuration {arm.name} drafted nothing in {requests} requests "
                       f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
@@ -252,7 +276,8 @@ def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: 
         rendered = _render_once(client, plan, state, writer, image_sha)
 
         def request(p: Prompt) -> tuple[dict[str, Any], float]:
-            result = _timed_completion(client, _payload(plan, rendered[p.id], images_b64[p.id]), totals)
+            result = _surviving(srv, arm.name, lambda: _timed_completion(
+                client, _payload(plan, rendered[p.id], images_b64[p.id]), totals))
             if on_request:
                 on_request(arm.name, p.id)
             return result
@@ -304,7 +329,8 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
         clients = [ServerClient(srv.url, api_key=srv.config.api_key) for _ in range(concurrency)]
 
         def send(c: ServerClient, p: Prompt) -> tuple[dict[str, Any], float | None, float]:
-            result = load.stream_completion(c, _payload(plan, rendered[p.id], images_b64[p.id]))
+            result = _surviving(srv, f"{arm.name} x{concurrency}", lambda: load.stream_completion(
+                c, _payload(plan, rendered[p.id], images_b64[p.id])))
             if on_request:
                 on_request(f"{arm.name} x{concurrency}", p.id)
             return result
