@@ -8,7 +8,6 @@ acceptance. The CLI builds the frozen inputs and calls ``answer``; ``run(**optio
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from dsparkcli.bench import tuned
 from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.gguf.pairing import acceptance_kind
 from dsparkcli.hub.fetch import Confirm
+from dsparkcli.images import ImageInput, load_image
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
@@ -26,20 +26,6 @@ from dsparkcli.llama import placement as placement_mod
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.server import LlamaServer, ServerClient, metrics_or_none, stream_chat
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
-
-IMAGE_FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "BMP": "image/bmp", "GIF": "image/gif"}
-MAX_IMAGE_BYTES = 32 * 1024 * 1024
-MAX_IMAGE_PIXELS = 8192 * 8192
-
-
-@dataclass(frozen=True)
-class ImageInput:
-    path: Path
-    format: str
-    width: int
-    height: int
-    data_url: str
-
 
 @dataclass(frozen=True)
 class Acceptance:
@@ -96,37 +82,6 @@ class RunResult:
             "server_argv": list(self.server_argv),
             "files": self.files,
         }
-
-
-# ------------------------------------------------------------------ inputs
-
-
-def load_image(path: Path | str) -> ImageInput:
-    """Validate an image before anything is launched: exists, size, decodes, supported format."""
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"image is a directory, not a file: {path}")
-    if not path.is_file():
-        raise UsageError(f"image not found: {path}")
-    size = path.stat().st_size
-    if size > MAX_IMAGE_BYTES:
-        raise UsageError(f"image too large: {path} is {size / 2**20:.1f} MiB (limit {MAX_IMAGE_BYTES // 2**20} MiB)")
-    raw = path.read_bytes()
-    try:
-        with Image.open(io.BytesIO(raw)) as img:
-            fmt = img.format or ""
-            width, height = img.size
-            if width * height > MAX_IMAGE_PIXELS:
-                raise UsageError(f"image too large: {path} is {width}x{height} pixels")
-            img.load()  # decode fully: a truncated file fails here, not inside llama-server
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError, ValueError) as e:
-        raise UsageError(f"not a readable image: {path} ({e.__class__.__name__})") from e
-    if fmt not in IMAGE_FORMATS:
-        raise UsageError(f"unsupported image format {fmt or 'unknown'}: {path} (use PNG, JPEG, WEBP, BMP or GIF)")
-    return ImageInput(path=path, format=fmt, width=width, height=height,
-                      data_url=protocol.image_data_url(IMAGE_FORMATS[fmt], raw))
 
 
 def _result(

@@ -3,6 +3,8 @@ nothing loaded. The pair is synthetic: block size 8 (budget at most 8), trained 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dsparkcli.gguf.analysis import summarize
@@ -63,3 +65,29 @@ def test_server_url_and_image_folder_are_named(cli, pair, tmp_path):
     assert proc.returncode == 2 and "--server takes a URL" in _error(proc)
     proc = cli("run", str(tmp_path), "hi", "--server", "http://127.0.0.1:9")
     assert proc.returncode == 2 and "image is a directory" in _error(proc)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "not-an-image", "missing"])
+def test_bench_checks_every_prompt_image_before_any_server(cli, engine, pair, tmp_path, kind):
+    """A bad image of one prompt fails the bench in one line naming the prompt and the file, with the
+    check `dspark run` makes (the image decoded), before any llama-server starts (no log written)."""
+    bad = tmp_path / "chart.png"
+    if kind == "truncated":  # a real PNG cut short: its signature is right, it does not decode
+        raw = pair.image.read_bytes()
+        bad.write_bytes(raw[: len(raw) * 2 // 3])
+    elif kind == "not-an-image":
+        bad.write_text("no pixels here\n")
+    lines = [json.dumps({"id": "ok-1", "category": "ocr", "prompt": "Read it", "images": [str(pair.image)]}),
+             json.dumps({"id": "chart-7", "category": "ocr", "prompt": "Read it", "images": ["chart.png"]})]
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    cache = tmp_path / "cache"
+    proc = cli("bench", "--target", str(pair.target), "--draft", str(pair.draft), "--mmproj", str(pair.mmproj),
+               "--prompts", str(prompts), "--reps", "1", "-n", "4", "--ctx", "512", "-t", "1",
+               env={"DSPARK_CACHE_DIR": str(cache), "DSPARK_LLAMA_BIN": str(engine.bin_dir)}, timeout=60)
+    assert proc.returncode == 2
+    line = _error(proc)
+    assert f"mine.jsonl:2: prompt 'chart-7': " in line and str(bad) in line, line
+    assert {"truncated": "not a readable image", "not-an-image": "not a readable image",
+            "missing": "image not found"}[kind] in line
+    assert not list(cache.rglob("llama-server-*.log"))  # nothing was launched

@@ -102,7 +102,7 @@ def test_user_file_with_relative_images(tmp_path):
     ('{"id": "a", "category": "math"}', r"mine.jsonl:1: field 'prompt' must be a non-empty string"),
     ('{"id": "a", "category": "math", "prompt": "x", "image": "a.png"}', r"mine.jsonl:1: unknown field\(s\) image"),
     ('{"id": "a", "category": "math", "prompt": "x", "images": "a.png"}', r"'images' must be a list of file paths"),
-    ('{"id": "a", "category": "math", "prompt": "x", "images": ["nope.png"]}', r"mine.jsonl:1: image not found: .*nope.png"),
+    ('{"id": "a", "category": "math", "prompt": "x", "images": ["nope.png"]}', r"mine.jsonl:1: prompt 'a': image not found: .*nope.png"),
     ('{"id": "a", "category": "", "prompt": "x"}', r"field 'category' must be a non-empty string"),
     ('{"id": "a", "category": "math", "prompt": "x", "system": 3}', r"field 'system' must be a string"),
     ('["a"]', r"mine.jsonl:1: expected a JSON object, got list"),
@@ -122,7 +122,7 @@ def test_duplicate_ids_empty_files_and_non_images(tmp_path):
         prompts.load_prompts(str(_write(tmp_path, "", "  ")))
     (tmp_path / "fake.png").write_text("not an image")
     bad = json.dumps({"id": "a", "category": "ocr", "prompt": "x", "images": ["fake.png"]})
-    with pytest.raises(UsageError, match="is not a PNG or JPEG"):
+    with pytest.raises(UsageError, match=r"mine.jsonl:1: prompt 'a': not a readable image: .*fake.png"):
         prompts.load_prompts(str(_write(tmp_path, bad)))
     with pytest.raises(UsageError, match=r"prompt file not found: nope.jsonl \(built-in kits: default\)"):
         prompts.load_prompts("nope.jsonl")

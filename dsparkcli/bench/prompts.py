@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli.errors import UsageError
+from dsparkcli.images import load_image
 from dsparkcli.llama import protocol
 
 # The upstream card's categories: four vision, three text.
@@ -30,8 +31,6 @@ DEFAULT_KIT = "default"
 
 _KEYS_REQUIRED = ("id", "category", "prompt")
 _KEYS_OPTIONAL = ("images", "system")
-_IMAGE_MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
-MAX_IMAGE_BYTES = 20 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,21 +50,12 @@ class Prompt:
         return protocol.build_messages(self.text, [image_data_url(p) for p in self.images], self.system)
 
 
-def _mime(path: Path) -> str:
-    with open(path, "rb") as f:
-        head = f.read(8)
-    for magic, mime in _IMAGE_MAGIC.items():
-        if head.startswith(magic):
-            return mime
-    raise UsageError(f"image {path} is not a PNG or JPEG file")
-
-
 def image_base64(path: Path) -> str:
     return protocol.image_base64(Path(path).read_bytes())
 
 
 def image_data_url(path: Path) -> str:
-    return protocol.image_data_url(_mime(path), Path(path).read_bytes())
+    return load_image(path).data_url
 
 
 def kit_dir() -> Path:
@@ -107,11 +97,10 @@ def parse_record(obj: Any, *, where: str, base_dir: Path) -> Prompt:
     for rel in images_raw:
         path = Path(rel).expanduser()
         path = path if path.is_absolute() else base_dir / path
-        if not path.is_file():
-            raise UsageError(f"{where}: image not found: {path}")
-        if path.stat().st_size > MAX_IMAGE_BYTES:
-            raise UsageError(f"{where}: image {path} is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MiB")
-        _mime(path)
+        try:  # decoded now, as `dspark run` does: a corrupt image fails before any server starts
+            load_image(path)
+        except UsageError as e:
+            raise UsageError(f"{where}: prompt '{obj['id']}': {e.message}") from e
         images.append(path)
     return Prompt(id=obj["id"], category=obj["category"].strip().lower(), text=obj["prompt"],
                   images=tuple(images), system=system)

@@ -39,6 +39,7 @@ from dsparkcli.cli._common import (
 )
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
+from dsparkcli.images import load_image
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs
 
 HELP = """Answer a prompt (optionally about images) with DSpark speculative decoding.
@@ -117,7 +118,7 @@ def run(
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    question = runner.Question(prompt, tuple(runner.load_image(p) for p in images), system=system,
+    question = runner.Question(prompt, tuple(load_image(p) for p in images), system=system,
                                max_tokens=max_tokens, temp=temp, seed=seed)
     pair = PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft)
     knobs = ServerKnobs(**knob_values(budget, p_min), ctx=ctx, threads=threads, ngl=ngl,

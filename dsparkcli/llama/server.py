@@ -308,12 +308,7 @@ def stream_chat(
 
 
 KEEP_LOGS = 50
-
-# Seconds between SIGTERM and SIGKILL. An idle llama-server exits in ~0.05 s (CPU, SmolLM2-135M); one
-# with a client's stream open never does (0c1e570: after SIGTERM its HTTP pool waits for stream
-# handlers whose tokens will never come, so `dspark serve` took 5 s plus to stop under load). What
-# SIGKILL skips is only freeing memory the kernel and the GPU driver free anyway; llama-server keeps no
-# state but its log.
+# SIGTERM to SIGKILL: idle, llama-server exits in ~0.05 s; with a stream open, never (DESIGN.md)
 STOP_GRACE_S = 1.0
 
 
