@@ -51,7 +51,7 @@ pack)  # here, with the project venv: what the device lacks
   ;;
 recv)  # parts arrive in order over calls; a part already appended (it stays in the tree) is skipped
   touch "$W/received.txt"
-  for p in .gpu/parts/target.part*; do
+  for p in "${PARTS:-.gpu/parts}"/target.part*; do  # PARTS: this call's folder of parts
     [ -f "$p" ] || continue
     name=$(basename "$p")
     grep -qx "$name" "$W/received.txt" && continue
