@@ -87,3 +87,9 @@ class BenchError(DsparkError):
     """A benchmark configuration produced an invalid result (e.g. drafted nothing)."""
 
     exit_code = 7
+
+
+class Interrupted(DsparkError):
+    """Ctrl-C or SIGTERM cut the work short; the message says what was kept (one line, like any error)."""
+
+    exit_code = 130

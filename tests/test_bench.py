@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from PIL import Image
 from support.chat_oracle import expected_chat
+from support.cli import interrupt_when
 
 from dsparkcli.bench import prompts, stats
 from dsparkcli.bench import run as bench
@@ -255,33 +251,56 @@ def test_synth_len_is_labelled_synthetic_in_every_format(cli, engine, vpair, tmp
     assert all(r["synthetic"] is True for r in records if r["record"] in ("request", "counters", "summary"))
 
 
+def _requests_in(out: Path, *, after_a_summary: bool = False, but: str | None = None) -> int:
+    lines = out.read_text().splitlines() if out.is_file() else []
+    if after_a_summary and not any('"record":"summary"' in ln for ln in lines):
+        return 0
+    return sum(1 for ln in lines if '"record":"request"' in ln and (but is None or f'"config":"{but}"' not in ln))
+
+
 def test_ctrl_c_stops_servers_and_keeps_the_records(engine, vpair, tmp_path):
     out = tmp_path / "r.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dsparkcli.cli.app", "bench", "--target", str(vpair.target), "--draft", str(vpair.draft),
-         "--budget", "3", "5", "7", "--category", "text", "--reps", "50", "-n", "64", "-t", "1", "--ctx", "512",
-         "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **_env(engine)})
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if out.is_file() and sum(1 for ln in out.read_text().splitlines() if '"record":"request"' in ln) >= 5:
-                break
-            time.sleep(0.1)
-        servers = _servers_of(vpair.target)
-        assert servers, "no llama-server running for the bench"
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr
-    assert "interrupted: the records measured so far are in" in stderr and str(out) in stderr
-    assert "Traceback" not in stderr
+    rc, _, stderr, servers = interrupt_when(
+        ["bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3", "5", "7",
+         "--category", "text", "--reps", "50", "-n", "64", "-t", "1", "--ctx", "512", "--out", str(out)],
+        lambda: _requests_in(out) >= 5, env=_env(engine), before=lambda: _servers_of(vpair.target))
+    assert servers, "no llama-server running for the bench"
+    assert rc == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("dspark: error: interrupted: ")
+    assert f"the records measured so far are in {out}" in stderr and "Traceback" not in stderr
     records = _records(out)  # every line is complete JSON
     assert sum(r["record"] == "request" for r in records) >= 5
     for pid in servers:
         assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), f"llama-server {pid} still running"
+
+
+def test_ctrl_c_prints_the_table_of_what_was_measured(engine, vpair, tmp_path):
+    """Interrupted after plain and a few requests of budget 3: stdout has the partial table (--format json:
+    plain's rows equal the summary the run wrote; b3's cover exactly the requests it finished), stderr
+    one line, exit 130, every record kept."""
+    out = tmp_path / "r.jsonl"
+    rc, stdout, stderr, _ = interrupt_when(
+        ["bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3", "5", "7",
+         "--category", "text", "--limit", "1", "--reps", "40", "-n", "32", "-t", "1", "--ctx", "512",
+         "--out", str(out), "--format", "json"],
+        lambda: _requests_in(out, after_a_summary=True, but="plain") >= 4, env=_env(engine), timeout=120)
+    assert rc == 130, stderr
+    assert stderr.strip().splitlines()[1:] == [  # after the SYNTHETIC label of the scripted pair
+        "dspark: error: interrupted: the table above is what was measured (2 of 4 configurations begun); "
+        f"the records measured so far are in {out}"], stderr
+    doc = json.loads(stdout)
+    assert doc["partial"] is True
+    records = _records(out)
+    written = {(r["config"], r["category"]): r for r in records if r["record"] == "summary"}
+    assert {c for c, _ in written} == {"plain"}  # only plain finished
+    shown = {(s["config"], s["category"]): s for s in doc["summaries"]}
+    b3 = "draft-dspark@3"
+    assert {c for c, _ in shown} == {"plain", b3}
+    for key, row in written.items():  # a finished configuration: the figures the run itself wrote
+        assert shown[key] == {k: v for k, v in row.items() if k not in ("provenance", "run_id", "load_s")}
+    finished = [r for r in records if r["record"] == "request" and r["config"] == b3]
+    assert shown[(b3, "all")]["requests"] == len(finished) >= 4
+    assert shown[(b3, "all")]["speedup"] is not None  # against plain of the same run
 
 
 def _servers_of(model: Path) -> list[int]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.cli import REPO
+from support.cli import REPO, interrupt_when
 
 from dsparkcli.bench import tune, tuned, tuning
 from dsparkcli.bench.plan import BenchPlan, Draft
@@ -184,24 +183,13 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
 
 def test_ctrl_c_keeps_what_was_measured(engine, right, tmp_path):
     out = tmp_path / "t.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dsparkcli.cli.app", "tune", "--target", str(right.target), "--draft", str(right.draft),
-         "--prompts", str(_write_prompts(tmp_path)), "--budgets", "1", "2", "4", "8", "--reps", "40", "-n", "64",
-         "--threads", "1", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **_env(engine, tmp_path)})
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if out.is_file() and out.read_text().count('"record":"request"') >= 5:
-                break
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr
-    assert "interrupted: what was measured is kept" in stderr and "Traceback" not in stderr
+    rc, _, stderr, _ = interrupt_when(
+        ["tune", "--target", str(right.target), "--draft", str(right.draft), "--prompts", str(_write_prompts(tmp_path)),
+         "--budgets", "1", "2", "4", "8", "--reps", "40", "-n", "64", "--threads", "1", "--out", str(out)],
+        lambda: out.is_file() and out.read_text().count('"record":"request"') >= 5, env=_env(engine, tmp_path))
+    assert rc == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("dspark: error: interrupted: what was measured is kept")
+    assert "Traceback" not in stderr
     assert sum(1 for r in read_jsonl(out) if r["record"] == "request") >= 5
     partial = json.loads(out.with_suffix(".partial.json").read_text())
     assert partial["complete"] is False

@@ -49,10 +49,12 @@ from dsparkcli.bench.records import (
     RequestRecord,
     SummaryRecord,
     dumps,
+    read_jsonl,
 )
 from dsparkcli.bench.stats import (
     first_divergence,
     medians,
+    summarize,
     summarize_config,
     summarize_load,
     text_sha256,
@@ -126,6 +128,15 @@ class _Writer:
             self.fh.write(dumps(rec) + "\n")
         self.fh.flush()
         self.pending.clear()
+
+
+def summaries_so_far(out: Path, run_id: str, upstream: Sequence[tuple[str, float]] = ()) -> list[dict[str, Any]]:
+    """The summary rows of what an interrupted run measured: rebuilt from its request and counters
+    records in ``out`` (a configuration cut short is summarised over the requests it finished)."""
+    records = read_jsonl(out, run_id) if out.is_file() else []
+    prov = next((r["provenance"] for r in records if r.get("provenance")), None)
+    return [{**row, "run_id": run_id, **({"provenance": prov} if prov else {})}
+            for row in summarize(records, dict(upstream))]
 
 
 def default_out_path(run_id: str) -> Path:

@@ -37,7 +37,7 @@ from dsparkcli.cli._common import (
     placement_of,
 )
 from dsparkcli.cli._output import err, out, print_json
-from dsparkcli.errors import UsageError
+from dsparkcli.errors import Interrupted, UsageError
 from dsparkcli.outputs import check_output_file
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.placement import describe as placement_describe
@@ -243,23 +243,42 @@ def bench(
         try:
             result = core.run_bench(eng, plan, out=jsonl, run_id=run_id, argv=sys.argv, on_request=on_request)
         except KeyboardInterrupt:
-            err.print(f"interrupted: the records measured so far are in {jsonl}", markup=False)
-            raise
+            result = None  # the bar is gone once the `with` ends; then the table of what was measured
+    if result is None:
+        partial = core.summaries_so_far(jsonl, run_id, plan.upstream_acceptance)
+        if partial:
+            _emit(partial, fmt, run_id=run_id, jsonl=jsonl, overhead=None, partial=True)
+        begun = len({(s.get("concurrency"), s["config"]) for s in partial})
+        total = len(plan.arms()) * max(1, len(plan.concurrency))
+        shown = f"the table above is what was measured ({begun} of {total} configurations begun)" if partial \
+            else "nothing was measured yet"
+        raise Interrupted(f"interrupted: {shown}; the records measured so far are in {jsonl}")
     summaries = list(result.summaries)
     ov = result.overhead
     overhead = ov.figures()
     if plot is not None:
         report.plot(summaries, plot)
+    _emit(summaries, fmt, run_id=result.run_id, jsonl=result.out, overhead=overhead)
+    err.print(f"records: {result.out} (run {result.run_id}); wall {ov.ratio:.3f}x of generation + load "
+              f"({ov.provenance_s:.1f} s of it hashing files)" + (f"; plot: {plot}" if plot else ""), markup=False)
+
+
+def _emit(summaries: list[dict[str, Any]], fmt: str, *, run_id: str, jsonl: Path, overhead: dict[str, Any] | None,
+          partial: bool = False) -> None:
+    """The summary rows on stdout in ``fmt``; ``partial``: an interrupted run's (says so in the table title
+    and the --json document)."""
     if fmt == "json":
-        print_json(report.to_json_doc(summaries, run_id=result.run_id, out=result.out, overhead=overhead))
+        print_json({**report.to_json_doc(summaries, run_id=run_id, out=jsonl, overhead=overhead or {}),
+                    **({"partial": True} if partial else {})})
     elif fmt == "csv":
         sys.stdout.write(report.to_csv(summaries))
     elif fmt == "md":
         sys.stdout.write(report.to_markdown(summaries))
     else:
-        out.print(render_table(summaries))
-    err.print(f"records: {result.out} (run {result.run_id}); wall {ov.ratio:.3f}x of generation + load "
-              f"({ov.provenance_s:.1f} s of it hashing files)" + (f"; plot: {plot}" if plot else ""), markup=False)
+        table = render_table(summaries)
+        if partial:
+            table.title = f"INTERRUPTED, what was measured so far: {table.title}"
+        out.print(table)
 
 
 def register(app: typer.Typer) -> None:

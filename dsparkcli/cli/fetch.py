@@ -10,7 +10,7 @@ import typer
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._download import ask_to_download, download_progress, show_plan
 from dsparkcli.cli._output import err, out, print_json
-from dsparkcli.errors import UsageError
+from dsparkcli.errors import Interrupted, UsageError
 from dsparkcli.hub import fetch as hub
 from dsparkcli.errors import EngineNotFoundError
 from dsparkcli.gguf.analysis import printable
@@ -81,8 +81,7 @@ def fetch(
         try:
             fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress)
         except KeyboardInterrupt:
-            err.print("interrupted: the partial download is kept; run the same command to resume")
-            raise
+            raise Interrupted("interrupted: the partial download is kept; run the same command to resume") from None
     if json_out:
         print_json({"name": pair.name, "files": fetched})
         return

@@ -19,7 +19,7 @@ from dsparkcli.bench.tune import TuningRecord
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, ModelOpt, TargetOpt, ThreadsOpt, YesOpt, passthrough_args
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.cli.bench import expand_multi_values
-from dsparkcli.errors import UsageError
+from dsparkcli.errors import Interrupted, UsageError
 from dsparkcli.llama import engine as engine_mod
 
 HELP = """Choose --budget (and --p-min) for a pair on this machine from a measured cost model.
@@ -169,9 +169,8 @@ def tune_cmd(
         try:
             rec = tuning.run_tune(eng, tp, out=out_path, argv=sys.argv, on_progress=on_progress)
         except KeyboardInterrupt:
-            err.print("interrupted: what was measured is kept (bench records and a partial tuning record "
-                      "next to them, under the dspark cache or --out)", markup=False)
-            raise
+            raise Interrupted("interrupted: what was measured is kept (bench records and a partial tuning record "
+                              "next to them, under the dspark cache or --out)") from None
     saved = tuned.store_dir() / f"{rec.key.id}.json"
     if record_path is not None:
         tuned.save(rec, record_path)
