@@ -179,8 +179,10 @@ def answer(
     ``on_notice`` gets the one line saying which tuning ``--budget auto`` used (default: ``on_status``)."""
     q = question
     if server_url:
-        if pair.no_draft or knobs.budget is not None or knobs.p_min is not None or knobs.auto_budget or knobs.auto_p_min:
-            raise UsageError("--no-draft, --budget and --p-min are fixed when a server starts; restart it to change them")
+        fixed = _set_at_start(pair, knobs)
+        if fixed:  # they choose what a server loads and how: a running one has made those choices already
+            raise UsageError(f"{', '.join(fixed)}: set when a server starts, so they cannot apply to --server "
+                             f"{server_url[:100]}; drop them, or give them to `dspark serve` and ask that server")
         where = urlsplit(server_url)
         if where.scheme not in ("http", "https") or not where.netloc:
             raise UsageError(f"--server takes a URL such as http://127.0.0.1:8080 (got {server_url[:100]!r})")
@@ -218,6 +220,18 @@ def answer(
         return result
     kind = acceptance_kind(files.target, files.draft)
     return replace(result, acceptance_kind=kind.label if kind.label == "REAL" else f"{kind.label} ({kind.why})")
+
+
+def _set_at_start(pair: PairSpec, knobs: ServerKnobs) -> list[str]:
+    """The options given that only a server's start can use (their CLI names, in the order of `--help`)."""
+    given = {"--model": pair.model, "--target": pair.target, "--draft": pair.draft, "--mmproj": pair.mmproj,
+             "--draft-key": pair.draft_key, "--no-draft": pair.no_draft,
+             "--budget": knobs.budget is not None or knobs.auto_budget,
+             "--p-min": knobs.p_min is not None or knobs.auto_p_min, "--category": knobs.category,
+             "--ctx": knobs.ctx, "--threads": knobs.threads, "--ngl": knobs.ngl,
+             "--rpc/--split-mode/--tensor-split/--main-gpu/--draft-device": knobs.placement != Placement(),
+             "arguments after --": knobs.extra_args}
+    return [flag for flag, value in given.items() if value not in (None, False, ())]
 
 
 def run(

@@ -181,6 +181,11 @@ def test_serve_then_run_against_it(engine, vpair, expected, tmp_path):
             assert rec["text"] == expected.text
             assert rec["drafted"] == expected.draft_n and rec["accepted"] == expected.draft_n_accepted
             assert rec["mean_acceptance_length"] == pytest.approx(expected.mean_len)
+        shown = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "run", str(vpair.image), PROMPT,
+                                "--server", info["url"], "--max-tokens", str(N)], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and shown.stdout.strip() == expected.text, shown.stderr
+        stats = shown.stderr.strip().splitlines()[-1]  # llama-server reports no budget: said so, not "?"
+        assert f"| budget set by the server | drafted {expected.draft_n} | accepted {expected.draft_n_accepted} " in stats
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=20) == 0  # the normal end of serve
     finally:
@@ -207,9 +212,18 @@ def test_serve_port_in_use_is_one_line(cli, vpair):
     assert "port is already in use" in msg
 
 
-def test_run_server_rejects_per_request_budget(cli, vpair):
-    msg = _one_line_error(cli("run", "hi", "--server", "http://127.0.0.1:9", "--budget", "3"), 2)
-    assert "fixed when a server starts" in msg
+@pytest.mark.parametrize("given,named", [
+    (("--budget", "3"), "--budget"),
+    (("--target", "t.gguf", "--draft", "d.gguf"), "--target, --draft"),
+    (("--model", "smollm2-135m"), "--model"),
+    (("--mmproj", "mm.gguf", "--ctx", "512"), "--mmproj, --ctx"),
+    (("--no-draft", "--", "-fa", "on"), "--no-draft, arguments after --"),
+])
+def test_run_server_refuses_what_only_a_start_can_use(cli, given, named):
+    # port 9 (discard) has no server: the refusal comes before any connection
+    msg = _one_line_error(cli("run", "hi", "--server", "http://127.0.0.1:9", *given), 2)
+    assert msg.startswith(f"dspark: error: {named}: set when a server starts, so they cannot apply to --server "
+                          "http://127.0.0.1:9"), msg
 
 
 def test_dspark_adds_no_measurable_overhead(engine, vpair):

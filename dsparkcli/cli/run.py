@@ -72,7 +72,8 @@ def format_stats(result: runner.RunResult) -> str:
     else:
         rate = f"{100 * acc.rate:.1f} %" if acc.rate is not None else "n/a"
         mean = f"{acc.mean_len:.2f}" if acc.mean_len is not None else "n/a (server without --metrics)"
-        parts += [f"budget {result.budget}" if result.budget else "budget ?", f"drafted {acc.drafted}",
+        # a --server's budget is in its command line only: llama-server reports no n_max (/props, /slots)
+        parts += [f"budget {result.budget}" if result.budget else "budget set by the server", f"drafted {acc.drafted}",
                   f"accepted {acc.accepted} ({rate})", f"mean acceptance length {mean}"]
         if result.acceptance_kind:
             parts.append(result.acceptance_kind)
