@@ -246,7 +246,7 @@ HOSTILE = {
     "alignment 0": (raw_header([("general.alignment", 4, kv_u32(0))]), "not a power of two"),
     "alignment string": (raw_header([("general.alignment", 8, kv_str("32"))]), "must be uint32"),
     "5 dims": (raw_header(tensors=[("t", (1, 1, 1, 1, 1), 0, 0)]), "5 dimensions"),
-    "negative dim": (raw_header(tensors=[("t", (-4,), 0, 0)]), "negative dimension"),
+    "negative dim": (raw_header(tensors=[("t", (-4,), 0, 0)]), "dimension 18446744073709551612 is beyond ggml's int64"),
     "overflowing shape": (raw_header(tensors=[("t", (1 << 40, 1 << 40), 0, 0)]), "overflows 64 bits"),
     "duplicate tensor": (raw_header(tensors=[("t", (8,), 0, 0), ("t", (8,), 0, 32)]), "duplicate tensor name"),
     "long tensor name": (raw_header(tensors=[("x" * 64, (8,), 0, 0)]), "name is 64 bytes"),

@@ -381,6 +381,46 @@ def test_cli_malformed_and_missing_files_exit_2(cli, tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.startswith("dspark: error: file not found")
 
 
+def _u64_file(path: Path) -> bytes:
+    """A GGUF written by gguf-py holding uint64 values at and above 2**63 and an int32 array."""
+    import numpy as np
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_uint64("test.big", 2**63)
+    w.add_uint64("test.max", 2**64 - 1)
+    w.add_array("test.arr", [1, 2, 3])
+    w.add_tensor("t", np.zeros((4,), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path.read_bytes()
+
+
+def test_uint64_values_and_counts_print_unsigned(cli, tmp_path: Path) -> None:
+    """GGUF counts, dimensions and uint64 values are unsigned: 2**63 prints as 9223372036854775808, in the
+    metadata and in the one-line error about a hostile count (it was -9223372036854775808)."""
+    raw = _u64_file(tmp_path / "u.gguf")
+    r = cli("inspect", str(tmp_path / "u.gguf"), "--json")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads(r.stdout)["files"][0]["metadata"]
+    assert meta["test.big"] == 2**63 and meta["test.max"] == 2**64 - 1 and meta["test.arr"]["count"] == 3
+    dim_at = raw.index((1).to_bytes(8, "little") + b"t" + (1).to_bytes(4, "little")) + 13  # name "t", 1 dim: ne[0]
+    arr_count_at = raw.index(b"test.arr") + len(b"test.arr") + 8
+    cases = {  # byte offset of a uint64 set to 2**63 -> what the one line says
+        8: "implausible tensor count 9223372036854775808 for a",
+        16: "implausible metadata count 9223372036854775808 for a",
+        arr_count_at: "value of 'test.arr': array of 9223372036854775808 int32 runs past the end",
+        dim_at: "tensor 't' dimension 9223372036854775808 is beyond ggml's int64 range",
+    }
+    for at, phrase in cases.items():
+        bad = tmp_path / f"at-{at}.gguf"
+        bad.write_bytes(raw[:at] + (2**63).to_bytes(8, "little") + raw[at + 8:])
+        r = cli("inspect", str(bad))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert phrase in r.stderr and "-9223372036854775808" not in r.stderr, r.stderr
+
+
 def test_cli_expect_mismatch_exits_6(cli, user_registry: Path, files: dict[str, Path]) -> None:
     env = {"DSPARK_CONFIG_DIR": str(user_registry)}
     r = cli("inspect", str(files["draft"]), "--expect", "testpair", env=env)

@@ -373,11 +373,12 @@ def _parse(src: ByteSource, limits: Limits) -> GGUFHeader:
     if version not in SUPPORTED_VERSIONS:
         hint = " (big-endian GGUF?)" if version >= 1 << 16 else ""
         raise GGUFError(f"{src.name}: unsupported GGUF version {version}{hint}; dspark reads versions 2 and 3")
-    n_tensors, n_kv = struct.unpack("<qq", cur.take(16, "counts"))
+    # uint64 in the GGUF spec (ggml reads int64): unsigned here, so a hostile count prints as written
+    n_tensors, n_kv = struct.unpack("<QQ", cur.take(16, "counts"))
     # the smallest tensor info is 24 bytes and the smallest KV 13: reject absurd counts before any loop
-    if n_tensors < 0 or n_tensors > limits.max_tensors or n_tensors * 24 > cur.remaining():
+    if n_tensors > limits.max_tensors or n_tensors * 24 > cur.remaining():
         raise GGUFError(f"{src.name}: implausible tensor count {n_tensors} for a {src.size}-byte file")
-    if n_kv < 0 or n_kv > limits.max_kv or n_kv * 13 > cur.remaining():
+    if n_kv > limits.max_kv or n_kv * 13 > cur.remaining():
         raise GGUFError(f"{src.name}: implausible metadata count {n_kv} for a {src.size}-byte file")
 
     kv: dict[str, Any] = {}
@@ -415,7 +416,7 @@ def _parse(src: ByteSource, limits: Limits) -> GGUFHeader:
         n_dims = cur.u32(f"dims of {_q(name)}")
         if n_dims > GGML_MAX_DIMS:
             raise GGUFError(f"{src.name}: tensor {_q(name)} has {n_dims} dimensions (max {GGML_MAX_DIMS})")
-        shape = struct.unpack(f"<{n_dims}q", cur.take(8 * n_dims, f"shape of {_q(name)}"))
+        shape = struct.unpack(f"<{n_dims}Q", cur.take(8 * n_dims, f"shape of {_q(name)}"))  # uint64, as counts
         type_id, offset = struct.unpack("<iQ", cur.take(12, f"type of {_q(name)}"))
         raw_infos.append((name, shape, type_id, offset))
     header_bytes = cur.pos
@@ -431,8 +432,8 @@ def _tensor_info(src: ByteSource, name: str, shape: tuple[int, ...], type_id: in
                  data_offset: int) -> TensorInfo:
     n_elements = 1
     for dim in shape:
-        if dim < 0:
-            raise GGUFError(f"{src.name}: tensor {_q(name)} has a negative dimension {dim}")
+        if dim >= 1 << 63:  # ggml's int64 ne[] would read it as negative and refuse the file
+            raise GGUFError(f"{src.name}: tensor {_q(name)} dimension {dim} is beyond ggml's int64 range")
         n_elements *= dim
     if n_elements >= 1 << 63:
         raise GGUFError(f"{src.name}: tensor {_q(name)} shape {shape} overflows 64 bits")
