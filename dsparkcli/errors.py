@@ -66,7 +66,7 @@ class GGUFError(DsparkError):
 
 
 class PairingError(DsparkError):
-    """A draft does not fit its target (vocab, hidden size, taps, arch)."""
+    """A draft or mmproj does not fit its target (vocab, hidden size, taps, arch; the projector's width)."""
 
     exit_code = 1
 

@@ -172,8 +172,7 @@ def check_pairing(files: ResolvedFiles, engine: Engine | None = None) -> None:
         return
     verdict = check_pair(files.target, files.draft, files.mmproj)
     if not verdict.ok:
-        raise PairingError(f"{files.draft or files.mmproj} does not fit {files.target}: " + "; ".join(verdict.reasons),
-                           hint="dspark inspect TARGET DRAFT shows every check")
+        raise PairingError(verdict.misfit(), hint="dspark inspect TARGET DRAFT MMPROJ shows every check")
 
 
 def server_config(files: ResolvedFiles, knobs: ServerKnobs) -> ServerConfig:

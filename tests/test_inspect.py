@@ -140,7 +140,7 @@ def test_last_layer_tap_allowed_only_for_archs_that_expose_it(tmp_path: Path) ->
 def test_mmproj_width_mismatch(tmp_path: Path, files: dict[str, Path]) -> None:
     v = pairing.check_pair(files["target"], files["draft"], write_mmproj(tmp_path / "m.gguf", out_width=512))
     assert [c.name for c in v.checks if c.ok is False] == ["mmproj width"]
-    assert "512 from mm.2.weight ne[1] (mlp), target 256" in v.reasons[0]
+    assert "the projector feeds 512-wide embeddings (mm.2.weight ne[1] (mlp)), the target's are 256" in v.reasons[0]
 
 
 def test_mmproj_of_unknown_projector_is_unchecked_not_failed(tmp_path: Path, files: dict[str, Path]) -> None:
@@ -170,7 +170,7 @@ def test_synthetic_pair_verdict_agrees_with_the_real_llama_server(tmp_path: Path
 
     bad = pairing.check_pair(good.target, good.draft, other.mmproj)
     assert [c.name for c in bad.checks if c.ok is False] == ["mmproj width"]
-    assert "256 from mm.2.weight ne[1] (mlp), target 128" in bad.reasons[0]
+    assert "the projector feeds 256-wide embeddings (mm.2.weight ne[1] (mlp)), the target's are 128" in bad.reasons[0]
     with pytest.raises(ServerError) as info, \
             LlamaServer(engine, ServerConfig(model=good.target, mmproj=other.mmproj, ctx=512, threads=1)):
         pass
@@ -350,7 +350,8 @@ def test_cli_pair_incompatible_exit_1_one_line(cli, tmp_path: Path, files: dict[
     r = cli("inspect", str(files["target"]), str(bad))
     assert r.returncode == 1
     assert "hidden size" in r.stdout and "NOT compatible" in r.stdout
-    assert r.stderr == "dspark: error: not a compatible pair: hidden size: target 256, draft 128\n"
+    assert r.stderr == (f"dspark: error: not a compatible pair: draft {bad} does not fit target {files['target']}: "
+                        "hidden size: target 256, draft 128\n")
 
 
 def test_cli_table_census_line_and_against(cli, files: dict[str, Path]) -> None:

@@ -142,6 +142,17 @@ def test_wrong_pair_is_refused_before_launch(cli, vpair, tmp_path):
     assert "GGML_ASSERT" not in proc.stderr
 
 
+def test_wrong_mmproj_is_named_as_the_mmproj(cli, vpair, tmp_path):
+    """The draft fits; the projector does not: the one line names the mmproj file and the widths, not the draft."""
+    other = synth.write_pair(tmp_path / "other", vocab=200, vision=True, seed=2)  # n_embd 256, not 128
+    proc = cli("run", str(vpair.image), "hi", "--target", str(vpair.target), "--draft", str(vpair.draft),
+               "--mmproj", str(other.mmproj), "-t", "2")
+    msg = _one_line_error(proc, 1)
+    assert msg.startswith(f"dspark: error: mmproj {other.mmproj} does not fit target {vpair.target}: mmproj width: "
+                          "the projector feeds 256-wide embeddings (mm.2.weight ne[1] (mlp)), the target's are 128"), msg
+    assert str(vpair.draft) not in msg and "loading" not in proc.stderr
+
+
 def test_server_crash_during_generation_is_one_line(engine, vpair):
     """Kill llama-server while dspark streams: a typed one-line error, not a hang or a traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "run", "--target", str(vpair.target),

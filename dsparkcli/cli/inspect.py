@@ -263,7 +263,7 @@ def inspect(
     if tables is not None and engine is not None:
         refuse_unloadable([c for f in report.files for c in f.engine], tables, engine_label(engine))
     if report.pairing is not None and not report.pairing.ok:
-        raise PairingError("not a compatible pair: " + "; ".join(report.pairing.reasons))
+        raise PairingError("not a compatible pair: " + report.pairing.misfit())
     bad = [f for f in report.files if f.expect is not None and f.expect.explicit and not f.expect.ok]
     if bad and not bad[0].expect.compared:  # type: ignore[union-attr]
         e = bad[0].expect

@@ -51,6 +51,7 @@ class PairCheck:
     ok: bool | None  # None: could not be checked, or advice (shown, but does not fail the pair)
     detail: str
     file: str = ""  # the file a check is about, where that is one file (the engine checks)
+    role: str = ""  # whose fit it checks against the target: target | draft | mmproj ("" for engine checks)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,17 @@ class PairVerdict:
     target: str = ""
     draft: str | None = None
     mmproj: str | None = None
+
+    def misfit(self) -> str:
+        """One line naming the file(s) that fail and why: "mmproj m.gguf does not fit target t.gguf: ..."."""
+        failed = [c for c in self.checks if c.ok is False]
+        names = {"draft": self.draft, "mmproj": self.mmproj}
+        roles = [r for r in ("draft", "mmproj") if any(c.role == r for c in failed)]
+        why = "; ".join(f"{c.name}: {c.detail}" for c in failed)
+        if not roles:  # the target itself (an mmproj or a draft given as the target)
+            return f"target {self.target} cannot be paired: {why}"
+        who = " and ".join(f"{r} {names[r]}" for r in roles)
+        return f"{who} {'does' if len(roles) == 1 else 'do'} not fit target {self.target}: {why}"
 
 
 def _first_token_difference(a: GGUFArray, b: GGUFArray) -> str:
@@ -225,55 +237,58 @@ def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.Path
     t_embd = int_of(t.arch_key("embedding_length"))
     checks.append(PairCheck("target role", role_of(t) == "target",
                             f"arch {printable(t.arch or '?', 40)}" + ("" if role_of(t) == "target" else
-                                                                      " is not a text model")))
+                                                                      " is not a text model"), role="target"))
+    draft_check = functools.partial(PairCheck, role="draft")  # the draft's fit to the target
+    mmproj_check = functools.partial(PairCheck, role="mmproj")
     if d is not None:
         arch_ok = t.arch in LAYER_INPUT_ARCHS
-        checks.append(PairCheck("target exposes layer inputs", arch_ok,
-                                f"{printable(t.arch or '?', 40)} " + ("fills t_layer_inp" if arch_ok else
-                                "does not fill t_layer_inp: llama.cpp cannot feed a DFlash/DSpark draft from it")))
-        checks.append(PairCheck("draft arch", d.arch == "dflash", f"{printable(d.arch or '?', 40)}"
-                                + ("" if d.arch == "dflash" else " (expected dflash)")))
+        checks.append(draft_check("target exposes layer inputs", arch_ok,
+                                  f"{printable(t.arch or '?', 40)} " + ("fills t_layer_inp" if arch_ok else
+                                  "does not fill t_layer_inp: llama.cpp cannot feed a DFlash/DSpark draft from it")))
+        checks.append(draft_check("draft arch", d.arch == "dflash", f"{printable(d.arch or '?', 40)}"
+                                  + ("" if d.arch == "dflash" else " (expected dflash)")))
         tt, dt = t.get("tokenizer.ggml.tokens"), d.get("tokenizer.ggml.tokens")
         if not isinstance(tt, GGUFArray) or not isinstance(dt, GGUFArray):
             which = "target" if not isinstance(tt, GGUFArray) else "draft"
-            checks.append(PairCheck("vocab", False, f"{which} has no tokenizer.ggml.tokens"))
+            checks.append(draft_check("vocab", False, f"{which} has no tokenizer.ggml.tokens"))
         elif tt.count != dt.count:
-            checks.append(PairCheck("vocab", False, f"target has {tt.count} tokens, draft {dt.count}"))
+            checks.append(draft_check("vocab", False, f"target has {tt.count} tokens, draft {dt.count}"))
         elif tt.sha256 != dt.sha256:
-            checks.append(PairCheck("vocab", False, f"same count ({tt.count}) but different token strings"
-                                    + _first_token_difference(tt, dt)))
+            checks.append(draft_check("vocab", False, f"same count ({tt.count}) but different token strings"
+                                      + _first_token_difference(tt, dt)))
         else:
-            checks.append(PairCheck("vocab", True, f"{tt.count} tokens, sha256 {tt.sha256[:12]} in both"))
+            checks.append(draft_check("vocab", True, f"{tt.count} tokens, sha256 {tt.sha256[:12]} in both"))
         for key, label in (("tokenizer.ggml.bos_token_id", "BOS"), ("tokenizer.ggml.eos_token_id", "EOS")):
             tv, dv = int_of(t.get(key)), int_of(d.get(key))
-            checks.append(PairCheck(label, tv == dv, f"target {tv if tv is not None else 'unset'}, "
-                                                     f"draft {dv if dv is not None else 'unset'}"))
+            checks.append(draft_check(label, tv == dv, f"target {tv if tv is not None else 'unset'}, "
+                                                       f"draft {dv if dv is not None else 'unset'}"))
         d_embd = int_of(d.arch_key("embedding_length"))
-        checks.append(PairCheck("hidden size", t_embd is not None and t_embd == d_embd,
-                                f"target {t_embd}, draft {d_embd}"))
+        checks.append(draft_check("hidden size", t_embd is not None and t_embd == d_embd,
+                                  f"target {t_embd}, draft {d_embd}"))
         s = dspark_structure(d)
         taps = s.target_layers if s else ()
         limit = (t_layers + 1) if (t_layers is not None and t.arch in LAST_LAYER_TAP_ARCHS) else t_layers
         if not taps:
-            checks.append(PairCheck("taps", False, "draft has no dflash.target_layers"))
+            checks.append(draft_check("taps", False, "draft has no dflash.target_layers"))
         elif limit is None:
-            checks.append(PairCheck("taps", False, f"target has no {printable(t.arch, 40)}.block_count"))
+            checks.append(draft_check("taps", False, f"target has no {printable(t.arch, 40)}.block_count"))
         else:
             bad = [x for x in taps if not 0 <= x < limit]
-            checks.append(PairCheck("taps", not bad, f"{list(taps)} vs {t_layers} target blocks"
-                                    + (f": {bad} out of range (must be < {limit})" if bad else "")))
+            checks.append(draft_check("taps", not bad, f"{list(taps)} vs {t_layers} target blocks"
+                                      + (f": {bad} out of range (must be < {limit})" if bad else "")))
         if s is not None:
-            checks.append(PairCheck("draft structure", not s.problems, "; ".join(s.problems) or
-                                    f"{s.kind}, block {s.block_size}, all required tensors present"))
+            checks.append(draft_check("draft structure", not s.problems, "; ".join(s.problems) or
+                                      f"{s.kind}, block {s.block_size}, all required tensors present"))
     if m is not None:
         if m.arch != "clip":
-            checks.append(PairCheck("mmproj arch", False, f"{printable(m.arch or '?', 40)} (expected clip)"))
+            checks.append(mmproj_check("mmproj arch", False, f"{printable(m.arch or '?', 40)} (expected clip)"))
         else:
             width, how = mmproj_width(m)
             if width is None:
-                checks.append(PairCheck("mmproj width", None, how))
+                checks.append(mmproj_check("mmproj width", None, how))
             else:
-                checks.append(PairCheck("mmproj width", width == t_embd, f"{width} from {how}, target {t_embd}"))
+                checks.append(mmproj_check("mmproj width", width == t_embd, f"the projector feeds {width}-wide "
+                                           f"embeddings ({how}), the target's are {t_embd}"))
     reasons = tuple(f"{c.name}: {c.detail}" for c in checks if c.ok is False)
     return PairVerdict(ok=not reasons, reasons=reasons, checks=tuple(checks), target=t.name,
                        draft=d.name if d else None, mmproj=m.name if m else None)
