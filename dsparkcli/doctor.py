@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from dsparkcli.llama import engine as eng_mod
 from dsparkcli.llama.engine import Capabilities, Engine
-from dsparkcli.llama.loads import engine_tables
+from dsparkcli.llama import patches as patches_mod
+from dsparkcli.llama.loads import build_record, engine_tables
 from dsparkcli.llama.tables import EngineTables
 
 
@@ -23,6 +24,9 @@ class DoctorReport:
     ok: bool  # draft-dspark available
     problems: tuple[str, ...]
     loads: EngineTables | None = None  # the archs, projector types and tensor types it can load
+    # dspark's patch series in this build (file names; None: not a dspark build, so unknown) and its hash
+    patches: tuple[str, ...] | None = None
+    patch_hash: str = ""
 
 
 def diagnose(llama_bin: str | None = None) -> DoctorReport:
@@ -36,6 +40,10 @@ def diagnose(llama_bin: str | None = None) -> DoctorReport:
         problems.append("no --mmproj: vision models cannot be served")
     if not caps.spec_synth_len:
         problems.append("no --spec-synth-len: `dspark bench --synth-len` unavailable")
+    if not caps.adaptive_budget:
+        problems.append("no --spec-cost-table: --budget adaptive unavailable (a stock llama.cpp; dspark engine build "
+                        "applies dspark's patches)")
+    found = build_record(engine)
     loads = engine_tables(engine)
     if loads is None:
         problems.append("no arch/projector/type tables found in its source tree or libraries: files are not "
@@ -43,5 +51,16 @@ def diagnose(llama_bin: str | None = None) -> DoctorReport:
     return DoctorReport(
         server=str(engine.server), found_via=engine.source, version=engine.version, commit=engine.commit,
         backend=engine.backend, devices=devices, capabilities=caps, ok=caps.draft_dspark, problems=tuple(problems),
-        loads=loads,
+        loads=loads, patches=tuple(found[1].patches) if found else None, patch_hash=found[1].patch_hash if found else "",
     )
+
+
+def patch_line(report: DoctorReport) -> str:
+    """The doctor's one line about dspark's patch series in this engine."""
+    current = patches_mod.series_hash(patches_mod.shipped())
+    if report.patches is None:
+        return "unknown (not a dspark build): capabilities below are read from --help"
+    if not report.patches:
+        return "none (stock llama.cpp)"
+    note = "" if report.patch_hash == current else f" (this dspark ships {current}: dspark engine build to update)"
+    return f"{report.patch_hash}: {', '.join(report.patches)}{note}"

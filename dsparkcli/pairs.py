@@ -61,6 +61,7 @@ class ServerKnobs:
     # --budget auto / --p-min auto: the stored tuning for this pair as served (bench.tuned.apply_auto)
     auto_budget: bool = False
     auto_p_min: bool = False
+    adaptive_budget: bool = False  # --budget adaptive: llama.cpp picks each step's budget (the tuning's cost table)
     category: str | None = None  # which tuned category (None: overall)
     placement: Placement = Placement()  # RPC workers, multi-GPU split, the draft's device
 

@@ -127,13 +127,15 @@ def ask(
     on_text: Callable[[str], None] | None = None,
     argv: Sequence[str] = (),
     files: dict[str, str] | None = None,
+    draft: dict[str, Any] | None = None,
 ) -> RunResult:
     """One question to a running server, with acceptance read from its timings and /metrics.
 
     ``drafting``: True/False when we started the server; None for a user's server (inferred from its answer).
+    ``draft``: the request's own draft settings (``protocol.draft_settings``).
     """
     payload = protocol.chat_payload(protocol.build_messages(prompt, [im.data_url for im in images], system),
-                                    max_tokens=max_tokens, temp=temp, seed=seed)
+                                    max_tokens=max_tokens, temp=temp, seed=seed, draft=draft)
     before = metrics_or_none(client) if drafting is not False else None
     text, timings, finish, ttft, wall = stream_chat(client, payload, on_text=on_text)
     after = metrics_or_none(client) if drafting is not False else None
@@ -143,6 +145,14 @@ def ask(
         drafting = "draft_n" in timings or steps_moved
     return _result(text, timings, finish, ttft, wall, before, after, drafting=drafting, budget=budget, argv=argv,
                    files=files)
+
+
+def require_request_drafts(client: ServerClient) -> None:
+    """A stock llama-server ignores a request's draft settings silently: refuse before asking."""
+    settings = client.props().get("default_generation_settings") or {}
+    if protocol.SPEC_N_MAX not in (settings.get("params") or settings):
+        raise UsageError("this server ignores a request's --budget/--p-min/--no-draft (a stock llama.cpp): restart "
+                         "it with them, or serve it with dspark's patched engine (dspark engine build)")
 
 
 @dataclass(frozen=True)
@@ -186,16 +196,22 @@ def answer(
         where = urlsplit(server_url)
         if where.scheme not in ("http", "https") or not where.netloc:
             raise UsageError(f"--server takes a URL such as http://127.0.0.1:8080 (got {server_url[:100]!r})")
+        # this request's own draft settings (dspark's patched llama-server honours them, capped at its budget)
+        draft = protocol.draft_settings(n_max=0 if pair.no_draft else protocol.AUTO if knobs.adaptive_budget
+                                        else knobs.budget, p_min=knobs.p_min)
         client = ServerClient(server_url, api_key=knobs.api_key)
         try:
+            if draft:
+                require_request_drafts(client)
             return ask(client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp, seed=q.seed,
-                       drafting=None, budget=None, on_text=on_text)
+                       drafting=None, budget=None, on_text=on_text, draft=draft)
         finally:
             client.close()
 
     eng = engine or engine_mod.resolve_engine(llama_bin, rpc=bool(knobs.placement.rpc))
     cfg, files = prepare_server(pair, knobs, downloads, need_vision=bool(q.images), engine=eng)
-    cfg, auto = tuned.apply_auto(eng, cfg, budget=knobs.auto_budget, p_min=knobs.auto_p_min, category=knobs.category)
+    cfg, auto = tuned.apply_auto(eng, cfg, budget=knobs.auto_budget, p_min=knobs.auto_p_min, category=knobs.category,
+                                 adaptive=knobs.adaptive_budget)
     if auto is not None and (on_notice or on_status):
         (on_notice or on_status)(auto.message)  # type: ignore[misc]
     n_max = cfg.n_max
@@ -223,11 +239,11 @@ def answer(
 
 
 def _set_at_start(pair: PairSpec, knobs: ServerKnobs) -> list[str]:
-    """The options given that only a server's start can use (their CLI names, in the order of `--help`)."""
+    """The options given that only a server's start can use (their CLI names, in the order of `--help`).
+    --budget N|adaptive, --p-min P and --no-draft are the request's own (dspark's patched llama-server)."""
     given = {"--model": pair.model, "--target": pair.target, "--draft": pair.draft, "--mmproj": pair.mmproj,
-             "--draft-key": pair.draft_key, "--no-draft": pair.no_draft,
-             "--budget": knobs.budget is not None or knobs.auto_budget,
-             "--p-min": knobs.p_min is not None or knobs.auto_p_min, "--category": knobs.category,
+             "--draft-key": pair.draft_key, "--budget auto": knobs.auto_budget, "--p-min auto": knobs.auto_p_min,
+             "--category": knobs.category,
              "--ctx": knobs.ctx, "--threads": knobs.threads, "--ngl": knobs.ngl,
              "--rpc/--split-mode/--tensor-split/--main-gpu/--draft-device": knobs.placement != Placement(),
              "arguments after --": knobs.extra_args}
@@ -275,7 +291,9 @@ def run(
     return answer(
         question,
         PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
-        ServerKnobs(budget=None if budget == "auto" else budget, p_min=None if p_min == "auto" else p_min,  # type: ignore[arg-type]
+        ServerKnobs(budget=None if budget in ("auto", tuned.ADAPTIVE) else budget,  # type: ignore[arg-type]
+                    p_min=None if p_min == "auto" else p_min,  # type: ignore[arg-type]
+                    adaptive_budget=budget == tuned.ADAPTIVE,
                     ctx=ctx, threads=threads, ngl=ngl, extra_args=tuple(extra_args), api_key=api_key,
                     auto_budget=budget == "auto", auto_p_min=p_min == "auto", category=category,
                     placement=placement),

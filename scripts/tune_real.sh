@@ -12,20 +12,9 @@ set -euo pipefail
 TARGET=${1:?usage: tune_real.sh TARGET.gguf DRAFT.gguf [OUT_DIR]}
 DRAFT=${2:?usage: tune_real.sh TARGET.gguf DRAFT.gguf [OUT_DIR]}
 DIR=${3:-${OUT:-$PWD/tune-real}}
-mkdir -p "$DIR"
-PY=${PYTHON:-python3}
-if [ -z "${SERVER_ARGS+x}" ]; then
-  if command -v nvidia-smi > /dev/null 2>&1; then SERVER_ARGS="-ngl 99 -ngld 99 -fa on"; else SERVER_ARGS=""; fi
-fi
-read -r -a SARGS <<< "$SERVER_ARGS"
-PASS=(); if [ ${#SARGS[@]} -gt 0 ]; then PASS=(-- "${SARGS[@]}"); fi
-CTX=(--ctx 4096)  # the same -c everywhere: it is part of the tuning key (bench's default is 4096)
-# on a CPU shared with other work, one llama-server thread (-t is part of the key too): its spinning
-# thread pool is slowed badly when every core is oversubscribed
-if [ -n "${THREADS:-}" ]; then CTX+=(--threads "$THREADS"); fi
 LOG=$DIR/tune.log
-dspark() { "$PY" -m dsparkcli.cli.app "$@"; }
-say() { echo "$*" | tee -a "$LOG"; }
+# shellcheck source=real_pair_env.sh
+source "$(dirname "$0")/real_pair_env.sh"
 
 T0=$(date +%s)
 dspark tune --target "$TARGET" --draft "$DRAFT" --category text --limit "${LIMIT:-3}" --n-predict "${N:-128}" \

@@ -13,6 +13,8 @@ fixed budget 5, and both wall times. Tune runs with its own defaults (1 rep, 128
 
 --mode rates (default): smaller budgets keep the per-position rates of L at the largest budget (what a
 real draft does); --mode length: mean L at every budget (BENCHMARKS.md's grid, k >= L - 1 only).
+--adaptive (issue 20, dspark's patched engine): tune also verifies llama.cpp's adaptive budget on its
+cost model, and the grid gets an adaptive arm on the same table (adaptive_in_grid, adaptive_vs_pick).
 Writes DIR/tune-study.jsonl (every bench record), DIR/tune-records.jsonl (one tuning record per L),
 DIR/tune-study.json (the summary), and prints one line per L. --deadline EPOCH stops starting new work.
 """
@@ -47,16 +49,20 @@ def _pair(args: argparse.Namespace) -> tuple[Path, Path]:
     return Path(args.target), Path(args.draft)
 
 
-def _grid(engine, tp: tuning.TunePlan, out: Path, run_id: str, reps: int, n_predict: int) -> tuple[dict[int, float], float]:
-    """Plain and every runnable budget, one server each: {k: speedup over plain (all)}, wall seconds."""
+def _grid(engine, tp: tuning.TunePlan, out: Path, run_id: str, reps: int, n_predict: int,
+          table: Path | None = None) -> tuple[dict[int | str, float], float]:
+    """Plain and every runnable budget, one server each (and the adaptive budget on ``table``):
+    {k or "adaptive": speedup over plain (all)}, wall seconds."""
     arms = [tuning.candidate_arm(tp, Candidate(k, 0.0)) for k in sorted(tp.budgets) if tp.runnable(k)]
+    if table is not None:
+        arms.append(tuning.adaptive_arm(tp, table))
     plan = BenchPlan(target=tp.target, drafts=(Draft("draft", tp.draft),), budgets=(), prompts=tp.prompts,
                      reps=reps, warmup=tp.warmup, n_predict=n_predict, ctx=tp.ctx, threads=tp.threads,
                      seed=tp.seed, ignore_eos=True, extra_args=tp.extra_args, explicit_arms=tuple(arms))
     t0 = time.monotonic()
     res = run_bench(engine, plan, out=out, run_id=run_id)
     wall = time.monotonic() - t0
-    by_name = {a.name: a.budget for a in arms}
+    by_name: dict[str, int | str] = {a.name: ("adaptive" if a.adaptive else a.budget) for a in arms}  # type: ignore[misc]
     return {by_name[s["config"]]: s["speedup"] for s in res.summaries
             if s["category"] == ALL and s["config"] != PLAIN and s["speedup"] is not None}, wall
 
@@ -80,6 +86,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--phase", choices=("both", "tune", "grid"), default="both")
     ap.add_argument("--deadline", type=float, help="epoch seconds: no new L starts after this")
+    ap.add_argument("--adaptive", action="store_true", help="also llama.cpp's adaptive budget (patched engine)")
     argv = sys.argv[1:]
     extra: list[str] = []
     if "--" in argv:
@@ -102,7 +109,9 @@ def main() -> int:
         tp = tuning.TunePlan(target=target, draft=draft, prompts=(PROMPT,), budgets=tuple(args.budgets),
                              n_predict=args.n_predict, cost_n_predict=args.cost_n_predict, reps=args.reps,
                              top=args.top, ctx=args.ctx, threads=args.threads, extra_args=tuple(extra),
-                             synth_len=length, synth_mode=args.mode, ignore_eos=True, reuse_cost=i > 0)
+                             synth_len=length, synth_mode=args.mode, ignore_eos=True, reuse_cost=i > 0,
+                             adaptive=args.adaptive)
+        table = None
         row: dict = {"L": length, "category": names.get(length), "mode": args.mode}
         if args.phase in ("both", "tune"):
             t0 = time.monotonic()
@@ -112,6 +121,11 @@ def main() -> int:
             with open(args.out / "tune-records.jsonl", "a", encoding="utf-8") as fh:  # few files: the GPU returns 8
                 fh.write(json.dumps(rec.to_record()) + "\n")
             c = rec.choice()
+            if args.adaptive:
+                table = args.out / f"cost-L{length:g}.txt"
+                table.write_text(tune.cost_table(rec.cost), encoding="utf-8")
+                row["tune_adaptive_measured"] = next((s for cat, lb, s in rec.verified
+                                                      if cat == ALL and lb == "adaptive"), None)
             row.update(tune_pick=c.candidate.budget if c and c.candidate else None,
                        tune_predicted=c.predicted if c else None, tune_measured=c.measured if c else None,
                        predicted={p.candidate.budget: round(p.speedup, 4) for p in rec.predictions
@@ -119,8 +133,9 @@ def main() -> int:
                        timings_s=rec.timings_s)
         if args.phase in ("both", "grid"):
             grid, wall = _grid(engine, tp, jsonl, f"grid-L{length:g}-{int(time.time())}", args.grid_reps,
-                               args.grid_n_predict)
+                               args.grid_n_predict, table)
             grid_wall += wall
+            adaptive = grid.pop("adaptive", None)
             best = max(grid.items(), key=lambda kv: kv[1]) if grid else (None, 1.0)
             best = best if best[1] > 1.0 else (None, 1.0)
             row.update(grid={k: round(v, 4) for k, v in grid.items()}, grid_wall_s=wall, grid_best=best[0],
@@ -129,9 +144,13 @@ def main() -> int:
                 got = 1.0 if row["tune_pick"] is None else grid.get(row["tune_pick"])
                 row.update(pick_in_grid=got, pick_vs_best=got / best[1] if got else None,
                            pick_vs_k5=got / grid[5] if got and grid.get(5) else None)
+                if adaptive is not None:
+                    row.update(adaptive_in_grid=adaptive, adaptive_vs_pick=adaptive / got if got else None,
+                               adaptive_vs_best=adaptive / best[1])
         rows.append(row)
         print(json.dumps({k: row.get(k) for k in ("L", "tune_pick", "tune_measured", "grid_best", "grid_best_speedup",
-                                                  "pick_vs_best", "pick_vs_k5", "tune_wall_s", "grid_wall_s")}),
+                                                  "pick_vs_best", "pick_vs_k5", "adaptive_in_grid", "adaptive_vs_pick",
+                                                  "tune_wall_s", "grid_wall_s")}),
               flush=True)
     vs_best = [r["pick_vs_best"] for r in rows if r.get("pick_vs_best")]
     vs_k5 = [r["pick_vs_k5"] for r in rows if r.get("pick_vs_k5")]
@@ -144,10 +163,12 @@ def main() -> int:
         "min_pick_vs_best": min(vs_best) if vs_best else None,
         "mean_pick_vs_k5": sum(vs_k5) / len(vs_k5) if vs_k5 else None,
         "min_pick_in_grid": min((r["pick_in_grid"] for r in rows if r.get("pick_in_grid")), default=None),
+        "min_adaptive_vs_pick": min((r["adaptive_vs_pick"] for r in rows if r.get("adaptive_vs_pick")), default=None),
     }
     (args.out / "tune-study.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: summary[k] for k in ("tune_wall_s", "grid_wall_s", "tune_over_grid_wall", "min_pick_vs_best",
-                                               "mean_pick_vs_k5", "min_pick_in_grid")}), flush=True)
+                                               "mean_pick_vs_k5", "min_pick_in_grid", "min_adaptive_vs_pick")}),
+          flush=True)
     return 0
 
 

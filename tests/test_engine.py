@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from dsparkcli.errors import EngineNotFoundError
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import patches
 
 HELP_WITHOUT_DSPARK = """----- common params -----
 -h,    --help, --usage                  print usage and exit
@@ -25,6 +27,7 @@ def test_capabilities_of_the_real_binary(engine):
     assert caps.draft_dspark
     assert "draft-dflash" in caps.spec_types and "none" in caps.spec_types
     assert caps.mmproj and caps.spec_synth_len and caps.spec_draft_p_min
+    assert caps.request_draft_params and caps.adaptive_budget  # `make engine` builds dspark's patch series
 
 
 def test_version_and_commit_read_from_the_binary(engine):
@@ -39,6 +42,7 @@ def test_parse_capabilities_without_dspark():
     assert not caps.draft_dspark
     assert caps.mmproj
     assert not caps.spec_synth_len
+    assert not caps.request_draft_params and not caps.adaptive_budget  # a stock llama.cpp
 
 
 def test_parse_version_line():
@@ -94,6 +98,11 @@ def test_doctor_json_reports_dspark(cli, engine):
     assert report["commit"] == "0c1e570"
     assert report["backend"] == "cpu"
     assert report["devices"] == []
+    shipped = patches.shipped()
+    assert report["patches"] == [p.name for p in shipped] and report["patch_hash"] == patches.series_hash(shipped)
+    assert report["capabilities"]["adaptive_budget"] is True
+    proc = cli("doctor", "--llama-bin", str(engine.server))
+    assert re.search(rf"dspark patches\s+{patches.series_hash(shipped)}: 0001-", proc.stdout), proc.stdout
 
 
 def test_doctor_missing_binary_is_one_line(cli, tmp_path):

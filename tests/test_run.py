@@ -224,11 +224,11 @@ def test_serve_port_in_use_is_one_line(cli, vpair):
 
 
 @pytest.mark.parametrize("given,named", [
-    (("--budget", "3"), "--budget"),
+    (("--budget", "auto"), "--budget auto"),  # a number is the request's own (tests/test_adaptive.py)
     (("--target", "t.gguf", "--draft", "d.gguf"), "--target, --draft"),
     (("--model", "smollm2-135m"), "--model"),
     (("--mmproj", "mm.gguf", "--ctx", "512"), "--mmproj, --ctx"),
-    (("--no-draft", "--", "-fa", "on"), "--no-draft, arguments after --"),
+    (("--p-min", "auto", "--", "-fa", "on"), "--p-min auto, arguments after --"),
 ])
 def test_run_server_refuses_what_only_a_start_can_use(cli, given, named):
     # port 9 (discard) has no server: the refusal comes before any connection

@@ -187,3 +187,8 @@ def test_benchmarks_quotes_the_committed_tuning_record():
     rec = TuningRecord.from_record(json.loads((REPO / src).read_text()))
     assert rec.complete and rec.key.backend == "cpu" and rec.choice().candidate is None  # plain won there
     assert script("tune_to_md").record_md(rec, src).strip() in (REPO / "BENCHMARKS.md").read_text()
+    assert tuned.parse_auto("adaptive", "--budget", int, adaptive=True) == (tuned.ADAPTIVE, False)
+    with pytest.raises(UsageError, match="number, 'auto' or 'adaptive'"):
+        tuned.parse_auto("x", "--budget", int, adaptive=True)
+    with pytest.raises(UsageError, match="number or 'auto'"):
+        tuned.parse_auto("adaptive", "--budget", int)  # where adaptive has no meaning (--p-min, vllm)

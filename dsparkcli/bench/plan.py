@@ -23,6 +23,8 @@ class Draft:
     path: Path
 
 
+ADAPTIVE_LABEL = "adaptive"  # the adaptive arm's config name: "<draft>@adaptive"
+
 @dataclass(frozen=True)
 class Arm:
     """One server configuration: plain, or one draft at one budget."""
@@ -34,6 +36,12 @@ class Arm:
     p_min: float | None = None
     synth_len: float | None = None
     synth_rates: tuple[float, ...] | None = None  # per-position synthetic acceptance, ``budget`` values
+    # --budget adaptive: llama.cpp picks 0..budget per step from this cost table (--spec-draft-n-max auto)
+    cost_table: Path | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        return self.cost_table is not None
 
     def settings(self, plan: BenchPlan) -> tuple[float | None, float | None, tuple[float, ...] | None]:
         """(p_min, synth_len, synth_rates) this arm's server runs with: draft-only, the arm's over the plan's."""
@@ -75,6 +83,9 @@ class BenchPlan:
     explicit_arms: tuple[Arm, ...] = ()  # instead of drafts x budgets (tune's cells)
     with_plain: bool = True  # plain decoding first (speedups and identity need it)
     placement: Placement = Placement()  # RPC workers, multi-GPU split, the draft's device: every arm the same
+    # --budget adaptive: one more arm per draft, "<draft>@adaptive", on this cost table (its max k the cap)
+    cost_table: Path | None = None
+    adaptive_k: int = 0  # the cost table's largest k
 
     def _validate_arms(self) -> None:
         names = [a.name for a in self.explicit_arms]
@@ -114,6 +125,8 @@ class BenchPlan:
             return arms + list(self.explicit_arms)
         for d in self.drafts:
             arms += [Arm(f"{d.label}@{b}", d, b) for b in self.budgets]
+            if self.cost_table is not None:
+                arms.append(Arm(f"{d.label}@{ADAPTIVE_LABEL}", d, self.adaptive_k, cost_table=self.cost_table))
         return arms
 
     def total_requests(self) -> int:
@@ -128,7 +141,7 @@ class BenchPlan:
             self._validate_arms()
         elif not self.drafts:
             raise UsageError("bench needs at least one draft (--draft or --model)")
-        elif not self.budgets:
+        elif not self.budgets and self.cost_table is None:
             raise UsageError("bench needs at least one --budget")
         if any(b < 1 for b in self.budgets):
             raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")

@@ -62,7 +62,7 @@ from dsparkcli.bench.stats import (
 )
 from dsparkcli.errors import BenchError, ServerError
 from dsparkcli.llama.engine import Engine
-from dsparkcli.llama.protocol import COMPLETION_FIELDS, SpecCounters, completion_payload, timings_drafts
+from dsparkcli.llama.protocol import AUTO, COMPLETION_FIELDS, SpecCounters, completion_payload, timings_drafts
 from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
 from dsparkcli.outputs import check_output_dir, check_output_file
 
@@ -220,7 +220,8 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
 def _server_config(plan: BenchPlan, arm: Arm, concurrency: int = 1) -> ServerConfig:
     p_min, synth_len, synth_rates = arm.settings(plan)  # the arm's own (tune's cells), else the plan's
     return ServerConfig(
-        model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj, n_max=arm.budget,
+        model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj,
+        n_max=AUTO if arm.adaptive else arm.budget, cost_table=arm.cost_table,
         p_min=p_min, synth_len=synth_len, synth_rates=synth_rates,
         # llama-server splits -c over its slots: every client gets plan.ctx
         ctx=plan.ctx * concurrency if plan.ctx else None, n_parallel=concurrency,
@@ -315,7 +316,8 @@ def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: 
                     drafted += block.counters.drafted
                     mine.counters.append(block)
                     writer.write(block.to_record())
-            if is_draft and drafted == 0:  # a whole pass without one draft: fail now, not in an hour
+            # a whole pass without one draft: fail now, not in an hour (an adaptive budget may choose that)
+            if is_draft and drafted == 0 and not arm.adaptive:
                 raise _drafted_nothing(arm, len(plan.prompts) * (rep + 1), srv)
         t_stop0 = time.perf_counter()
     totals.stop_s += time.perf_counter() - t_stop0
@@ -379,7 +381,7 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
                     before = after
                     mine.counters.append(block)
                     writer.write(block.to_record())
-                    if sum(c.counters.drafted for c in mine.counters) == 0:
+                    if sum(c.counters.drafted for c in mine.counters) == 0 and not arm.adaptive:
                         raise _drafted_nothing(arm, len(mine.requests), srv)
         finally:
             for c in clients:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsparkcli.llama import budget
 from dsparkcli.llama.protocol import SpecCounters
 
 RECORD_KIND = "dspark-tuning"
@@ -162,13 +163,15 @@ class CostModel:
 
 
 def cost_table(cost: CostModel) -> str:
-    """The per-k step-cost table (for llama.cpp's adaptive budget, ``--spec-cost-table FILE``):
-    ``# comment`` lines, then ``k t_step_ms`` per budget; k = 0 is plain decoding (t1) and s is given once."""
-    lines = ["# dspark tune cost table: k = drafts per step, ms per step with nothing accepted",
-             "# k = 0 is plain decoding (ms per token); s = ms each accepted token adds to a step",
-             f"s {cost.s_ms:.6f}", f"0 {cost.t1_ms:.6f}"]
-    lines += [f"{k} {ms:.6f}" for k, ms in sorted(cost.t_step_ms)]
-    return "\n".join(lines) + "\n"
+    """The per-k step-cost table for llama.cpp's adaptive budget (``--spec-cost-table FILE``, the format
+    of ``llama.budget``): k = 0 is plain decoding (t1), s is given once."""
+    return budget.format_cost_table({0: cost.t1_ms, **dict(cost.t_step_ms)}, cost.s_ms,
+                                    comment="dspark tune cost table")
+
+
+def budget_table(cost: CostModel) -> budget.CostTable:
+    """The table the engine reads from ``cost_table(cost)`` (parsed back, so the doubles are its own)."""
+    return budget.parse_cost_table(cost_table(cost))
 
 
 # ------------------------------------------------------------------ acceptance

@@ -1,6 +1,6 @@
 """Stored tunings: the key of a pair as served (file sha256s, engine commit, backend, GPU, cost-changing
-flags), the record store under the dspark cache, and ``--budget auto`` / ``--p-min auto`` for run, serve and
-bench. Light: no bench machinery, so `run` pays nothing for it.
+flags), the record store under the dspark cache, and ``--budget auto`` / ``--p-min auto`` / ``--budget
+adaptive`` for run, serve and bench. Light: no bench machinery, so `run` pays nothing for it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 from dsparkcli import config
 from dsparkcli.bench import provenance, tune
 from dsparkcli.bench.tune import TuningKey, TuningRecord
-from dsparkcli.errors import UsageError
+from dsparkcli.errors import EngineCapabilityError, UsageError
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.server import ServerConfig
 
@@ -85,6 +86,7 @@ class AutoChoice:
     plain: bool  # the tuning says plain decoding beats every budget
     message: str  # one line for the user
     record: TuningRecord | None = None
+    cost_table: Path | None = None  # --budget adaptive: the table llama.cpp chooses each step's budget from
 
 
 def auto_settings(engine: Engine, cfg: ServerConfig, category: str | None, default_budget: int) -> AutoChoice:
@@ -113,29 +115,85 @@ def auto_settings(engine: Engine, cfg: ServerConfig, category: str | None, defau
                       + (f", p-min {c.p_min:g}" if c.p_min else "") + (f" ({gain:.2f}x plain)" if gain else ""), rec)
 
 
+ADAPTIVE = "adaptive"  # --budget adaptive: llama.cpp chooses each step's budget (dspark's patch series)
+
+
+def require_adaptive(engine: Engine) -> None:
+    """--budget adaptive needs dspark's patched llama.cpp; say how to get it before anything starts."""
+    if not engine_mod.capabilities(engine).adaptive_budget:
+        raise EngineCapabilityError(f"{engine.server} has no --spec-cost-table: --budget adaptive needs dspark's "
+                                    "patched llama.cpp", hint="dspark engine build (patches are applied by default)")
+
+
+def write_cost_table(rec: TuningRecord) -> Path:
+    """The tuning's cost model as llama.cpp's ``--spec-cost-table`` file, next to the record (atomic)."""
+    path = store_dir() / f"{rec.key.id}.cost.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cost.", suffix=".txt")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(tune.cost_table(rec.cost))
+    os.replace(tmp, path)
+    return path
+
+
+def adaptive_settings(engine: Engine, cfg: ServerConfig, default_budget: int) -> AutoChoice:
+    """``--budget adaptive``: the cost table of the stored tuning for this pair, engine, machine and flags
+    (its acceptance is the engine's own, per request); without one, the default budget, said in one line."""
+    assert cfg.draft is not None
+    require_adaptive(engine)
+    rec = find(key_for(engine, cfg.model, cfg.draft, cfg.argv(engine.server, 0)))
+    if rec is None or not rec.cost.t_step_ms or rec.cost.t1_ms <= 0:
+        return AutoChoice(None, None, False, "--budget adaptive needs this pair's cost table and no tuning matches "
+                          f"this pair, engine and flags (run `dspark tune` first); using budget {default_budget}")
+    path = write_cost_table(rec)
+    ks = [k for k, _ in rec.cost.t_step_ms]
+    return AutoChoice(None, None, False, f"adaptive budget: llama.cpp picks 0..{max(ks)} per step from tuning "
+                      f"{rec.key.id}'s step costs (measured at k = {', '.join(map(str, ks))})", rec, path)
+
+
 def apply_auto(engine: Engine, cfg: ServerConfig, *, budget: bool, p_min: bool,
-               category: str | None = None) -> tuple[ServerConfig, AutoChoice | None]:
+               category: str | None = None, adaptive: bool = False) -> tuple[ServerConfig, AutoChoice | None]:
     """The server configuration with the stored budget and/or p-min put in (when a tuning matches);
-    the message says what was used either way. Plain decoding configurations are returned unchanged."""
-    if not (budget or p_min) or cfg.draft is None:
+    the message says what was used either way. Plain decoding configurations are returned unchanged.
+    ``adaptive``: ``--spec-draft-n-max auto`` with the tuning's cost table instead of a fixed budget."""
+    if cfg.draft is None or not (budget or p_min or adaptive):
         return cfg, None
-    choice = auto_settings(engine, cfg, category, cfg.n_max or 0)
+    if adaptive:
+        choice = adaptive_settings(engine, cfg, cfg.n_max if isinstance(cfg.n_max, int) else 0)
+        if choice.cost_table is not None:
+            cfg = replace(cfg, n_max=protocol.AUTO, cost_table=choice.cost_table)
+        if p_min:
+            cfg, auto_p = apply_auto(engine, cfg, budget=False, p_min=True, category=category)
+            choice = replace(choice, message=f"{choice.message}; {auto_p.message}" if auto_p else choice.message)
+        return cfg, choice
+    choice = auto_settings(engine, cfg, category, cfg.n_max if isinstance(cfg.n_max, int) else 0)
     if choice.budget is None:
         return cfg, choice
     return replace(cfg, n_max=choice.budget if budget else cfg.n_max,
                    p_min=(choice.p_min or None) if p_min else cfg.p_min), choice
 
 
-def parse_auto(value: str | None, what: str, cast: type) -> tuple[object | None, bool]:
-    """``--budget``/``--p-min`` text -> (value, auto): a number, 'auto', or nothing."""
+def category_budgets(choice: AutoChoice | None) -> dict[str, int]:
+    """The tuning's pick per category ({category: budget}, 0 = plain decoding won), for per-request budgets."""
+    if choice is None or choice.record is None:
+        return {}
+    return {c.category: c.candidate.budget if c.candidate else 0 for c in choice.record.choices}
+
+
+def parse_auto(value: str | None, what: str, cast: type, *, adaptive: bool = False) -> tuple[object | None, bool]:
+    """``--budget``/``--p-min`` text -> (value, auto): a number, 'auto', or nothing; with ``adaptive``,
+    'adaptive' comes back as the value ADAPTIVE."""
     if value is None:
         return None, False
     if value.strip().lower() == "auto":
         return None, True
+    if adaptive and value.strip().lower() == ADAPTIVE:
+        return ADAPTIVE, False
     try:
         return cast(value), False
     except ValueError:
-        raise UsageError(f"{what} must be a number or 'auto' (got {value!r})") from None
+        choices = "a number, 'auto' or 'adaptive'" if adaptive else "a number or 'auto'"
+        raise UsageError(f"{what} must be {choices} (got {value!r})") from None
 
 
 APPLY_MARK = "# dspark tune --apply"

@@ -8,7 +8,8 @@ Three bench runs, one JSONL (run ids ``<id>-cost``, ``<id>-acceptance``, ``<id>-
    (t_step(k)) on a few prompts; skipped when a stored tuning for the same key already holds these budgets.
 2. acceptance: the largest budget, once per p_min, on every prompt: per-position acceptance per category
    from /metrics; s (ms per accepted token) is fitted on these cells.
-3. verify: plain and each category's best predicted candidates, measured in the same run.
+3. verify: plain and each category's best predicted candidates, measured in the same run (with
+   ``adaptive``, also llama.cpp's per-step budget on this cost model: ``--spec-draft-n-max auto``).
 
 The model and the pick are pure (``bench.tune``); this module runs the cells and keeps the records.
 """
@@ -25,7 +26,7 @@ from typing import Any
 from dsparkcli import config
 from dsparkcli.bench import tune
 from dsparkcli.bench.tuned import find, key_for, save
-from dsparkcli.bench.plan import Arm, BenchPlan, Draft
+from dsparkcli.bench.plan import ADAPTIVE_LABEL, Arm, BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import ALL, PLAIN, measured, read_jsonl
 from dsparkcli.bench.run import new_run_id, run_bench
@@ -70,6 +71,7 @@ class TunePlan:
     model_name: str | None = None
     upstream_acceptance: tuple[tuple[str, float], ...] = ()
     scripted: str | None = None  # why the pair's own acceptance is synthetic (bench.plan.BenchInputs.scripted)
+    adaptive: bool = False  # verify llama.cpp's adaptive budget (the measured cost table) next to the picks
 
     @property
     def k_max(self) -> int:
@@ -188,6 +190,17 @@ def candidate_arm(tp: TunePlan, c: Candidate) -> Arm:
     return Arm(name, d, c.budget, p_min=0.0, synth_len=tp.synth_len)
 
 
+def adaptive_arm(tp: TunePlan, table: Path) -> Arm:
+    """The adaptive budget's arm: cap k_max, the same emulated draft as the largest budget's."""
+    d = Draft("draft", tp.draft)
+    if tp.synth_len is None:
+        return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, cost_table=table)
+    if tp.synth_mode == "rates":
+        return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, synth_rates=tune.synth_rates(tp.synth_len, tp.k_max),
+                   cost_table=table)
+    return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, synth_len=tp.synth_len, cost_table=table)
+
+
 def _acceptance(records: list[dict[str, Any]], arm: Arm, p_min: float, categories: Sequence[str]) -> list[Acceptance]:
     requests, counters = measured(records)
     out = []
@@ -270,16 +283,22 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
         # 3. verification: plain and the best predicted candidates, side by side
         started = time.monotonic()
         short = tune.shortlist(predictions, [*categories, tune.OVERALL], tp.top)
-        if short:
+        extra = []
+        if tp.adaptive:  # the same cost model, as the table llama.cpp reads
+            table = out.with_suffix(".cost.txt")
+            table.write_text(tune.cost_table(cost), encoding="utf-8")
+            extra = [adaptive_arm(tp, table)]
+        if short or extra:
             by_arm = {candidate_arm(tp, c).name: c for c in short}
-            ver_plan = _base_plan(tp, tp.prompts, [candidate_arm(tp, c) for c in short])
+            ver_plan = _base_plan(tp, tp.prompts, [candidate_arm(tp, c) for c in short] + extra)
             try:
                 rows = _bench(engine, ver_plan, out, f"{run_id}-verify", "verify", tp.deadline, on_progress, argv)
             except _OutOfTime:
                 rows = read_jsonl(out, f"{run_id}-verify")  # keep the predictions' choices, say so
                 timings["verify_cut"] = 1.0
             speed = _speedups(rows)
-            verified = [(cat, by_arm[name].label, s) for (name, cat), s in speed.items() if name in by_arm]
+            verified = [(cat, by_arm[name].label if name in by_arm else name, s) for (name, cat), s in speed.items()
+                        if name in by_arm or name == ADAPTIVE_LABEL]
             if "verify_cut" not in timings:
                 choices = [tune.choose(predictions, cat, {by_arm[n]: s for (n, c), s in speed.items()
                                                           if c == (ALL if cat == tune.OVERALL else cat)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli.bench.tuned import parse_auto
+from dsparkcli.bench.tuned import ADAPTIVE, parse_auto
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.server import check_extra_args
 from dsparkcli.llama.placement import Placement, parse_endpoints, parse_tensor_split
@@ -26,7 +26,7 @@ TargetOpt = Annotated[Optional[str], typer.Option("--target", help="Target GGUF:
 DraftOpt = Annotated[Optional[str], typer.Option("--draft", help="DSpark draft GGUF: path or hf://owner/repo/file.")]
 MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF: path or hf://.")]
 DraftKeyOpt = Annotated[Optional[str], typer.Option("--draft-key", help="Which registry draft (e.g. q8_0).")]
-BudgetOpt = Annotated[Optional[str], typer.Option("--budget", "-b", help="--spec-draft-n-max, or 'auto': the `dspark tune` choice (default: registry, 5).")]
+BudgetOpt = Annotated[Optional[str], typer.Option("--budget", "-b", help="--spec-draft-n-max, or 'auto': the `dspark tune` choice, or 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (default: registry, 5).")]
 NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculative draft.")]
 PMinOpt = Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")]
 AutoPMinOpt = Annotated[Optional[str], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1), or 'auto' (the tuning's).")]
@@ -91,9 +91,11 @@ def api_key_from(given: str | None, key_file: Path | None) -> str | None:
 
 def knob_values(budget: str | None, p_min: str | None) -> dict:
     """--budget / --p-min text (a number or 'auto') as ServerKnobs fields; a bad value is a one-line error."""
-    b, auto_b = parse_auto(budget, "--budget", int)
+    b, auto_b = parse_auto(budget, "--budget", int, adaptive=True)
     p, auto_p = parse_auto(p_min, "--p-min", float)
-    return {"budget": b, "p_min": p, "auto_budget": auto_b, "auto_p_min": auto_p}
+    adaptive = b == ADAPTIVE
+    return {"budget": None if adaptive else b, "p_min": p, "auto_budget": auto_b, "auto_p_min": auto_p,
+            "adaptive_budget": adaptive}
 
 
 def placement_of(rpc: str | None, split_mode: str | None, tensor_split: str | None, main_gpu: int | None,

@@ -39,6 +39,7 @@ from dsparkcli.cli._common import (
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import Interrupted, UsageError
 from dsparkcli.outputs import check_output_file
+from dsparkcli.llama import budget as budget_mod
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
@@ -71,6 +72,7 @@ Examples:
   dspark bench --budget 5 15 -- -ngl 99 -ngld 99 -fa on
   dspark bench --target t.gguf --draft d.gguf --budget 3 --concurrency 1 2 4 8 16 --category text
   dspark bench --budget auto 5 --category code         # `dspark tune`'s pick for code vs budget 5
+  dspark bench --budget 1 3 5 adaptive                 # fixed budgets vs llama.cpp's per-step pick
   dspark bench --budget 5 --rpc 127.0.0.1:50052,127.0.0.1:50053   # target on two rpc workers
 """
 
@@ -85,15 +87,18 @@ class BenchCommand(TyperCommand):
         return super().parse_args(ctx, expand_multi_values(args, ("--budget", "-b", "--concurrency", "-C")))
 
 
-def _budgets(values: list[str] | None) -> tuple[list[int], bool]:
-    """--budget values: integers, and 'auto' (the tuning's budget) among them."""
-    ints, auto = [], False
+def _budgets(values: list[str] | None) -> tuple[list[int], bool, bool]:
+    """--budget values: integers, 'auto' (the tuning's budget) and 'adaptive' (llama.cpp's per-step pick)
+    among them -> (integers, auto, adaptive)."""
+    ints, auto, adaptive = [], False, False
     for v in values or []:
-        parsed, is_auto = parse_auto(v, "--budget", int)
+        parsed, is_auto = parse_auto(v, "--budget", int, adaptive=True)
         auto = auto or is_auto
-        if parsed is not None:
+        if parsed == tuned.ADAPTIVE:
+            adaptive = True
+        elif parsed is not None:
             ints.append(int(parsed))  # type: ignore[call-overload]
-    return ints, auto
+    return ints, auto, adaptive
 
 
 def expand_multi_values(args: list[str], flags: tuple[str, ...], is_value: Callable[[str], bool] | None = None) -> list[str]:
@@ -119,7 +124,7 @@ def expand_multi_values(args: list[str], flags: tuple[str, ...], is_value: Calla
 
 
 def _is_int(text: str) -> bool:
-    return (text.lstrip("-").isdigit() and not text.startswith("--")) or text.lower() == "auto"
+    return (text.lstrip("-").isdigit() and not text.startswith("--")) or text.lower() in ("auto", tuned.ADAPTIVE)
 
 
 def render_table(summaries: list[dict[str, Any]]) -> Table:
@@ -150,7 +155,7 @@ def render_table(summaries: list[dict[str, Any]]) -> Table:
 
 def bench(
     concurrency: Annotated[Optional[list[int]], typer.Option("--concurrency", "-C", min=1, help="Clients in flight (-np N): --concurrency 1 2 4 8.")] = None,
-    budget: Annotated[Optional[list[str]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15; 'auto': the `dspark tune` choice.")] = None,
+    budget: Annotated[Optional[list[str]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15; 'auto': the `dspark tune` choice; 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (an arm per draft).")] = None,
     model: ModelOpt = None,
     target: TargetOpt = None,
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable).")] = None,
@@ -198,7 +203,17 @@ def bench(
     engine_mod.require_dspark(eng)
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes,
                                        engine=eng)
-    budgets, auto_budget = _budgets(budget)
+    budgets, auto_budget, adaptive = _budgets(budget)
+    cost_table, adaptive_k = None, 0
+    if adaptive:  # the (first) draft's tuning: its step costs, llama.cpp's choice per step
+        cfg = ServerConfig(model=inputs.target, draft=inputs.drafts[0].path, mmproj=inputs.mmproj,
+                           n_max=inputs.budget or DEFAULT_BUDGET, ctx=ctx, threads=threads, extra_args=passthrough_args())
+        choice = tuned.adaptive_settings(eng, cfg, 0)
+        if choice.cost_table is None:
+            raise UsageError("--budget adaptive needs the pair's cost table and no tuning matches this pair, engine "
+                             "and flags: run `dspark tune` with the same pair and flags first")
+        err.print(choice.message, markup=False)
+        cost_table, adaptive_k = choice.cost_table, budget_mod.parse_cost_table(choice.cost_table.read_text()).max_k
     p_value, auto_p = parse_auto(p_min, "--p-min", float)
     if auto_budget or auto_p:  # the tuning of the (first) draft: for the one category benched, else overall
         cfg = ServerConfig(model=inputs.target, draft=inputs.drafts[0].path, mmproj=inputs.mmproj,
@@ -218,12 +233,12 @@ def bench(
         err.print(placement_describe(placement), markup=False)
     plan = bench_plan.BenchPlan(
         target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts,
-        budgets=tuple(budgets or [inputs.budget or DEFAULT_BUDGET]), prompts=selected,
+        budgets=tuple(budgets or ([] if adaptive else [inputs.budget or DEFAULT_BUDGET])), prompts=selected,
         reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_value, synth_len=synth_len,  # type: ignore[arg-type]
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=extra_args,
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
         concurrency=tuple(concurrency or ()),
-        placement=placement,
+        placement=placement, cost_table=cost_table, adaptive_k=adaptive_k,
     )
     plan.validate()
     if plan.synth_len is not None:

@@ -86,6 +86,9 @@ def doctor(
         table.add_row("--mmproj", yes[caps.mmproj])
         table.add_row("--spec-synth-len", yes[caps.spec_synth_len])
         table.add_row("--spec-draft-p-min", yes[caps.spec_draft_p_min])
+        table.add_row("dspark patches", core.patch_line(report))
+        table.add_row("per-request drafts", yes[caps.request_draft_params] + " (speculative.n_max, n_min, p_min)")
+        table.add_row("--budget adaptive", yes[caps.adaptive_budget] + " (--spec-draft-n-max auto, --spec-cost-table)")
         if report.loads is not None:
             t = report.loads
             origin = "the source tree" if t.origin == "source" else "the strings of its shared libraries"

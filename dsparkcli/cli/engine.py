@@ -18,7 +18,8 @@ Examples:
   dspark engine build                          # CPU build with the RPC backend, reused on the next call
   dspark engine build --no-rpc                 # without GGML_RPC (no --rpc, no rpc-worker)
   dspark engine build --backend cuda --cuda-arch 90 --jobs 16
-  dspark engine build --source ~/src/llama.cpp # your own checkout
+  dspark engine build --no-patches             # stock llama.cpp, without dspark's patch series
+  dspark engine build --source ~/src/llama.cpp # your own checkout (stock; add --patches for the series)
 """
 
 
@@ -28,6 +29,7 @@ def build(
     cpu_arch: Annotated[str, typer.Option("--cpu-arch", help="x86-64-v3 (portable, default) or native.")] = "x86-64-v3",
     rpc: Annotated[bool, typer.Option("--rpc/--no-rpc", help="The RPC backend (GGML_RPC=ON) and its worker, for --rpc and dspark rpc-worker (part of the cache key).")] = True,
     source: Annotated[Optional[Path], typer.Option("--source", help="Build this llama.cpp checkout instead.")] = None,
+    patches: Annotated[Optional[bool], typer.Option("--patches/--no-patches", help="Apply dspark's patch series (per-request draft settings, --spec-draft-n-max auto) to a copy of the tree first (default: yes for the pinned tree, no for --source). Part of the cache key.", show_default=False)] = None,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs (default: all cores).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build exists.")] = False,
     json_out: JsonOpt = False,
@@ -47,15 +49,17 @@ def build(
             else:
                 progress.update(task, **fields)
 
-        eng, record, reused = core.build_engine(backend=backend, cuda_arch=cuda_arch, cpu_arch=cpu_arch, rpc=rpc, source=source, jobs=jobs,
-                                               force=force, on_progress=on_progress)
+        eng, record, reused = core.build_engine(backend=backend, cuda_arch=cuda_arch, cpu_arch=cpu_arch, rpc=rpc, source=source,
+                                               patches=patches, jobs=jobs, force=force, on_progress=on_progress)
     if json_out:
         print_json({"server": eng.server, "reused": reused, **record.__dict__})
         return
     what = "reused cached build" if reused else f"built in {record.build_seconds:.0f} s"
     out.print(f"{what}: {eng.server}")
     out.print(f"commit {record.commit}, backend {record.backend}" + (f", sm{record.cuda_arch}" if record.cuda_arch else "")
-              + (", rpc" if record.rpc else ""))
+              + (", rpc" if record.rpc else "") + (f", patches {record.patch_hash}" if record.patch_hash else ", stock"))
+    for name in record.patches:
+        out.print(f"  patch {name}")
 
 
 def path(llama_bin: LlamaBinOpt = None) -> None:

@@ -40,6 +40,7 @@ from dsparkcli.cli._common import (
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
 from dsparkcli.images import load_image
+from dsparkcli.llama import protocol
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs
 
 HELP = """Answer a prompt (optionally about images) with DSpark speculative decoding.
@@ -54,6 +55,7 @@ Examples:
   dspark run "Write a haiku about GPUs" --max-tokens 64
   dspark run chart.png "Summarise the trend" --budget 7 --json
   dspark run chart.png "Summarise the trend" --budget auto --category charxiv   # `dspark tune`'s pick
+  dspark run chart.png "Summarise the trend" --budget adaptive   # llama.cpp picks per step (tune's costs)
   dspark run --target t.gguf --draft d.gguf --mmproj mm.gguf img.png "Describe it"
   dspark run photo.png "Describe" --no-draft            # plain decoding, same greedy text
   dspark run photo.png "Describe" --server http://127.0.0.1:8080   # reuse `dspark serve`
@@ -72,8 +74,11 @@ def format_stats(result: runner.RunResult) -> str:
     else:
         rate = f"{100 * acc.rate:.1f} %" if acc.rate is not None else "n/a"
         mean = f"{acc.mean_len:.2f}" if acc.mean_len is not None else "n/a (server without --metrics)"
+        chosen = protocol.BudgetTimings.from_timings(result.timings)
         # a --server's budget is in its command line only: llama-server reports no n_max (/props, /slots)
-        parts += [f"budget {result.budget}" if result.budget else "budget set by the server", f"drafted {acc.drafted}",
+        budget = (f"budget adaptive (mean {chosen.mean:.2f}, {chosen.zero} of {chosen.steps} steps without a draft)"
+                  if chosen.mean is not None else f"budget {result.budget}" if result.budget else "budget set by the server")
+        parts += [budget, f"drafted {acc.drafted}",
                   f"accepted {acc.accepted} ({rate})", f"mean acceptance length {mean}"]
         if result.acceptance_kind:
             parts.append(result.acceptance_kind)

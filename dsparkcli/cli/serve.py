@@ -120,8 +120,8 @@ def serve(
             raise UsageError(f"{', '.join(given)}: llama.cpp options; --engine vllm serves a registry pair's "
                              "safetensors with the model card's recipe (vLLM flags go after --)")
         kv = knob_values(budget, None)
-        if kv["auto_budget"]:
-            raise UsageError("--budget auto is dspark tune's pick for llama.cpp; give vLLM a number "
+        if kv["auto_budget"] or kv["adaptive_budget"]:
+            raise UsageError("--budget auto and adaptive are dspark tune's for llama.cpp; give vLLM a number "
                              "(default: the registry's num_speculative_tokens)")
         cmd = vllm.serve_command(load_registry().get(name), host=host, port=port, budget=kv["budget"],
                                  api_key=api_key, extra_args=passthrough_args())
@@ -143,9 +143,16 @@ def serve(
                         placement=placement),
             Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress), engine=eng)
     cfg, auto = tuned.apply_auto(eng, cfg, budget=kv["auto_budget"], p_min=kv["auto_p_min"],
-                                 category=category)
+                                 category=category, adaptive=kv["adaptive_budget"])
     if auto is not None:
         err.print(auto.message, markup=False)
+    per_category = tuned.category_budgets(auto)
+    if per_category and engine_mod.capabilities(eng).request_draft_params:
+        most = max(per_category.values())
+        err.print("per-request budgets by category (a request's speculative.n_max, or dspark run --server URL "
+                  f"--budget K): {', '.join(f'{c} {k}' for c, k in per_category.items())}"
+                  + (f"; this server drafts at most {cfg.n_max}: --budget {most} lets every category have its own"
+                     if isinstance(cfg.n_max, int) and most > cfg.n_max else ""), markup=False)
     if print_only:
         argv = cfg.argv(eng.server, port)
         if json_out:
@@ -159,7 +166,8 @@ def serve(
         info = {"url": srv.url, "pid": srv.pid, "log": str(srv.log_path), "target": str(files.target),
                 "draft": str(files.draft) if files.draft else None, "mmproj": str(files.mmproj) if files.mmproj else None,
                 "budget": cfg.n_max, "p_min": cfg.p_min, "parallel": cfg.n_parallel,
-                "tuning": auto.message if auto else None, "rpc": [str(e) for e in cfg.placement.rpc],
+                "tuning": auto.message if auto else None, "category_budgets": per_category or None,
+                "rpc": [str(e) for e in cfg.placement.rpc],
                 "draft_device": cfg.placement.draft_device}
         if json_out:
             print_json(info)

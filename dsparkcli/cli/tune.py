@@ -40,6 +40,8 @@ Examples:
   dspark tune --target t.gguf --draft d.gguf --prompts my.jsonl --max-minutes 10
   dspark tune --target t.gguf --draft d.gguf --synth-len 5.1 --category text   # SYNTHETIC acceptance
   dspark tune --target t.gguf --draft d.gguf --cost-table cost.txt   # per-k step costs, for llama.cpp
+  dspark tune --target t.gguf --draft d.gguf --adaptive   # static picks vs llama.cpp's per-step budget
+  dspark bench --target t.gguf --draft d.gguf --budget 3 5 adaptive  # then compare them on any kit
   dspark run photo.png "Describe" --budget auto      # then use it
 """
 
@@ -119,6 +121,7 @@ def tune_cmd(
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Bench records (JSONL) here (default: the dspark cache).")] = None,
     record_path: Annotated[Optional[Path], typer.Option("--record", help="Also write the tuning record (JSON) here.")] = None,
     cost_table: Annotated[Optional[Path], typer.Option("--cost-table", help="Write the per-k step-cost table here.")] = None,
+    adaptive: Annotated[bool, typer.Option("--adaptive", help="Also measure llama.cpp's adaptive budget (--budget adaptive: each step's budget from this cost model) next to the picks (dspark's patched engine).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Request seed.")] = 0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Always generate --n-predict tokens.")] = False,
     yes: YesOpt = False,
@@ -131,6 +134,8 @@ def tune_cmd(
     selected = kit.select(kit.load_prompts(prompts), category, limit)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
     engine_mod.require_dspark(eng)
+    if adaptive:
+        tuned.require_adaptive(eng)
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=[draft] if draft else [], mmproj=mmproj,
                                        yes=yes, engine=eng)
     draft_path = inputs.drafts[0].path
@@ -145,7 +150,7 @@ def tune_cmd(
         extra_args=passthrough_args(), top=top, synth_len=synth_len, synth_mode=synth_mode, seed=seed,
         ignore_eos=ignore_eos, reuse_cost=reuse_cost, model_name=inputs.model_name,
         deadline=t0 + 60.0 * max_minutes if max_minutes else None, upstream_acceptance=inputs.upstream_acceptance,
-        scripted=inputs.scripted,
+        scripted=inputs.scripted, adaptive=adaptive,
     )
     tp.validate()
     if synth_len is not None:

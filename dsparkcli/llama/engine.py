@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dsparkcli import config
+from dsparkcli.llama import patches as patches_mod
 from dsparkcli.errors import EngineBuildError, EngineCapabilityError, EngineNotFoundError, UsageError
 
 SDIST_PACKAGE = "llama-cpp-python"
@@ -42,6 +43,10 @@ class Capabilities:
     mmproj: bool
     spec_synth_len: bool
     spec_draft_p_min: bool
+    # dspark's patch series (llama.patches): requests' own speculative.n_max / n_min / p_min, and
+    # --spec-draft-n-max auto with --spec-cost-table
+    request_draft_params: bool = False
+    adaptive_budget: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,13 @@ class BuildRecord:
     built_at: str = ""
     cpu_arch: str = ""
     rpc: bool = False  # GGML_RPC=ON: llama-server takes --rpc and ggml-rpc-server sits in bin_dir
+    patches: list[str] = field(default_factory=list)  # the series applied (file names, in order)
+    patch_hash: str = ""  # llama.patches.series_hash of them ("" = stock)
+    build_source: str = ""  # the patched copy it was compiled from ("" = source_dir itself)
+
+    @property
+    def compiled_source(self) -> str:  # the tree the binaries were compiled from
+        return self.build_source or self.source_dir
 
 
 # ------------------------------------------------------------------ probing a binary
@@ -126,6 +138,8 @@ def parse_capabilities(help_text: str) -> Capabilities:
         mmproj=re.search(r"(^|\s)--mmproj[\s,]", help_text, re.M) is not None,
         spec_synth_len="--spec-synth-len" in help_text,
         spec_draft_p_min="--spec-draft-p-min" in help_text,
+        request_draft_params="speculative.n_max" in help_text,
+        adaptive_budget="--spec-cost-table" in help_text,
     )
 
 
@@ -227,9 +241,10 @@ _CPU_ARCH_FLAGS = {
 }
 
 
-def build_key(commit: str, backend: str, cuda_arch: str = "", cpu_arch: str = "x86-64-v3", rpc: bool = False) -> str:
+def build_key(commit: str, backend: str, cuda_arch: str = "", cpu_arch: str = "x86-64-v3", rpc: bool = False,
+              patch_hash: str = "") -> str:
     return (f"{commit}-{backend}-{cpu_arch}" + (f"-sm{cuda_arch}" if backend == "cuda" and cuda_arch else "")
-            + ("-rpc" if rpc else ""))
+            + ("-rpc" if rpc else "") + (f"-p{patch_hash}" if patch_hash else ""))
 
 
 def cached_builds() -> list[tuple[Path, BuildRecord]]:
@@ -276,8 +291,11 @@ def _find_engine(llama_bin: str | None, *, backend: str | None, rpc: bool) -> En
         builds = [b for b in builds if b[1].backend == backend]
     if rpc:
         builds = [b for b in builds if b[1].rpc]
-    # a GPU build wins over a CPU one; then an RPC build (the same llama-server plus --rpc and the worker)
-    builds.sort(key=lambda b: (b[1].backend != "cuda", not b[1].rpc))
+    # a GPU build wins over a CPU one; then an RPC build (the same llama-server plus --rpc and the worker);
+    # then the shipped patch series (stock unless asked for more), any other series, stock; newest first
+    current = patches_mod.series_hash(patches_mod.shipped())
+    builds.sort(key=lambda b: (b[1].backend != "cuda", not b[1].rpc, b[1].patch_hash != current or not current,
+                               not b[1].patch_hash))
     if builds:
         _, record = builds[0]
         server = Path(record.bin_dir) / "llama-server"
@@ -297,10 +315,15 @@ def _sdist_dir() -> Path:
     return config.cache_dir() / "src"
 
 
+def vendored_source_dir() -> Path:
+    """Where the pinned tree lives in the cache (whether or not it is there yet)."""
+    return _sdist_dir() / f"llama_cpp_python-{SDIST_VERSION}" / "vendor" / "llama.cpp"
+
+
 def vendored_source(*, on_line: ProgressFn | None = None) -> Path:
     """The llama.cpp tree from the pinned sdist, downloaded with pip once and kept in the cache."""
     src_root = _sdist_dir()
-    tree = src_root / f"llama_cpp_python-{SDIST_VERSION}" / "vendor" / "llama.cpp"
+    tree = vendored_source_dir()
     if (tree / "CMakeLists.txt").is_file():
         return tree
     src_root.mkdir(parents=True, exist_ok=True)
@@ -353,10 +376,14 @@ def build_targets(rpc: bool) -> tuple[str, ...]:
 
 
 def cmake_configure_args(source: Path, build_dir: Path, backend: str, cuda_arch: str,
-                         cpu_arch: str = "x86-64-v3", rpc: bool = False) -> list[str]:
+                         cpu_arch: str = "x86-64-v3", rpc: bool = False, commit: str = "") -> list[str]:
+    """``commit``: stamped into the binaries (``--version``) when the tree cannot tell it itself: a
+    patched copy has no git metadata, and its binaries are still that commit's llama.cpp."""
     args = ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"]
+    if commit:
+        args += [f"-DLLAMA_BUILD_COMMIT={commit}"]
     # a generator is fixed at the first configure; naming another one later fails, so only pick it then
     if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").is_file():
         args += ["-G", "Ninja"]
@@ -376,11 +403,16 @@ def build_engine(
     cpu_arch: str = "x86-64-v3",
     rpc: bool = True,
     source: Path | None = None,
+    patches: bool | None = None,
     jobs: int | None = None,
     force: bool = False,
     on_progress: ProgressFn | None = None,
 ) -> tuple[Engine, BuildRecord, bool]:
     """Build (or reuse) llama.cpp. Returns (engine, record, reused).
+
+    ``patches``: apply dspark's series (``llama.patches``) to a copy of the tree first. None = yes for the
+    pinned tree (wherever its sdist layout was unpacked), no for a user's ``--source`` (their tree gets
+    them only when asked). The series hash is in the cache key: stock and patched builds live side by side.
 
     ``rpc`` (on by default): GGML_RPC=ON and the ggml-rpc-server target. It adds ``--rpc`` to llama-server
     and one small binary and changes nothing else (same devices, same flags otherwise), so the default
@@ -392,29 +424,40 @@ def build_engine(
         raise UsageError(f"unknown CPU target {cpu_arch!r}; choose one of {', '.join(CPU_ARCHES)}")
     if shutil.which("cmake") is None:
         raise EngineBuildError("cmake not found on PATH", hint="install cmake (apt-get install cmake or pip install cmake)")
+    user_tree = source is not None
     if source is not None:
         source = source.expanduser().resolve()
         if not (source / "CMakeLists.txt").is_file():
             raise UsageError(f"--source {source} is not a llama.cpp tree (no CMakeLists.txt)")
     else:
         source = vendored_source(on_line=on_progress)
+    if patches is None:  # the pinned tree, also where a GPU bundle unpacks it (its sdist layout), gets them
+        patches = not user_tree or source.parts[-3:] == vendored_source_dir().parts[-3:]
+    series = patches_mod.shipped() if patches else ()
+    patch_hash = patches_mod.series_hash(series)
     commit = source_commit(source)
-    key = build_key(commit, backend, cuda_arch, cpu_arch, rpc)
+    key = build_key(commit, backend, cuda_arch, cpu_arch, rpc, patch_hash)
     root = engine_root() / key
     marker = root / "engine.json"
     bin_dir = root / "build" / "bin"
     targets = build_targets(rpc)
     if marker.is_file() and not force and all((bin_dir / t).is_file() for t in ("llama-server", *targets[len(BUILD_TARGETS):])):
         record = BuildRecord(**json.loads(marker.read_text()))
-        if record.source_dir == str(source):
+        if record.source_dir == str(source) and record.patch_hash == patch_hash:
             return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
     root.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
+    build_source = source
+    if series:
+        if on_progress:
+            on_progress(-1.0, f"applying {len(series)} dspark patches to a copy of {source}")
+        build_source = patches_mod.patched_copy(source, root / "src", series)
     jobs = jobs or os.cpu_count() or 2
     log_path = root / "build.log"
     started = time.monotonic()
     steps = [
-        cmake_configure_args(source, root / "build", backend, cuda_arch, cpu_arch, rpc),
+        cmake_configure_args(build_source, root / "build", backend, cuda_arch, cpu_arch, rpc,
+                             commit=commit if series else ""),
         ["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(jobs), "--target", *targets],
     ]
     with open(log_path, "w", encoding="utf-8") as log:
@@ -448,6 +491,8 @@ def build_engine(
     record = BuildRecord(commit=commit, backend=backend, cuda_arch=cuda_arch if backend == "cuda" else "",
                          source_dir=str(source), bin_dir=str(bin_dir), targets=list(targets),
                          build_seconds=round(time.monotonic() - started, 1),
-                         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu_arch=cpu_arch, rpc=rpc)
+                         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu_arch=cpu_arch, rpc=rpc,
+                         patches=[p.name for p in series], patch_hash=patch_hash,
+                         build_source=str(build_source) if series else "")
     marker.write_text(json.dumps(asdict(record), indent=2))
     return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False

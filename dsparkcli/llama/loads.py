@@ -45,7 +45,7 @@ def engine_tables(engine: Engine) -> EngineTables | None:
     record = found[1] if found else None
     if found:
         cache = found[0].parent / TABLES_FILE
-        src = Path(record.source_dir)  # type: ignore[union-attr]
+        src = Path(record.compiled_source)  # type: ignore[union-attr]
         inputs = [src / rel for rel in (tables_mod.ARCH_SOURCE, tables_mod.PROJECTOR_SOURCE,
                                         tables_mod.TYPE_ENUM_SOURCE, tables_mod.TYPE_TRAITS_SOURCE)]
     else:
@@ -66,7 +66,7 @@ def engine_tables(engine: Engine) -> EngineTables | None:
         pass
     try:
         if inputs[0] != engine.server:
-            result = tables_mod.from_source(Path(record.source_dir))  # type: ignore[union-attr]
+            result = tables_mod.from_source(Path(record.compiled_source))  # type: ignore[union-attr]
         else:
             result = tables_mod.from_libraries(engine.bin_dir, engine.server, {v[0]: k for k, v in ggml_types().items()})
     except (TablesNotFound, OSError):

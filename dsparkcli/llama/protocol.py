@@ -21,6 +21,15 @@ M_DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
 M_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 M_STEPS = "llamacpp:spec_decode_num_drafts_total"  # verification steps
 M_PER_POS = 'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="'  # + i + '"}'
+# dspark's patch series (llama.patches): steps per draft length chosen by --spec-draft-n-max auto
+M_BUDGET_CHOSEN = 'llamacpp:spec_decode_budget_chosen_total{k="'  # + k + '"}'
+
+# A request's own draft settings (dspark's patch series; stock llama.cpp ignores them): the budget
+# (an int, at most the server's --spec-draft-n-max, or AUTO with a --spec-cost-table), n_min and p_min.
+SPEC_N_MAX = "speculative.n_max"
+SPEC_N_MIN = "speculative.n_min"
+SPEC_P_MIN = "speculative.p_min"
+AUTO = "auto"  # --spec-draft-n-max auto; speculative.n_max = "auto"
 
 # /completion fields bench keeps (llama-server otherwise returns the whole generation state)
 COMPLETION_FIELDS = ["content", "tokens", "timings", "stop_type", "tokens_evaluated", "truncated"]
@@ -122,6 +131,50 @@ def timings_drafts(timings: Mapping[str, Any]) -> tuple[int, int]:
     return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
 
 
+@dataclass(frozen=True)
+class BudgetTimings:
+    """What a response's ``timings`` say about its adaptive budget (absent: not adaptive)."""
+
+    steps: int = 0  # steps whose draft length was chosen
+    total: int = 0  # the chosen lengths' sum
+    zero: int = 0  # steps that chose no draft
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.steps if self.steps else None
+
+    @classmethod
+    def from_timings(cls, timings: Mapping[str, Any]) -> BudgetTimings:
+        return cls(int(timings.get("draft_budget_steps", 0)), int(timings.get("draft_budget_sum", 0)),
+                   int(timings.get("draft_budget_zero", 0)))
+
+
+def budget_chosen(metrics: Mapping[str, float] | str) -> dict[int, int]:
+    """/metrics' steps per chosen draft length {k: steps} (empty: no adaptive step yet, or stock)."""
+    values = parse_metrics(metrics) if isinstance(metrics, str) else metrics
+    return {int(key[len(M_BUDGET_CHOSEN):].split('"', 1)[0]): int(v)
+            for key, v in values.items() if key.startswith(M_BUDGET_CHOSEN)}
+
+
+def draft_settings(n_max: int | str | None = None, n_min: int | None = None,
+                   p_min: float | None = None) -> dict[str, Any]:
+    """A request's own draft fields (None leaves one at the server's value); ``n_max`` an int >= 0 or AUTO."""
+    out: dict[str, Any] = {}
+    if n_max is not None:
+        if n_max != AUTO and not (isinstance(n_max, int) and not isinstance(n_max, bool) and n_max >= 0):
+            raise UsageError(f"a request's draft budget must be an integer >= 0 or {AUTO!r}, got {n_max!r}")
+        out[SPEC_N_MAX] = n_max
+    if n_min is not None:
+        if n_min < 0:
+            raise UsageError(f"a request's n_min must be >= 0, got {n_min}")
+        out[SPEC_N_MIN] = int(n_min)
+    if p_min is not None:
+        if not 0.0 <= p_min <= 1.0:
+            raise UsageError(f"a request's p_min must be within [0, 1], got {p_min}")
+        out[SPEC_P_MIN] = float(p_min)
+    return out
+
+
 # ------------------------------------------------------------------ requests
 
 
@@ -152,9 +205,10 @@ def build_messages(prompt: str, image_urls: Sequence[str] = (), system: str | No
 
 
 def chat_payload(messages: list[dict[str, Any]], *, max_tokens: int, temp: float, seed: int | None,
-                 ignore_eos: bool = False, stream: bool = True) -> dict[str, Any]:
-    """A /v1/chat/completions body."""
+                 ignore_eos: bool = False, stream: bool = True, draft: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A /v1/chat/completions body. ``draft``: the request's own draft settings (``draft_settings``)."""
     payload: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temp, "stream": stream}
+    payload.update(draft or {})
     if seed is not None:
         payload["seed"] = seed
     if ignore_eos:
@@ -164,10 +218,11 @@ def chat_payload(messages: list[dict[str, Any]], *, max_tokens: int, temp: float
 
 def completion_payload(prompt: Any, *, n_predict: int, seed: int | None = None, ignore_eos: bool | None = None,
                        return_tokens: bool | None = True, cache_prompt: bool = False,
-                       response_fields: Sequence[str] | None = None) -> dict[str, Any]:
+                       response_fields: Sequence[str] | None = None,
+                       draft: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A greedy /completion body. ``prompt``: token ids, a string, or {prompt_string, multimodal_data}.
-    ``None`` leaves a field out (llama-server's default)."""
-    payload: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": 0}
+    ``None`` leaves a field out (llama-server's default). ``draft``: the request's own draft settings."""
+    payload: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, **(draft or {})}
     optional = {"seed": seed, "return_tokens": return_tokens, "ignore_eos": ignore_eos}
     payload.update({k: v for k, v in optional.items() if v is not None})
     payload["cache_prompt"] = cache_prompt

@@ -47,7 +47,7 @@ OWNED_FLAGS: dict[str, str] = {
     **dict.fromkeys(("-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--no-mmproj-auto"), "--mmproj"),
     **dict.fromkeys(("--api-key", "--api-key-file"), "--api-key-file or DSPARK_API_KEY"),
     **dict.fromkeys(("--spec-type",), "--draft / --no-draft (dspark uses draft-dspark)"),
-    **dict.fromkeys(("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max"), "--budget"),
+    **dict.fromkeys(("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max", "--spec-cost-table"), "--budget"),
     **dict.fromkeys(("--spec-draft-p-min", "--draft-p-min"), "--p-min"),
     **dict.fromkeys(("--spec-synth-len",), "--synth-len (dspark bench)"),
     **dict.fromkeys(("-c", "--ctx-size"), "--ctx"),
@@ -71,11 +71,12 @@ class ServerConfig:
     draft: Path | None = None
     mmproj: Path | None = None
     spec_type: str | None = None  # defaults to draft-dspark when a draft is given
-    n_max: int | None = None  # --spec-draft-n-max
+    n_max: int | str | None = None  # --spec-draft-n-max: a budget, or protocol.AUTO (needs cost_table)
     n_min: int | None = None  # --spec-draft-n-min
     p_min: float | None = None  # --spec-draft-p-min
     synth_len: float | None = None  # --spec-synth-len (synthetic acceptance: benchmarking only)
     synth_rates: tuple[float, ...] | None = None  # --spec-synth-rates: unconditional rate per position (n_max of them)
+    cost_table: Path | None = None  # --spec-cost-table (dspark's patch): the adaptive budget's step costs
     ngl: str | int | None = None  # -ngl
     ngld: str | int | None = None  # -ngld
     flash_attn: str | None = None  # -fa on|off|auto
@@ -107,6 +108,7 @@ class ServerConfig:
             ("--spec-draft-p-min", self.p_min),
             ("--spec-synth-len", self.synth_len),
             ("--spec-synth-rates", ",".join(f"{r:.9g}" for r in self.synth_rates) if self.synth_rates else None),
+            ("--spec-cost-table", self.cost_table),
             ("-ngl", self.ngl),
             ("-ngld", self.ngld),
             ("-fa", self.flash_attn),

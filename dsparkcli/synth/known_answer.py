@@ -36,6 +36,7 @@ from typing import Any
 
 from dsparkcli.errors import UsageError, VerificationError
 from dsparkcli.gguf.analysis import hash_file
+from dsparkcli.llama import budget as budget_mod
 from dsparkcli.outputs import check_output_dir, check_output_file
 
 MANIFEST_NAME = "manifest.json"
@@ -119,6 +120,8 @@ class Prediction:
     mean_len: float  # 1 + accepted / steps, as in the server's "draft acceptance" log line
     blocks: tuple[tuple[int, int], ...]  # per verification step: (drafted, accepted)
     n_max: int  # effective draft size after the block-size clamp
+    budgets: tuple[int, ...] = ()  # --spec-draft-n-max auto: the draft length chosen at each step (0 = none)
+    budget_margin: float = math.inf  # the closest any of those choices came to flipping (llama.budget.margin)
 
 
 # ------------------------------------------------------------------ tokenizer "test"
@@ -438,8 +441,14 @@ def _draft_block(man: Manifest, anchor: int, n_max: int, n_min: int, p_min: floa
 
 
 def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predict: int = 32, p_min: float = 0.0,
-                      n_min: int = 0) -> Prediction:
+                      n_min: int = 0, request_n_max: int | None = None,
+                      budget: budget_mod.CostTable | None = None) -> Prediction:
     """Predict llama-server's greedy output and counters given the prompt's last token.
+
+    ``n_max`` is the server's ``--spec-draft-n-max`` (the block drafted; with ``budget``, the table's
+    max k, as ``auto`` sets it); ``request_n_max`` a request's ``speculative.n_max`` (dspark's patch: it
+    truncates the block, after ``n_min``); ``budget``: the step lengths are chosen adaptively
+    (``llama.budget``, the same request's estimate from its first step).
 
     The target's next token depends only on the current token and the draft's proposals only on the
     anchor, so the whole prompt (chat template, images) matters only through its last token.
@@ -462,9 +471,17 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
     tokens = [man.g[last_token]]  # sampled from the prompt's last logits
     per_pos = [0] * n_max_eff
     blocks: list[tuple[int, int]] = []
+    chosen: list[int] = []
+    est, margin = budget_mod.Estimate(), math.inf
     while len(tokens) < n_predict:
         anchor = tokens[-1]
         n_draft_max = n_predict - len(tokens) - 1  # server_slot::get_n_draft_max: n_remaining - 1
+        if request_n_max is not None:
+            n_draft_max = min(n_draft_max, request_n_max)  # ... and the request's own limit
+        if budget is not None and n_draft_max > 0:  # the adaptive step length, within the impl's clamp
+            margin = min(margin, budget_mod.margin(est, budget, min(n_draft_max, n_max_eff)))
+            n_draft_max, est = budget_mod.choose(est, budget, min(n_draft_max, n_max_eff))
+            chosen.append(n_draft_max)
         draft = _draft_block(man, anchor, n_max_eff, n_min_eff, p_min) if n_draft_max > 0 else []
         draft = draft[:n_draft_max]  # common_speculative_draft: truncate to dp.n_max
         if not draft:
@@ -480,6 +497,8 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
         emitted = draft[:accepted] + [man.g[cur]]  # plus the target's own token at the first mismatch/end
         tokens.extend(emitted)
         blocks.append((len(draft), accepted))
+        if budget is not None:
+            est = budget_mod.accept(est, len(draft), accepted)
         for i in range(accepted):
             per_pos[i] += 1
     draft_n = sum(d for d, _ in blocks)
@@ -488,19 +507,22 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
     return Prediction(
         tokens=tuple(tokens), text=detokenize(tokens), draft_n=draft_n, draft_n_accepted=draft_acc, steps=steps,
         accepted_per_pos=tuple(per_pos), mean_len=1.0 + draft_acc / steps if steps else 1.0,
-        blocks=tuple(blocks), n_max=n_max_eff,
+        blocks=tuple(blocks), n_max=n_max_eff, budgets=tuple(chosen),
+        budget_margin=margin,
     )
 
 
 def predict(man: Manifest, prompt_tokens: Sequence[int], *, n_max: int = 7, n_predict: int = 32,
-            p_min: float = 0.0, n_min: int = 0) -> Prediction:
+            p_min: float = 0.0, n_min: int = 0, request_n_max: int | None = None,
+            budget: budget_mod.CostTable | None = None) -> Prediction:
     """Predict llama-server's response to a /completion request with these prompt token ids (temperature 0)."""
     if len(prompt_tokens) == 0:
         raise UsageError("the prompt needs at least one token")
     for t in prompt_tokens:
         if not 0 <= int(t) < man.vocab:
             raise UsageError(f"prompt token {t} is outside the synthetic vocab (0..{man.vocab - 1})")
-    return predict_from_last(man, int(prompt_tokens[-1]), n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min)
+    return predict_from_last(man, int(prompt_tokens[-1]), n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min,
+                             request_n_max=request_n_max, budget=budget)
 
 
 def last_prompt_token(man: Manifest, prompt_text: str, media_marker: str | None = None) -> int:

@@ -1,0 +1,194 @@
+"""dspark's patch series for llama.cpp: unified diffs shipped in ``dsparkcli/data/patches`` (applied in
+name order), applied by ``dspark engine build`` to a COPY of the pinned tree, never to the cached source.
+
+The series' hash is part of the engine's cache key, so a stock build (``--no-patches``) and a patched
+one live side by side. Applying is strict: every hunk's old lines must match the tree exactly (at the
+recorded line, or at one unique place elsewhere in the file: a user's ``--source`` tree may have moved
+code); anything else fails in one line before a compiler starts. No ``patch`` or ``git`` needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsparkcli.errors import EngineBuildError
+
+PATCH_DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
+MARKER = ".dspark-patches"  # in a patched copy: the series hash it was made with (written last)
+
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    text: str
+
+    @property
+    def summary(self) -> str:
+        """The patch's subject line (format-patch's ``Subject:``, else its first line)."""
+        lines = self.text.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("Subject:"):
+                while i + 1 < len(lines) and lines[i + 1].startswith(" "):  # a folded header line
+                    i += 1
+                    line += lines[i]
+                return re.sub(r"^Subject:\s*(\[PATCH[^\]]*\]\s*)?", "", line).strip()
+        return self.text.splitlines()[0].strip() if self.text.strip() else self.name
+
+
+@dataclass(frozen=True)
+class Hunk:
+    old_start: int  # 1-based
+    old: tuple[str, ...]  # lines without their newline
+    new: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    path: str  # relative to the tree
+    hunks: tuple[Hunk, ...]
+    create: bool = False
+
+
+def shipped(directory: Path | None = None) -> tuple[Patch, ...]:
+    """The series shipped with dspark, in the order it is applied (by file name)."""
+    directory = directory or PATCH_DIR
+    if not directory.is_dir():
+        return ()
+    return tuple(Patch(p.name, p.read_text(encoding="utf-8")) for p in sorted(directory.glob("*.patch")))
+
+
+def series_hash(patches: tuple[Patch, ...]) -> str:
+    """8 hex digits over the names and texts in order ("" for no patches): the engine cache key's part."""
+    if not patches:
+        return ""
+    h = hashlib.sha256()
+    for p in patches:
+        h.update(p.name.encode() + b"\0" + p.text.encode() + b"\0")
+    return h.hexdigest()[:8]
+
+
+def parse(patch: Patch) -> tuple[FileDiff, ...]:
+    """The file diffs of a unified (git) diff; text before the first ``---`` header is its description."""
+    lines = patch.text.splitlines()
+    files: list[FileDiff] = []
+    i = 0
+    while i < len(lines):
+        if not (lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")):
+            i += 1
+            continue
+        old_name, new_name = lines[i][4:].split("\t")[0], lines[i + 1][4:].split("\t")[0]
+        create = old_name == "/dev/null"
+        if new_name == "/dev/null":
+            raise EngineBuildError(f"patch {patch.name} deletes {old_name}: not supported")
+        path = new_name[2:] if new_name.startswith("b/") else new_name
+        i += 2
+        hunks: list[Hunk] = []
+        while i < len(lines) and (m := _HUNK_RE.match(lines[i])):
+            n_old = int(m.group(2)) if m.group(2) is not None else 1
+            n_new = int(m.group(4)) if m.group(4) is not None else 1
+            old: list[str] = []
+            new: list[str] = []
+            i += 1
+            while len(old) < n_old or len(new) < n_new:
+                if i >= len(lines):
+                    raise EngineBuildError(f"patch {patch.name} is truncated in {path}")
+                line = lines[i]
+                tag, body = line[:1], line[1:]
+                if tag == " " or line == "":
+                    old.append(body)
+                    new.append(body)
+                elif tag == "-":
+                    old.append(body)
+                elif tag == "+":
+                    new.append(body)
+                elif tag != "\\":  # "\ No newline at end of file": the tree keeps its own ending
+                    raise EngineBuildError(f"patch {patch.name} has a malformed hunk in {path}: {line[:40]!r}")
+                i += 1
+            hunks.append(Hunk(int(m.group(1)), tuple(old), tuple(new)))
+        if not hunks:
+            raise EngineBuildError(f"patch {patch.name} has no hunks for {path}")
+        files.append(FileDiff(path, tuple(hunks), create))
+    if not files:
+        raise EngineBuildError(f"patch {patch.name} changes no file")
+    return tuple(files)
+
+
+def _find(lines: list[str], block: tuple[str, ...], expected: int) -> int:
+    """Where ``block`` starts in ``lines``: at ``expected`` if it matches there, else its one other place."""
+    n = len(block)
+    if lines[expected:expected + n] == list(block):
+        return expected
+    hits = [j for j in range(len(lines) - n + 1) if lines[j:j + n] == list(block)]
+    return hits[0] if len(hits) == 1 else -1
+
+
+def apply(tree: Path, patch: Patch) -> list[str]:
+    """Apply one patch to ``tree`` (a copy): files rewritten whole through a temporary file; nothing
+    is written unless every hunk of every file matches. Returns the changed paths."""
+    tree = tree.resolve()
+    results: list[tuple[Path, str]] = []
+    for fd in parse(patch):
+        target = (tree / fd.path).resolve()
+        if tree not in target.parents:
+            raise EngineBuildError(f"patch {patch.name} names a path outside the tree: {fd.path}")
+        if fd.create:
+            if target.exists():
+                raise EngineBuildError(f"patch {patch.name} creates {fd.path}, which already exists")
+            lines: list[str] = []
+        elif not target.is_file():
+            raise EngineBuildError(f"patch {patch.name} does not apply: {fd.path} is not in {tree}")
+        else:
+            lines = target.read_text(encoding="utf-8").split("\n")
+        shift = 0
+        for n, h in enumerate(fd.hunks, 1):
+            # "-5,0": insert after line 5; otherwise the old lines start at line old_start
+            expected = h.old_start + shift if not h.old else h.old_start - 1 + shift
+            at = _find(lines, h.old, max(0, expected)) if h.old else min(max(0, expected), len(lines))
+            if at < 0:
+                raise EngineBuildError(f"patch {patch.name} does not apply to {fd.path} (hunk {n} at line {h.old_start})",
+                                       hint="the tree is not the one the series was made for (try --no-patches)")
+            lines[at:at + len(h.old)] = list(h.new)
+            # later hunks' lines moved by this hunk's growth and by where it was found
+            shift = at + len(h.new) - (h.old_start - 1 + len(h.old)) if h.old else at + len(h.new) - h.old_start
+        text = "\n".join(lines)
+        if fd.create and not text.endswith("\n"):
+            text += "\n"
+        results.append((target, text))
+    for target, text in results:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".dspark-tmp")
+        tmp.write_text(text, encoding="utf-8")
+        if target.exists():
+            shutil.copymode(target, tmp)
+        os.replace(tmp, target)  # a new inode: a hard link to the pristine tree would stay pristine
+    return [str(t.relative_to(tree)) for t, _ in results]
+
+
+def patched_copy(source: Path, dest: Path, patches: tuple[Patch, ...]) -> Path:
+    """``dest``: a copy of ``source`` with the series applied, made once per series (``MARKER`` holds its
+    hash and is written last, so an interrupted copy is redone). The source tree is only read."""
+    want = series_hash(patches)
+    marker = dest / MARKER
+    if marker.is_file() and marker.read_text().strip() == want:
+        return dest
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        # .git: a submodule's pointer file whose relative path would not resolve from the copy
+        shutil.copytree(source, partial, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        for p in patches:
+            apply(partial, p)
+        (partial / MARKER).write_text(want + "\n")
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(dest, ignore_errors=True)
+    partial.rename(dest)
+    return dest

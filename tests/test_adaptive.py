@@ -1,0 +1,281 @@
+"""dspark's llama.cpp patches on the real (patched) CPU engine, against exact predictions.
+
+Per-request ``speculative.n_max`` / ``n_min`` / ``p_min`` and ``--spec-draft-n-max auto``: on known-answer
+pairs the engine's sequence of chosen draft lengths, its drafted/accepted counts, its timings and its
+/metrics equal ``llama.budget`` + ``synth.known_answer``'s replay exactly. One server per case, -t 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support.cli import REPO
+
+from dsparkcli import runner
+from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.llama import budget, protocol
+from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.synth import known_answer as synth
+
+BLOCK = 8
+PROMPTS = (([1, 2, 3], 48), ([77], 29), ([5, 100, 42], 40), ([126], 3))
+# a draft pays a little at high acceptance and not at all at low: the choice moves with the estimate
+MIXED = {0: 10.0, 1: 15.0, 2: 16.0, 3: 17.0, 5: 19.0, 8: 22.0}
+NEVER = {0: 1.0, 1: 50.0, 8: 90.0}  # no acceptance pays for this step cost: every step chooses k = 0
+K_LINE = re.compile(r"adaptive draft: k = (\d+) of (\d+)")
+
+
+@pytest.fixture(scope="module")
+def patched(engine) -> engine_mod.Engine:
+    """The session's engine must carry dspark's patches (`make test` builds it so): a failure, not a skip."""
+    caps = engine_mod.capabilities(engine)
+    assert caps.request_draft_params and caps.adaptive_budget, (
+        f"{engine.server} lacks dspark's patch series: run `dspark engine build` (patched by default)")
+    return engine
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> dict[str, synth.SynthPair]:
+    root = tmp_path_factory.mktemp("pairs")
+    return {"0.7": synth.write_pair(root / "q07", accept_rate=0.7, seed=11, block_size=BLOCK),
+            "0.3": synth.write_pair(root / "q03", accept_rate=0.3, seed=5, block_size=BLOCK),
+            "conf": synth.write_pair(root / "conf", accept_rate=0.7, confidence=True, seed=3, block_size=BLOCK)}
+
+
+def table_file(tmp_path: Path, points: dict[int, float], s: float) -> tuple[Path, budget.CostTable]:
+    path = tmp_path / "cost.txt"
+    path.write_text(budget.format_cost_table(points, s, comment="test"))
+    return path, budget.parse_cost_table(path.read_text())
+
+
+def serve(engine, pair: synth.SynthPair, tmp_path: Path, **kw) -> LlamaServer:
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, ctx=1024, threads=1, **kw)
+    return LlamaServer(engine, cfg, log_dir=tmp_path, startup_timeout=60)
+
+
+def complete(client: ServerClient, prompt: list[int], n_predict: int, **draft) -> dict:
+    return client.completion(protocol.completion_payload(prompt, n_predict=n_predict, response_fields=None,
+                                                         draft=protocol.draft_settings(**draft) or None))
+
+
+def drafts(resp: dict) -> tuple[int, int]:
+    return protocol.timings_drafts(resp["timings"])
+
+
+# ------------------------------------------------------------------ per-request settings (patch 1)
+
+
+def test_requests_set_their_own_n_max_n_min_and_p_min(patched, pairs, tmp_path):
+    pair = pairs["conf"]
+    man = synth.load_manifest(pair.manifest)
+    with serve(patched, pair, tmp_path, n_max=BLOCK) as srv:
+        cases = [
+            ({}, {}),  # the server's settings
+            ({"n_max": 3}, {"request_n_max": 3}),
+            ({"n_max": 0}, {"request_n_max": 0}),  # no draft at all: plain decoding
+            # n_min acts on the block before the request's cut: 8 >= 5 passes, then 2 tokens are kept
+            ({"n_max": 2, "n_min": 5}, {"request_n_max": 2, "n_min": 5}),
+            ({"p_min": 0.5}, {"p_min": 0.5}),  # the confidence head cuts blocks for this request only
+            ({"p_min": 0.9, "n_max": 4}, {"p_min": 0.9, "request_n_max": 4}),
+        ]
+        seen = set()
+        for draft, kw in cases:
+            for prompt, n_predict in PROMPTS[:3]:
+                resp = complete(srv.client, prompt, n_predict, **draft)
+                pred = synth.predict(man, prompt, n_max=BLOCK, n_predict=n_predict, **kw)
+                assert resp["tokens"] == list(pred.tokens), (draft, prompt)
+                assert drafts(resp) == (pred.draft_n, pred.draft_n_accepted), (draft, prompt, pred.blocks)
+                settings = resp["generation_settings"]
+                assert settings[protocol.SPEC_N_MAX] == draft.get("n_max", BLOCK)
+                assert settings[protocol.SPEC_N_MIN] == draft.get("n_min", 0)
+                assert settings[protocol.SPEC_P_MIN] == pytest.approx(draft.get("p_min", 0.0))
+                seen.add((pred.draft_n, pred.draft_n_accepted))
+        assert len(seen) > 6  # the cases really differ
+        assert synth.predict(man, [77], n_max=BLOCK, n_predict=29, request_n_max=0).draft_n == 0
+        # out-of-range values are the request's error (HTTP 400), not a silent clamp
+        for field, value in ((protocol.SPEC_N_MAX, -1), (protocol.SPEC_N_MAX, "7"), (protocol.SPEC_P_MIN, 1.5),
+                             (protocol.SPEC_N_MAX, protocol.AUTO)):  # auto: this server has no cost table
+            with pytest.raises(ServerError, match="400|speculative"):
+                srv.client.completion({"prompt": [1], "n_predict": 4, field: value})
+
+
+# ------------------------------------------------------------------ adaptive budget (patch 2)
+
+
+@pytest.mark.parametrize("rate", ["0.7", "0.3"])
+def test_adaptive_choices_and_counters_equal_the_replay(patched, pairs, tmp_path, rate):
+    pair = pairs[rate]
+    man = synth.load_manifest(pair.manifest)
+    path, table = table_file(tmp_path, MIXED, 0.25)
+    with serve(patched, pair, tmp_path, n_max=protocol.AUTO, cost_table=path, extra_args=("-v",)) as srv:
+        preds = []
+        for prompt, n_predict in PROMPTS:
+            resp = complete(srv.client, prompt, n_predict)
+            pred = synth.predict(man, prompt, n_max=table.max_k, n_predict=n_predict, budget=table)
+            assert resp["tokens"] == list(pred.tokens), prompt
+            assert drafts(resp) == (pred.draft_n, pred.draft_n_accepted), (prompt, pred.budgets, pred.blocks)
+            assert pred.budget_margin > 1e-6  # no choice hangs on the engine's last bit of arithmetic
+            bt = protocol.BudgetTimings.from_timings(resp["timings"])
+            assert (bt.steps, bt.total, bt.zero) == (len(pred.budgets), sum(pred.budgets), pred.budgets.count(0))
+            preds.append(pred)
+        chosen = [int(m.group(1)) for m in K_LINE.finditer(srv.log_path.read_text(errors="replace"))]
+        metrics = srv.client.metrics()
+    expected = [k for p in preds for k in p.budgets]
+    assert chosen == expected  # the engine's own sequence of choices, step for step
+    assert protocol.budget_chosen(metrics) == {k: n for k, n in sorted(Counter(expected).items())} | {
+        k: 0 for k in range(max(expected) + 1) if k not in expected}
+    counters = protocol.SpecCounters.from_metrics(metrics)
+    assert (counters.drafted, counters.accepted) == (sum(p.draft_n for p in preds), sum(p.draft_n_accepted for p in preds))
+    assert len(set(expected)) >= 2  # the budget really moves within and across requests
+
+
+def test_a_step_cost_no_acceptance_pays_for_means_plain_decoding(patched, pairs, tmp_path):
+    pair = pairs["0.7"]
+    man = synth.load_manifest(pair.manifest)
+    path, table = table_file(tmp_path, NEVER, 0.0)
+    with serve(patched, pair, tmp_path, n_max=protocol.AUTO, cost_table=path) as srv:
+        resp = complete(srv.client, [1, 2, 3], 40)
+        metrics = srv.client.metrics()
+    pred = synth.predict(man, [1, 2, 3], n_max=table.max_k, n_predict=40, budget=table)
+    assert pred.budgets == (0,) * 38 and pred.draft_n == 0
+    assert resp["tokens"] == list(pred.tokens) and drafts(resp) == (0, 0)
+    assert protocol.BudgetTimings.from_timings(resp["timings"]) == protocol.BudgetTimings(38, 0, 38)
+    assert protocol.budget_chosen(metrics) == {0: 38}
+
+
+def test_requests_choose_auto_or_a_fixed_budget_per_request(patched, pairs, tmp_path):
+    pair = pairs["0.7"]
+    man = synth.load_manifest(pair.manifest)
+    path, table = table_file(tmp_path, MIXED, 0.25)
+    # a fixed server with a cost table: "auto" per request (capped at the server's n_max, 5)
+    with serve(patched, pair, tmp_path, n_max=5, cost_table=path) as srv:
+        fixed = complete(srv.client, [5, 100, 42], 40)
+        auto = complete(srv.client, [5, 100, 42], 40, n_max=protocol.AUTO)
+    assert drafts(fixed) == drafts_of(synth.predict(man, [5, 100, 42], n_max=5, n_predict=40))
+    assert drafts(auto) == drafts_of(synth.predict(man, [5, 100, 42], n_max=5, n_predict=40, budget=table))
+    assert auto["generation_settings"]["speculative.n_max_auto"] is True
+    # an auto server: a request's own number is a fixed budget for that request
+    with serve(patched, pair, tmp_path, n_max=protocol.AUTO, cost_table=path) as srv:
+        three = complete(srv.client, [5, 100, 42], 40, n_max=3)
+    pred = synth.predict(man, [5, 100, 42], n_max=table.max_k, n_predict=40, request_n_max=3)
+    assert drafts(three) == drafts_of(pred) and three["tokens"] == list(pred.tokens)
+    assert "draft_budget_steps" not in three["timings"]
+
+
+def drafts_of(pred: synth.Prediction) -> tuple[int, int]:
+    return pred.draft_n, pred.draft_n_accepted
+
+
+def test_cost_tables_the_engine_and_dspark_refuse_alike(patched, tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("# c\ns 0.5\n0 10\n2 14  # between: 1 is priced as 2\n5 20.5\n")
+    assert budget.parse_cost_table(good.read_text()).step_ms == (10.0, 14.0, 14.0, 14.0 + 6.5 * 1 / 3, 14.0 + 6.5 * 2 / 3, 20.5)
+    for text in ("s 0.5\n", "0 10\nx 3\n", "0 10\n1 2 3\n", "0 10\n1 -2\n", "0 0\n1 3\n", "0 10\n2000 3\n"):
+        bad = tmp_path / "bad.txt"
+        bad.write_text(text)
+        with pytest.raises(budget.CostTableError):
+            budget.parse_cost_table(text)
+        proc = __import__("subprocess").run([str(patched.server), "--spec-cost-table", str(bad), "-m", "/nonexistent"],
+                                            capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and "--spec-cost-table" in (proc.stdout + proc.stderr), text
+    proc = __import__("subprocess").run([str(patched.server), "--spec-draft-n-max", "auto", "-m", "/nonexistent"],
+                                        capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "needs --spec-cost-table" in proc.stdout + proc.stderr
+
+
+def test_run_against_a_server_sends_its_own_budget(patched, pairs, cli, tmp_path):
+    """`dspark run --server URL --budget K / --no-draft / --p-min`: the request's own settings, exactly."""
+    pair = pairs["conf"]
+    man = synth.load_manifest(pair.manifest)
+    with serve(patched, pair, tmp_path, n_max=BLOCK) as srv:
+        last = synth.last_prompt_token(man, srv.client.apply_template(protocol.build_messages("hello there")))
+        for flags, kw in ((("--budget", "2"), {"request_n_max": 2}), (("--no-draft",), {"request_n_max": 0}),
+                          (("--p-min", "0.5"), {"p_min": 0.5}), ((), {})):
+            proc = cli("run", "--server", srv.url, "hello there", "-n", "30", "--json", *flags)
+            assert proc.returncode == 0, proc.stderr
+            got = json.loads(proc.stdout)
+            pred = synth.predict_from_last(man, last, n_max=BLOCK, n_predict=30, **kw)
+            assert got["text"] == pred.text
+            assert protocol.timings_drafts(got["timings"]) == (pred.draft_n, pred.draft_n_accepted), flags
+        proc = cli("run", "--server", srv.url, "hello", "--budget", "adaptive")  # this server has no cost table
+        assert proc.returncode != 0 and "needs the server started with --spec-cost-table" in proc.stderr
+
+
+def test_a_stock_server_is_refused_before_asking():
+    class Stock:  # /props of stock 0c1e570: no speculative.n_max among the default settings
+        def props(self):
+            return {"default_generation_settings": {"params": {"speculative.types": "draft-dspark"}}}
+
+    with pytest.raises(UsageError, match="ignores a request's --budget/--p-min/--no-draft"):
+        runner.require_request_drafts(Stock())  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ dspark: --budget adaptive
+
+
+def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp_path):
+    """tune --adaptive measures llama.cpp's per-step budget next to its picks; run and bench use the
+    stored cost table with --budget adaptive (one line saying which), outputs identical to plain."""
+    # always right, a target dear enough that drafting pays on a CPU (test_tune's "right" pair)
+    pair = synth.write_pair(tmp_path / "pair", accept_rate=1.0, seed=3, block_size=BLOCK, target_layers=24)
+    env = {"DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+           "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "{c}-{i}", "category": "{c}", "prompt": "{c} question {i}"}}\n'
+                               for c in ("alpha", "beta") for i in range(2)))
+    files = ["--target", str(pair.target), "--draft", str(pair.draft)]
+    common = ["--threads", "1", "--ctx", "1024"]
+    proc = cli("tune", *files, "--prompts", str(prompts), "--budgets", "1", "4", "8", "-n", "48", *common,
+               "--adaptive", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    measured = {(v["category"], v["candidate"]) for v in doc["verified"]}
+    assert {("alpha", "adaptive"), ("beta", "adaptive"), ("all", "adaptive")} <= measured
+    table = Path(doc["jsonl"]).with_suffix(".cost.txt")
+    assert budget.parse_cost_table(table.read_text()).max_k == 8
+
+    proc = cli("run", *files, "hello there", "-n", "24", *common, "--budget", "adaptive", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"adaptive budget: llama.cpp picks 0..8 per step from tuning {doc['key_id']}'s step costs" in proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["budget"] == protocol.AUTO and result["timings"]["draft_budget_steps"] > 0
+    proc = cli("run", *files, "hello there", "-n", "8", "--threads", "1", "--ctx", "2048", "--budget", "adaptive",
+               "--json", env=env)  # another -c: no cost table for it, so the default budget, said so
+    assert proc.returncode == 0 and json.loads(proc.stdout)["budget"] == 5
+    assert "no tuning matches this pair, engine and flags (run `dspark tune` first); using budget 5" in proc.stderr
+
+    out = tmp_path / "b.jsonl"
+    proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "2", "adaptive", "--reps", "1", "-n", "24",
+               *common, "--json", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    rows = {(s["config"], s["category"]): s for s in json.loads(proc.stdout)["summaries"]}
+    assert {c for c, _ in rows} == {"plain", "draft-dspark@2", "draft-dspark@adaptive"}
+    adaptive = rows[("draft-dspark@adaptive", "all")]
+    assert adaptive["budget"] == 8 and adaptive["identical"] == adaptive["prompts"]
+    argv = next(r["server_argv"] for r in map(json.loads, out.read_text().splitlines())
+                if r["record"] == "request" and r["config"] == "draft-dspark@adaptive")
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "auto" and "--spec-cost-table" in argv
+
+
+def test_the_real_pair_script_runs_here(patched, tmp_path):
+    """scripts/adaptive_real.sh (the CPU and H200 measurement) with tiny settings on a known-answer pair."""
+    pair = synth.write_pair(tmp_path / "pair", accept_rate=1.0, seed=3, block_size=BLOCK, target_layers=24)
+    env = {**os.environ, "DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+           "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"), "PYTHONPATH": str(REPO), "PYTHON": sys.executable,
+           "LIMIT": "1", "N": "16", "REPS": "1", "THREADS": "1", "BUDGETS": "1 3", "SERVER_ARGS": ""}
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "scripts/adaptive_real.sh", str(pair.target), str(pair.draft), str(out)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    assert any(v["candidate"] == "adaptive" for v in json.loads((out / "tune.json").read_text())["verified"])
+    configs = {s["config"] for s in json.loads((out / "bench.json").read_text())["summaries"]}
+    assert configs == {"plain", "draft-dspark@1", "draft-dspark@3", "draft-dspark@adaptive"}
+    assert "draft-dspark@adaptive" in proc.stdout  # the speedup table
