@@ -109,11 +109,9 @@ class ServerConfig:
             ("--spec-synth-len", self.synth_len),
             ("--spec-synth-rates", ",".join(f"{r:.9g}" for r in self.synth_rates) if self.synth_rates else None),
             ("--spec-cost-table", self.cost_table),
-            ("-ngl", self.ngl),
-            ("-ngld", self.ngld),
+            ("-ngl", self.ngl), ("-ngld", self.ngld),
             ("-fa", self.flash_attn),
-            ("-c", self.ctx),
-            ("-t", self.threads),
+            ("-c", self.ctx), ("-t", self.threads),
         ):
             if value is not None:
                 args += [flag, str(value)]
