@@ -27,6 +27,7 @@ from dsparkcli.llama.loads import engine_label, engine_tables
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig, check_extra_args
+from dsparkcli.units import format_size
 
 FORCE_HINT = "dspark fetch --force downloads them anyway"
 
@@ -86,6 +87,7 @@ class Downloads:
     on_progress: OnProgress | None = None
     engine: Engine | None = None
     force: bool = False
+    on_notice: Callable[[str], None] | None = None  # one line before anything is fetched for the default pair
 
     @property
     def check(self) -> Check | None:
@@ -140,6 +142,21 @@ def _local_or_ref(value: str | Path | None, role: str, downloads: Downloads) -> 
     return path
 
 
+def _announce_default(name: str, description: str, instead: str | None,
+                      on_notice: Callable[[str], None] | None) -> Callable[[list[PlannedFile]], None] | None:
+    """``hub.fetch``'s on_plan for the default pair: one line naming it and the bytes it will download."""
+    if on_notice is None:
+        return None
+
+    def announce(planned: list[PlannedFile]) -> None:
+        total = sum(p.to_download for p in planned)
+        what = f"{format_size(total)} to download from the hub" if total else "its files are here"
+        on_notice(f"no --model or --target: the default pair {name}" + (f" ({description})" if description else "")
+                  + f"; {what}" + (f" (or {instead})" if total and instead else ""))
+
+    return announce
+
+
 def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> ResolvedFiles:
     """Local paths and hf:// refs win; otherwise the registry pair (default pair when no model)."""
     if spec.target is None:
@@ -147,8 +164,14 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
         pair = reg.get(spec.model) if spec.model else reg.get(reg.default)
         wanted = ({"target"} | ({"draft"} if spec.draft is None and not spec.no_draft else set())
                   | ({"mmproj"} if spec.mmproj is None else set()))
+        instead, on_plan = None, None
+        if spec.model is None:  # nobody asked for this pair: say which it is and what it costs, first
+            small = reg.smallest(but=pair.name)
+            instead = f"--model {small[0].name} ({format_size(small[1])}) to try a small pair" if small else None
+            on_plan = _announce_default(pair.name, pair.description, instead, downloads.on_notice)
         files = hub.ensure_files(pair, spec.draft_key, yes=downloads.yes, confirm=downloads.confirm,
-                                 on_progress=downloads.on_progress, roles=wanted, check=downloads.check)
+                                 on_progress=downloads.on_progress, roles=wanted, check=downloads.check,
+                                 on_plan=on_plan, instead=instead)
         draft = None if spec.no_draft else (_local_or_ref(spec.draft, "draft", downloads) or files.get("draft"))
         mmproj = _local_or_ref(spec.mmproj, "mmproj", downloads) or files.get("mmproj")
         return ResolvedFiles(target=files["target"], draft=draft, mmproj=mmproj, budget=pair.budget, p_min=pair.p_min)

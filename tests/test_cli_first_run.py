@@ -31,11 +31,13 @@ def _one_error_line(proc) -> str:
     return lines[-1]
 
 
-def _on_a_terminal(args: list[str], timeout: float = 120) -> tuple[int, str]:
-    """Run dspark with stdout and stderr on one pty, as in an interactive shell; (exit code, what it showed)."""
+def _on_a_terminal(args: list[str], timeout: float = 120, *, env: dict[str, str] | None = None,
+                   answer: tuple[bytes, bytes] | None = None) -> tuple[int, str]:
+    """Run dspark with stdin, stdout and stderr on one pty, as in an interactive shell; (exit code, what it
+    showed). ``answer`` = (question, reply): type the reply once the question is on the screen."""
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", *args], stdin=slave, stdout=slave,
-                            stderr=slave, cwd=REPO, env={**os.environ, "COLUMNS": "200", "TERM": "xterm"})
+                            stderr=slave, cwd=REPO, env={**os.environ, "COLUMNS": "200", "TERM": "xterm", **(env or {})})
     os.close(slave)
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
@@ -49,6 +51,9 @@ def _on_a_terminal(args: list[str], timeout: float = 120) -> tuple[int, str]:
             if not data:
                 break
             chunks.append(data)
+            if answer is not None and answer[0] in b"".join(chunks):
+                os.write(master, answer[1])
+                answer = None
         elif proc.poll() is not None:
             break
     os.close(master)
@@ -136,3 +141,77 @@ def test_two_targets_are_no_verdict_and_no_success(cli, pair):
     proc = cli("inspect", str(pair.draft), str(pair.draft))
     assert proc.returncode == 1 and "no pairing verdict" in _one_error_line(proc)
     assert cli("inspect", str(pair.draft)).returncode == 0  # one file: a description, no pair asked for
+
+
+# ------------------------------------------------------------------ item 10f: the default pair is announced
+
+
+DEFAULT_PAIR = """
+default = "bigpair"
+[pairs.bigpair]
+description = "a stand-in for the 20 GB default"
+budget = 3
+[pairs.bigpair.target]
+repo = "o/t"
+filename = "target-llama.gguf"
+[pairs.bigpair.drafts.q8]
+repo = "o/d"
+filename = "draft-dspark.gguf"
+"""
+SMALL = "--model smollm2-135m (115.4 MB) to try a small pair"  # the packaged registry's smallest sized pair
+
+
+@pytest.fixture
+def default_hub(engine, pair, tmp_path, user_models):
+    """A local hub holding the default pair's files (the real huggingface_hub client talks to it)."""
+    from support.hubserver import FakeHub
+
+    with FakeHub() as hub:
+        hub.add_file("o/t", "target-llama.gguf", pair.target.read_bytes())
+        hub.add_file("o/d", "draft-dspark.gguf", pair.draft.read_bytes())
+        env = {"DSPARK_LLAMA_BIN": str(engine.bin_dir), "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"),
+               "DSPARK_CONFIG_DIR": str(user_models(DEFAULT_PAIR)), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+               "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0"}
+        yield hub, env
+
+
+def _file_downloads(hub) -> list:
+    """Whole-file GETs (the engine check before a download reads headers only, with Range)."""
+    return [r for r in hub.requests if r.method == "GET" and "/resolve/" in r.path and r.range is None]
+
+
+def test_default_pair_is_named_with_its_size_before_anything_is_downloaded(cli, default_hub, pair):
+    hub, env = default_hub
+    size = pair.target.stat().st_size + pair.draft.stat().st_size
+    proc = cli("run", "hello", "-n", "8", "-t", "1", "--ctx", "256", env=env, input="")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == (f"no --model or --target: the default pair bigpair (a stand-in for the 20 GB default); "
+                        f"{size / 1e6:.1f} MB to download from the hub (or {SMALL})"), proc.stderr
+    assert proc.stdout.strip()  # and then it answered, from the downloaded files
+    again = cli("run", "hello", "-n", "8", "-t", "1", "--ctx", "256", env=env, input="")
+    assert again.stderr.splitlines()[0].endswith("; its files are here"), again.stderr
+
+
+def test_a_big_default_pair_is_refused_without_a_terminal(cli, default_hub):
+    hub, env = default_hub
+    hub.advertise_size("o/t", "target-llama.gguf", 20 * 10**9)
+    proc = cli("run", "hello", env=env, input="")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("no --model or --target: the default pair bigpair") and "20.0 GB to download" in lines[0]
+    assert lines[-1] == ("dspark: error: bigpair needs 20.0 GB of downloads and stdin is not a terminal; "
+                         f"pass --yes, or {SMALL}"), proc.stderr
+    assert len(lines) == 2 and not _file_downloads(hub)
+
+
+def test_a_big_default_pair_is_asked_for_on_a_terminal(default_hub):
+    hub, env = default_hub
+    hub.advertise_size("o/t", "target-llama.gguf", 20 * 10**9)
+    rc, shown = _on_a_terminal(["run", "hello"], env=env, answer=(b"Download 20.0 GB?", b"n\n"))
+    screen = ANSI.sub("", shown).replace("\r\n", "\n")
+    assert rc == 1, screen
+    assert screen.index("the default pair bigpair") < screen.index("target-llama.gguf  20.0 GB") \
+        < screen.index("Download 20.0 GB?")  # named, then the plan, then the question
+    assert "dspark: error: fetch of bigpair cancelled; nothing was downloaded" in screen
+    assert not _file_downloads(hub)

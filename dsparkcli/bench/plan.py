@@ -3,7 +3,7 @@ and the files it runs on (resolved through ``pairs``, every draft checked agains
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,14 +213,15 @@ def _label(path: str, taken: set[str]) -> str:
 
 
 def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None,
-                   yes: bool = False, engine: Engine | None = None) -> BenchInputs:
+                   yes: bool = False, engine: Engine | None = None,
+                   on_notice: Callable[[str], None] | None = None) -> BenchInputs:
     """Local paths (or hf:// refs) with --target, else the registry pair (``drafts``: keys or paths,
     each optionally ``LABEL=...`` to name its configurations).
 
     Every draft is checked against the target first: a wrong pair fails in one line, not as a
     llama.cpp assert in each configuration; so is every file against the ``engine``, before it is downloaded.
     """
-    downloads = Downloads(yes=yes, engine=engine)
+    downloads = Downloads(yes=yes, engine=engine, on_notice=on_notice)
     resolved: list[Draft] = []
     taken: set[str] = set()
     if target is not None:
@@ -244,11 +245,11 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
     pair = reg.get(name)
     for spec in drafts or [pair.default_draft]:
         given, d = _split_label(spec)
-        if d in pair.drafts:
-            files = resolve_files(PairSpec(model=name, draft_key=d, mmproj=mmproj), downloads)
+        if d in pair.drafts:  # model None: the default pair, announced by resolve_files
+            files = resolve_files(PairSpec(model=model, draft_key=d, mmproj=mmproj), downloads)
             label = given or d
         else:
-            files = resolve_files(PairSpec(model=name, draft=d, mmproj=mmproj), downloads)
+            files = resolve_files(PairSpec(model=model, draft=d, mmproj=mmproj), downloads)
             label = given or _label(d, taken)
         if files.draft is None:
             raise UsageError(f"pair {name} has no draft '{d}' (known: {', '.join(pair.drafts)})")

@@ -10,7 +10,6 @@ from typing import Any
 import typer
 
 from dsparkcli.cli._output import err
-from dsparkcli.errors import UsageError
 from dsparkcli.hub.download import Progress as DownloadProgress
 from dsparkcli.hub.fetch import PlannedFile
 from dsparkcli.units import format_size
@@ -22,20 +21,20 @@ def show_plan(planned: list[PlannedFile]) -> None:
         err.print(f"  {p.role:<7} {p.filename}  {format_size(p.size)}  {p.repo}  [{state}]", markup=False)
 
 
-def ask_to_download(planned: list[PlannedFile], *, what: str | None = None, show: bool = True) -> bool:
-    """Show what will be downloaded (``show``) and ask; without a terminal, refuse with a one-line hint.
+def ask_to_download(planned: list[PlannedFile], *, show: bool = True) -> bool | None:
+    """Show what will be downloaded (``show``) and ask; None without a terminal to ask on.
 
-    The asking half of the one confirm policy: ``hub.fetch.confirm_large`` decides when to ask."""
+    The asking half of the one confirm policy: ``hub.fetch.confirm_large`` decides when to ask, and
+    words the refusal when it cannot."""
     total = sum(p.to_download for p in planned)
     if not sys.stdin.isatty():
-        need = f"{what} needs {format_size(total)} of downloads and" if what else f"{format_size(total)} of downloads needed and"
-        raise UsageError(f"{need} stdin is not a terminal; pass --yes")
+        return None
     if show:
         show_plan(planned)
     return typer.confirm(f"Download {format_size(total)}?", default=True, err=True)
 
 
-def confirm_downloads(planned: list[PlannedFile]) -> bool:
+def confirm_downloads(planned: list[PlannedFile]) -> bool | None:
     """The ``confirm`` callback of run and serve (hub.fetch.Confirm)."""
     return ask_to_download(planned)
 

@@ -202,7 +202,7 @@ def bench(
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc)))
     engine_mod.require_dspark(eng)
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes,
-                                       engine=eng)
+                                       engine=eng, on_notice=lambda m: err.print(m, markup=False))
     budgets, auto_budget, adaptive = _budgets(budget)
     cost_table, adaptive_k = None, 0
     if adaptive:  # the (first) draft's tuning: its step costs, llama.cpp's choice per step

@@ -54,7 +54,7 @@ def fetch(
             raise UsageError("--draft and --revision are for pair names; write the revision as hf://owner/repo@REV/file")
         with download_progress(disable=json_out) as on_progress:
             path = hub.fetch_ref(name, local_dir=local_dir, yes=yes, on_progress=on_progress,
-                                 confirm=lambda p: ask_to_download(p, what=name))
+                                 confirm=ask_to_download)
         if json_out:
             print_json({"name": name, "path": path})
         else:
@@ -76,7 +76,7 @@ def fetch(
             hub.check_before_download(planned, engine_check(engine, after="--force downloads them anyway",
                                                             on_advice=advice))
     hub.confirm_large(planned, pair.name, yes=yes,
-                      confirm=lambda p: ask_to_download(p, what=pair.name, show=False))  # the plan is shown above
+                      confirm=lambda p: ask_to_download(p, show=False))  # the plan is shown above
     with download_progress(disable=json_out) as on_progress:
         try:
             fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress)

@@ -132,7 +132,8 @@ def run(
                         placement=placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device))
     with download_progress(disable=json_out) as on_progress:
         result = runner.answer(
-            question, pair, knobs, Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress),
+            question, pair, knobs, Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
+                                             on_notice=lambda m: err.print(m, markup=False)),
             server_url=server, llama_bin=llama_bin, on_text=None if json_out else on_text,
             on_status=None if json_out else (lambda msg: (on_progress.finish(), err.print(f"[dim]{msg}[/dim]"))),
             on_notice=lambda msg: err.print(msg, markup=False),

@@ -141,7 +141,8 @@ def serve(
             ServerKnobs(**kv, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
                         parallel=parallel, host=host, port=port, api_key=api_key, category=category,
                         placement=placement),
-            Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress), engine=eng)
+            Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
+                      on_notice=lambda m: err.print(m, markup=False)), engine=eng)
     cfg, auto = tuned.apply_auto(eng, cfg, budget=kv["auto_budget"], p_min=kv["auto_p_min"],
                                  category=category, adaptive=kv["adaptive_budget"])
     if auto is not None:

@@ -137,7 +137,7 @@ def tune_cmd(
     if adaptive:
         tuned.require_adaptive(eng)
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=[draft] if draft else [], mmproj=mmproj,
-                                       yes=yes, engine=eng)
+                                       yes=yes, engine=eng, on_notice=lambda m: err.print(m, markup=False))
     draft_path = inputs.drafts[0].path
     max_n, has_conf = tuning.draft_limits(draft_path)
     cands = tuple(budgets or [b for b in tuning.DEFAULT_BUDGETS if max_n is None or b <= max_n])

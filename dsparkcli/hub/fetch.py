@@ -93,7 +93,8 @@ class FetchedFile:
     hash_wait_seconds: float  # time spent waiting for the hash after the last byte arrived
 
 
-Confirm = Callable[[list[PlannedFile]], bool]  # shown the planned downloads, answers go/no-go
+# shown the planned downloads, answers go/no-go; None: it has no way to ask (stdin is not a terminal)
+Confirm = Callable[[list[PlannedFile]], "bool | None"]
 Check = Callable[[list[PlannedFile]], None]  # sees the plan before any download; raises to refuse it
 
 
@@ -128,14 +129,18 @@ def fetch_ref(
     return fetch_planned(planned, spec, on_progress=on_progress)[0].path
 
 
-def confirm_large(planned: list[PlannedFile], what: str, *, yes: bool, confirm: Confirm | None) -> None:
-    """Ask before downloading more than CONFIRM_ABOVE_BYTES; without a way to ask, refuse with a hint."""
+def confirm_large(planned: list[PlannedFile], what: str, *, yes: bool, confirm: Confirm | None,
+                  instead: str | None = None) -> None:
+    """Ask before downloading more than CONFIRM_ABOVE_BYTES; without a way to ask, refuse in one line
+    that says what to pass (``instead``: another choice, e.g. a small pair, for a download never asked for)."""
     total = sum(p.to_download for p in planned)
     if total <= CONFIRM_ABOVE_BYTES or yes:
         return
-    if confirm is None:
-        raise UsageError(f"{what} needs {format_size(total)} of downloads; pass --yes to go ahead")
-    if not confirm(planned):
+    answer = confirm(planned) if confirm is not None else None
+    if answer is None:
+        why = "; pass --yes to go ahead" if confirm is None else " and stdin is not a terminal; pass --yes"
+        raise UsageError(f"{what} needs {format_size(total)} of downloads{why}" + (f", or {instead}" if instead else ""))
+    if not answer:
         raise DsparkError(f"fetch of {what} cancelled; nothing was downloaded")
 
 
@@ -157,12 +162,17 @@ def fetch(
     on_progress: OnProgress | None = None,
     roles: Collection[str] | None = None,
     check: Check | None = None,
+    on_plan: Callable[[list[PlannedFile]], None] | None = None,
+    instead: str | None = None,
 ) -> list[FetchedFile]:
-    """Plan, check (``check``, before any byte), confirm big downloads, download and verify.
+    """Plan (``on_plan`` sees it first, e.g. to say what is coming), check (``check``, before any byte),
+    confirm big downloads (``instead``: see confirm_large), download and verify.
     Raises HubError / VerificationError, or what ``check`` raises."""
     planned = plan(pair, draft_key, local_dir=local_dir, revision=revision, roles=roles)
+    if on_plan is not None:
+        on_plan(planned)
     check_before_download(planned, check)
-    confirm_large(planned, pair.name, yes=yes, confirm=confirm)
+    confirm_large(planned, pair.name, yes=yes, confirm=confirm, instead=instead)
     return fetch_planned(planned, pair.name, on_progress=on_progress)
 
 

@@ -111,6 +111,16 @@ class Registry:
             raise UsageError(_unknown("model", name, self.pairs, "in the registry"))
         return self.pairs[name]
 
+    def smallest(self, but: str | None = None) -> tuple[ModelPair, int] | None:
+        """The pair (other than ``but``) with the fewest bytes, among those whose every file's size is
+        pinned, and its size: the one to suggest to someone who did not ask for a big download."""
+        sized = [(sum(f.size or 0 for f in p.files().values()), name) for name, p in self.pairs.items()
+                 if name != but and all(f.size for f in p.files().values())]
+        if not sized:
+            return None
+        size, name = min(sized)
+        return self.pairs[name], size
+
 
 def _unknown(what: str, name: str, known: dict, where: str) -> str:
     close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
