@@ -14,7 +14,7 @@ import pytest
 
 from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.llama.protocol import parse_metrics
-from dsparkcli.llama.server import LlamaServer, ServerConfig, classify_log
+from dsparkcli.llama.server import LlamaServer, ServerConfig, classify_log, free_port
 from dsparkcli.synth import known_answer as synth
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,6 +106,20 @@ def test_wrong_arch_draft_is_typed_not_a_hang(engine, pair, tmp_path):
         LlamaServer(engine, cfg, log_dir=tmp_path, startup_timeout=60).start()
     assert info.value.kind in ("unsupported-arch", "crash")
     assert "GGML_ASSERT" in info.value.log_tail or "target_layer" in info.value.log_tail
+
+
+def test_launches_on_one_port_within_one_second_keep_one_log_each(engine, pair, tmp_path, monkeypatch):
+    # a supervisor's restart, or a bench's next server, on the port just freed: the clock is held still
+    # so every launch falls within the same second (a FileExistsError before the launch counter)
+    from dsparkcli.llama import server as server_mod
+
+    monkeypatch.setattr(server_mod.time, "strftime", lambda fmt, *a: "20260101-000000")
+    port = free_port()
+    logs = []
+    for _ in range(3):
+        with LlamaServer(engine, ServerConfig(model=pair.target, port=port, threads=1, ctx=256), log_dir=tmp_path) as srv:
+            logs.append(srv.log_path)
+    assert len(set(logs)) == 3 and all(p.stat().st_size > 0 for p in logs)
 
 
 def test_port_in_use_is_typed(engine, pair, tmp_path):

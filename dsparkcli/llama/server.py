@@ -1,15 +1,15 @@
 """LlamaServer: the only owner of llama-server subprocesses, and a small client for its HTTP API.
 
-A server is started on a free loopback port, waited for through ``/health``, logged to a file, and
-always stopped: SIGTERM, then SIGKILL after a grace period (llama-server hangs on SIGTERM during a
-non-streaming request), on normal exit, on exceptions and, through PR_SET_PDEATHSIG, even when the
-Python process itself is killed.
+A server is started on a free loopback port, waited for through ``/health``, logged to a file of its own
+and always stopped (SIGTERM, then SIGKILL after STOP_GRACE_S: it never exits while a stream is open), on
+normal exit, on exceptions and, through PR_SET_PDEATHSIG, when the Python process itself is killed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import json
 import os
 import re
@@ -308,8 +308,8 @@ def stream_chat(
 
 
 KEEP_LOGS = 50
-# SIGTERM to SIGKILL: idle, llama-server exits in ~0.05 s; with a stream open, never (DESIGN.md)
-STOP_GRACE_S = 1.0
+_LAUNCHES = itertools.count()  # per process: two launches on one port within a second get two logs
+STOP_GRACE_S = 1.0  # SIGTERM to SIGKILL: idle, llama-server exits in ~0.05 s; with a stream open, never
 
 
 def prune_logs(log_dir: Path, keep: int = KEEP_LOGS) -> None:
@@ -423,8 +423,8 @@ class LlamaServer:
         for attempt in range(1 if explicit_port else 3):
             self.port = self.config.port or free_port(self.config.host)
             # one log per launch: a second server refused on a busy port must not truncate the first one's log
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            self.log_path = self.log_dir / f"llama-server-{self.port}-{stamp}-{os.getpid()}-{attempt}.log"
+            stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAUNCHES)}"
+            self.log_path = self.log_dir / f"llama-server-{self.port}-{stamp}.log"
             env = {**os.environ, **self.env}
             if self.config.api_key:
                 env["LLAMA_API_KEY"] = self.config.api_key
