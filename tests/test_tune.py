@@ -220,6 +220,7 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
         assert set(row["grid"]) == {"1", "3"}  # JSON keys: every budget of the grid was measured
         assert row["tune_pick"] in (None, 1, 3) and row["pick_vs_best"] is not None
         assert row["adaptive_in_grid"] > 0 and row["tune_adaptive_measured"] > 0  # --adaptive: both runs have it
+        assert row["tune_adaptive_vs_pick"] == pytest.approx(row["tune_adaptive_measured"] / (row["tune_measured"] or 1.0))
     assert summary["rows"][1]["timings_s"].get("cost_reused") == 1.0  # the cost model is measured once
     assert summary["tune_wall_s"] > 0 and summary["grid_wall_s"] > 0
     records = [json.loads(ln) for ln in (out / "tune-records.jsonl").read_text().splitlines()]
