@@ -48,7 +48,7 @@ print(w('$W/pair', scale=${SCALE:-1.0}, qtype='Q4_K', draft_qtype='Q8_0', target
   DRF=$("$PY" -c "import json,os;m=json.load(open('$M'));print(os.path.join(os.path.dirname('$M'),m['draft']['file']))")
   say "stand-in $M: direct vs worker (SYNTHETIC acceptance --spec-synth-len ${SYNTH_LEN:-5.4})"
   check --target "$TGT" --draft "$DRF" --n-predict 256 --prompts 2 --reps 3 --ctx 4096 "${GPU[@]}" \
-    --spec-synth-len "${SYNTH_LEN:-5.4}"
+    --synth-len "${SYNTH_LEN:-5.4}"
   if [ -n "${TARGET:-}" ]; then
     say "real pair $TARGET: direct vs worker"
     check --target "$TARGET" --draft "$DRAFT" --n-predict 256 --prompts 4 --reps 3 "${GPU[@]}"

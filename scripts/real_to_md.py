@@ -4,10 +4,10 @@
     python -m scripts.real_to_md                      # prints the section (tests/test_benchmarks_doc.py
                                                       # checks BENCHMARKS.md holds exactly this)
 
-Inputs (results/real/ and results/h200/real/): the `dspark distill --json` report of the shipped draft,
-`dspark bench` JSONL runs of that draft against plain decoding (H200 CUDA engine, CPU engine), the H200
-`dspark bench --concurrency` run (scripts/load_to_md.py renders it) and the H200 `dspark tune` record
-(scripts/tune_to_md.py).
+Inputs: the `dspark distill --json` report of the shipped draft and `dspark bench` JSONL runs of that
+draft against plain decoding (H200 CUDA engine: results/h200/real2/; CPU engine: results/real/), and, for
+the first draft this pair shipped (results/h200/real/), the H200 `dspark bench --concurrency` run
+(scripts/load_to_md.py renders it) and the H200 `dspark tune` record (scripts/tune_to_md.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from dsparkcli.bench.records import read_jsonl
 from dsparkcli.bench.tune import TuningRecord
 from scripts import load_to_md, tune_to_md
 
-DISTILL = ROOT / "results/h200/real/distill-report.json"
+DISTILL = ROOT / "results/h200/real2/distill-report.json"
 LOAD = ROOT / "results/h200/real/load-real.jsonl"
 TUNE = ROOT / "results/h200/real/tune/tune.json"
-BENCHES = {"H200 (CUDA sm_90)": ROOT / "results/h200/real/bench-h200.jsonl", "CPU (2 cores)": ROOT / "results/real/bench-cpu.jsonl"}
+BENCHES = {"H200 (CUDA sm_90)": ROOT / "results/h200/real2/bench-h200.jsonl", "CPU (2 cores)": ROOT / "results/real/bench-cpu.jsonl"}
+FIRST_DRAFT = "the first draft, sha256 `28cbc2a667e537d1…`"
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -50,10 +51,14 @@ def distill_section(rep: dict[str, Any]) -> list[str]:
         f"look-alikes; generation stopped by `--data-minutes`), {d['response_tokens']:,} response tokens, "
         f"responses up to {d['max_new']} tokens",
         f"- training: {t['steps']:,} steps of {o['batch']} sequences x {o['anchors']} blocks in "
-        f"{t['seconds']:.0f} s (`--minutes {o['minutes']:g}`), lr {o['lr']:g}; loss "
+        f"{t['seconds']:.0f} s (`--minutes {o['minutes']:g}`), lr {o['lr']:g}"
+        + (f", soft-label weight {o['soft_weight']:g} (top-{o['soft_k']})" if o.get("soft_weight") else "")
+        + "; loss "
         + " → ".join(f"{loss:.2f}" for _, loss in t["losses"]),
         f"- best held-out evaluation at step {best['step']:,} ({best['seconds']:.0f} s); simulated mean acceptance "
-        "length on 3 % held-out training sequences (same templates, so optimistic), per budget:", "",
+        + (f"length on {t['val_sequences']} sequences of {o['val_groups']} prompt templates per category that "
+           "were held out whole (never trained on), per budget:" if o.get("val_groups") else
+           "length on 3 % held-out training sequences (same templates, so optimistic), per budget:"), "",
         "| category | " + " | ".join(f"k={k + 1}" for k in range(len(next(iter(best["tau"].values()))))) + " |",
         "|---" * (1 + len(next(iter(best["tau"].values())))) + "|",
     ]
@@ -127,10 +132,11 @@ def render() -> str:
             out += bench_section(label, path)
     if LOAD.is_file():
         text = load_to_md.section(LOAD).replace(f"{ROOT}/", "")
-        out += ["### H200: many users at once (`dspark bench --concurrency`, REAL acceptance)", "", text.rstrip("\n"), ""]
+        out += [f"### H200: many users at once (`dspark bench --concurrency`, REAL acceptance; {FIRST_DRAFT})", "",
+                text.rstrip("\n"), ""]
     if TUNE.is_file():
         rec = TuningRecord.from_record(json.loads(TUNE.read_text(encoding="utf-8")))
-        out += ["### H200: `dspark tune` on the real pair (REAL acceptance)", "",
+        out += [f"### H200: `dspark tune` on the real pair (REAL acceptance; {FIRST_DRAFT})", "",
                 tune_to_md.record_md(rec, str(TUNE.relative_to(ROOT))).rstrip("\n"), ""]
     return "\n".join(out)
 

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=256)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--synth-len", type=float, default=None,
+                    help="SYNTHETIC acceptance (--spec-synth-len), set by dspark, not passed after --")
     ap.add_argument("--worker-device", default=None, help="the worker's device (default: its GPU, else CPU)")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/dspark-rpc-check/logs"))
     args = ap.parse_args(raw)
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = prompts(vocab, args.prompts)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     base = ServerConfig(model=args.target, draft=args.draft, n_max=args.budget, ctx=args.ctx, threads=args.threads,
-                        extra_args=tuple(extra))
+                        synth_len=args.synth_len, extra_args=tuple(extra))
     sink = JsonlSink(args.out, fsync=True)
     sink.write({"record": "provenance", "schema": SCHEMA, "engine": engine.commit, "backend": engine.backend,
                 "server": str(engine.server), "argv": sys.argv})

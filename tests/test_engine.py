@@ -196,3 +196,14 @@ def test_the_default_build_has_the_rpc_backend_in_its_cache_key(engine):
     eng, record, reused = engine_mod.build_engine(backend="cpu")
     assert reused and record.rpc and engine_mod.RPC_SERVER in record.targets
     assert (eng.bin_dir / engine_mod.RPC_SERVER).is_file() and engine_mod.supports_rpc(eng)
+
+
+def test_slot_hazard_warns_only_where_it_was_measured(tmp_path: Path) -> None:
+    from dsparkcli.llama.engine import Engine, slot_hazard
+    cuda = Engine(tmp_path / "llama-server", tmp_path, "test", backend="cuda")
+    cpu = Engine(tmp_path / "llama-server", tmp_path, "test", backend="cpu")
+    msg = slot_hazard(cuda, drafting=True, parallel=16)
+    assert msg is not None and msg.startswith("16 slots with a DSpark draft on CUDA") and "8 ran clean" in msg
+    assert slot_hazard(cuda, drafting=True, parallel=8) is None  # measured clean
+    assert slot_hazard(cuda, drafting=False, parallel=16) is None  # plain at 16 ran clean
+    assert slot_hazard(cpu, drafting=True, parallel=16) is None  # 16 slots on the CPU engine ran clean

@@ -277,3 +277,19 @@ def test_the_gpu_check_script_runs_here_on_the_cpu_engine(engine, tmp_path, monk
     assert s["ratio"] == s["rpc_tok_s"]["median"] / s["direct_tok_s"]["median"] > 0
     assert "--rpc" in s["rpc_argv"] and s["rpc_argv"][s["rpc_argv"].index("-devd") + 1] == "RPC0"
     assert "--rpc" not in s["direct_argv"]
+
+
+def test_the_gpu_check_script_sets_synthetic_acceptance_itself(engine, pair, tmp_path, monkeypatch):
+    """--synth-len goes into the ServerConfig (a `-- --spec-synth-len` is refused by dspark's own checks,
+    which is how the H200 stand-in check failed): both paths get it, and still agree."""
+    from support.scripts import script
+
+    monkeypatch.setenv("DSPARK_LLAMA_BIN", str(engine.bin_dir))
+    out = tmp_path / "rpc.jsonl"
+    rc = script("rpc_check").main(["--target", str(pair.target), "--draft", str(pair.draft), "--synth-len", "2.5",
+                                   "--out", str(out), "--n-predict", "32", "--prompts", "1", "--reps", "1",
+                                   "--threads", "1", "--log-dir", str(tmp_path)])
+    s = json.loads(out.read_text().splitlines()[-1])
+    assert rc == 0 and s["tokens_equal"] is s["counts_equal"] is True and s["predicted"] is None
+    for argv in (s["direct_argv"], s["rpc_argv"]):
+        assert argv[argv.index("--spec-synth-len") + 1] == "2.5"

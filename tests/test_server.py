@@ -276,3 +276,20 @@ def test_default_log_folder_keeps_the_newest_logs(engine, pair, tmp_path, monkey
     assert len(remaining) == KEEP_LOGS + 1  # the newest KEEP_LOGS old ones, plus this run's
     assert "llama-server-0.log" not in remaining and f"llama-server-{KEEP_LOGS + 9}.log" in remaining
     assert srv.log_path.name in remaining
+
+
+def test_an_engine_abort_is_named_by_its_own_line(tmp_path: Path) -> None:
+    """SIGABRT from GGML_ABORT (the H200's 16-slot draft-dspark crash, its log as recorded) reports the
+    abort's line; a SIGKILL with nothing telling in the log stays "killed by a signal"."""
+    root = Path(__file__).resolve().parent.parent
+    srv = LlamaServer.__new__(LlamaServer)
+    srv.log_path = root / "results/h200/load2/abort16.log"
+    e = srv._died(-6, during="generation (real16@1 x16)")
+    assert e.message == ("llama-server failed during generation (real16@1 x16) (signal 6, SIGABRT): "
+                      "/tmp/ds/src/llama_cpp_python-0.3.36/vendor/llama.cpp/common/common.cpp:2158: get_sub_batch: "
+                      "failed to add token 1100540700 at index 9 (error -2, n = 24)")
+    assert e.kind == "crash"
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("main: server is listening on http://127.0.0.1:8080\nslot launch_slot_: id 0 | task 0\n")
+    srv.log_path = quiet
+    assert srv._died(-9, during="serving").message.endswith("(signal 9, SIGKILL): killed by a signal")

@@ -241,6 +241,9 @@ def bench(
         placement=placement, cost_table=cost_table, adaptive_k=adaptive_k,
     )
     plan.validate()
+    hazard = engine_mod.slot_hazard(eng, drafting=bool(plan.drafts), parallel=max(plan.concurrency or (1,)))
+    if hazard:
+        err.print(f"dspark: warning: {hazard}", markup=False)
     if plan.synth_len is not None:
         err.print(f"[bold red]SYNTHETIC acceptance (--spec-synth-len {synth_len:g}): figures emulate a draft[/bold red]")
     elif plan.scripted:

@@ -143,6 +143,9 @@ def serve(
                         placement=placement),
             Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
                       on_notice=lambda m: err.print(m, markup=False)), engine=eng)
+    hazard = engine_mod.slot_hazard(eng, drafting=files.draft is not None, parallel=cfg.n_parallel)
+    if hazard:
+        err.print(f"dspark: warning: {hazard}", markup=False)
     cfg, auto = tuned.apply_auto(eng, cfg, budget=kv["auto_budget"], p_min=kv["auto_p_min"],
                                  category=category, adaptive=kv["adaptive_budget"])
     if auto is not None:

@@ -154,6 +154,15 @@ def classify_log(text: str) -> tuple[str, str]:
     return "error", "llama-server exited"
 
 
+_ABORT = re.compile(r"\.(?:c|cpp|cu|h):\d+: \S|GGML_ASSERT")
+
+
+def _abort_line(text: str) -> str | None:
+    """ggml_abort's "file.cpp:LINE: message" (or a GGML_ASSERT), the last one in the log, if any."""
+    hits = [ln.strip() for ln in text.splitlines() if _ABORT.search(ln)]
+    return hits[-1][:300] if hits else None
+
+
 def _key_line(text: str) -> str:
     """The most telling log line: an assert, an error, or the last line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -469,8 +478,13 @@ class LlamaServer:
         if rc < 0:
             with contextlib.suppress(ValueError):
                 how = f"signal {-rc}, {signal.Signals(-rc).name}"
-            if kind == "error":  # killed from outside (OOM killer, kill): its last line says nothing about why
-                return ServerError(f"llama-server failed during {during} ({how}): killed by a signal",
+            if kind == "error":
+                abort = _abort_line(tail)
+                if abort is None:  # killed from outside (OOM killer, kill): its last line says nothing about why
+                    return ServerError(f"llama-server failed during {during} ({how}): killed by a signal",
+                                       kind="crash", log_tail=tail, hint=f"log: {self.log_path}")
+                # it aborted itself (GGML_ABORT / GGML_ASSERT -> SIGABRT): the abort's own line is the cause
+                return ServerError(f"llama-server failed during {during} ({how}): {abort}",
                                    kind="crash", log_tail=tail, hint=f"log: {self.log_path}")
         return ServerError(f"llama-server failed during {during} ({how}): {summary}: {_key_line(tail)}",
                            kind=kind, log_tail=tail, hint=f"log: {self.log_path}")
