@@ -26,6 +26,7 @@ from dsparkcli.llama import placement as placement_mod
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.server import LlamaServer, ServerClient, metrics_or_none, stream_chat
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
+from dsparkcli.plaincheck import PlainComparison, compare_with_plain
 
 @dataclass(frozen=True)
 class Acceptance:
@@ -59,6 +60,7 @@ class RunResult:
     server_argv: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
     acceptance_kind: str | None = None  # "REAL" or "SYNTHETIC (why)" for a drafted run; None without a draft
+    comparison: PlainComparison | None = None  # --compare: the same question to plain decoding
 
     def to_record(self) -> dict[str, Any]:
         acc = self.acceptance
@@ -81,6 +83,7 @@ class RunResult:
             "timings": self.timings,
             "server_argv": list(self.server_argv),
             "files": self.files,
+            "comparison": self.comparison.to_record() if self.comparison else None,
         }
 
 
@@ -184,10 +187,20 @@ def answer(
     on_status: Callable[[str], None] | None = None,
     on_server: Callable[[LlamaServer], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    compare: bool = False,
 ) -> RunResult:
     """The `run` job: ask a running server (``server_url``), or start one for the pair and ask it.
-    ``on_notice`` gets the one line saying which tuning ``--budget auto`` used (default: ``on_status``)."""
+    ``on_notice`` gets the one line saying which tuning ``--budget auto`` used (default: ``on_status``).
+    ``compare``: then ask plain decoding the same question (a second load, without the draft) and say
+    where the answers part, with the target's top-2 there (plaincheck)."""
     q = question
+    if compare:
+        if server_url:
+            raise UsageError("--compare starts its own servers (with and without the draft): drop --server")
+        if pair.no_draft:
+            raise UsageError("--compare compares the draft with plain decoding: drop --no-draft")
+        if q.temp > 0:
+            raise UsageError("--compare needs greedy decoding (--temp 0): sampled answers differ by design")
     if server_url:
         fixed = _set_at_start(pair, knobs)
         if fixed:  # they choose what a server loads and how: a running one has made those choices already
@@ -233,9 +246,18 @@ def answer(
             srv.check_alive(wait=15.0 if e.kind == "crash" else 0.0)
             raise
     if files.draft is None:
+        if compare:
+            raise UsageError("--compare needs a draft: this pair has none")
         return result
     kind = acceptance_kind(files.target, files.draft)
-    return replace(result, acceptance_kind=kind.label if kind.label == "REAL" else f"{kind.label} ({kind.why})")
+    result = replace(result, acceptance_kind=kind.label if kind.label == "REAL" else f"{kind.label} ({kind.why})")
+    if compare:
+        if on_status:
+            on_status(f"plain decoding of the same question (loading {files.target.name} without the draft)")
+        messages = protocol.build_messages(q.prompt, [im.data_url for im in q.images], q.system)
+        result = replace(result, comparison=compare_with_plain(eng, cfg, messages, result.text,
+                                                               max_tokens=q.max_tokens, seed=q.seed))
+    return result
 
 
 def _set_at_start(pair: PairSpec, knobs: ServerKnobs) -> list[str]:

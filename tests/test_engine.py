@@ -199,7 +199,8 @@ def test_the_default_build_has_the_rpc_backend_in_its_cache_key(engine):
 
 
 def test_slot_hazard_warns_only_where_it_was_measured(tmp_path: Path) -> None:
-    from dsparkcli.llama.engine import Engine, slot_hazard
+    from dsparkcli.llama.engine import Engine
+    from dsparkcli.llama.hazards import slot_hazard
     cuda = Engine(tmp_path / "llama-server", tmp_path, "test", backend="cuda")
     cpu = Engine(tmp_path / "llama-server", tmp_path, "test", backend="cpu")
     msg = slot_hazard(cuda, drafting=True, parallel=16)

@@ -41,6 +41,7 @@ from dsparkcli.errors import Interrupted, UsageError
 from dsparkcli.outputs import check_output_file
 from dsparkcli.llama import budget as budget_mod
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import hazards
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import ServerConfig
@@ -241,7 +242,7 @@ def bench(
         placement=placement, cost_table=cost_table, adaptive_k=adaptive_k,
     )
     plan.validate()
-    hazard = engine_mod.slot_hazard(eng, drafting=bool(plan.drafts), parallel=max(plan.concurrency or (1,)))
+    hazard = hazards.slot_hazard(eng, drafting=bool(plan.drafts), parallel=max(plan.concurrency or (1,)))
     if hazard:
         err.print(f"dspark: warning: {hazard}", markup=False)
     if plan.synth_len is not None:

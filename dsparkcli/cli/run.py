@@ -58,6 +58,8 @@ Examples:
   dspark run chart.png "Summarise the trend" --budget adaptive   # llama.cpp picks per step (tune's costs)
   dspark run --target t.gguf --draft d.gguf --mmproj mm.gguf img.png "Describe it"
   dspark run photo.png "Describe" --no-draft            # plain decoding, same greedy text
+  dspark run "Write a Python function that reverses a string." --model smollm2-135m --compare
+                                                        # ...and is it? where it parts, and why
   dspark run photo.png "Describe" --server http://127.0.0.1:8080   # reuse `dspark serve`
   dspark run photo.png "Describe" -- -ngl 99 -fa on     # extra llama-server flags
   dspark run "Hi" --rpc 10.0.0.2:50052,10.0.0.3:50052   # target on two rpc workers
@@ -112,6 +114,7 @@ def run(
     tensor_split: TensorSplitOpt = None,
     main_gpu: MainGpuOpt = None,
     draft_device: DraftDeviceOpt = None,
+    compare: Annotated[bool, typer.Option("--compare", help="Then ask plain decoding the same question (a second load) and report the first divergence with the target's top-2 there.")] = False,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
@@ -120,9 +123,21 @@ def run(
     prompt, positional_images = args[-1], [Path(a) for a in args[:-1]]
     images = positional_images + list(image or [])
 
+    line = {"open": False}  # the answer's last line not ended yet: a status line after it starts on its own
+
     def on_text(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
+        line["open"] = True
+
+    def on_status(msg: str) -> None:
+        on_progress.finish()
+        if line["open"]:  # --compare's second load comes after the streamed answer
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            line["open"] = False
+            line["ended"] = True
+        err.print(f"[dim]{msg}[/dim]")
 
     question = runner.Question(prompt, tuple(load_image(p) for p in images), system=system,
                                max_tokens=max_tokens, temp=temp, seed=seed)
@@ -135,15 +150,18 @@ def run(
             question, pair, knobs, Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
                                              on_notice=lambda m: err.print(m, markup=False)),
             server_url=server, llama_bin=llama_bin, on_text=None if json_out else on_text,
-            on_status=None if json_out else (lambda msg: (on_progress.finish(), err.print(f"[dim]{msg}[/dim]"))),
-            on_notice=lambda msg: err.print(msg, markup=False),
+            on_status=None if json_out else on_status,
+            on_notice=lambda msg: err.print(msg, markup=False), compare=compare,
         )
     if json_out:
         print_json(result.to_record())
         return
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    if not line.get("ended"):
+        sys.stdout.write("\n")
+        sys.stdout.flush()
     err.print(format_stats(result), markup=False)
+    if result.comparison is not None:
+        err.print(result.comparison.message(), markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -41,6 +41,7 @@ from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import hazards
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.placement import is_loopback
 from dsparkcli.llama.supervise import DEFAULT_MAX_RESTARTS, Event, Supervisor
@@ -143,7 +144,7 @@ def serve(
                         placement=placement),
             Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
                       on_notice=lambda m: err.print(m, markup=False)), engine=eng)
-    hazard = engine_mod.slot_hazard(eng, drafting=files.draft is not None, parallel=cfg.n_parallel)
+    hazard = hazards.slot_hazard(eng, drafting=files.draft is not None, parallel=cfg.n_parallel)
     if hazard:
         err.print(f"dspark: warning: {hazard}", markup=False)
     cfg, auto = tuned.apply_auto(eng, cfg, budget=kv["auto_budget"], p_min=kv["auto_p_min"],

@@ -12,7 +12,6 @@ import ctypes
 import itertools
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from dsparkcli.gguf.pairing import readable_load_checks, refuse_unloadable
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.loads import engine_label, engine_tables
+from dsparkcli.llama.logs import abort_line, classify_log, key_line, log_tail  # noqa: F401 - log_tail: rpc, tests
 from dsparkcli.llama.placement import Placement
 
 DEFAULT_HOST = "127.0.0.1"
@@ -122,57 +122,6 @@ class ServerConfig:
         args += self.placement.argv(drafting=self.draft is not None)
         args += list(self.extra_args)
         return args
-
-
-# ------------------------------------------------------------------ log classification
-
-_RPC_FAILURE = r"Remote RPC server crashed|Failed to connect to \S+:\d+|RPC handshake failed|RPC server version mismatch"
-
-# First match wins: the specific causes before the generic "crash".
-_LOAD_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    ("unsupported-arch", re.compile(r"unknown model architecture|layer input tensor is null|target_layer_ids|"
-                                    r"dflash requires ctx_other to be set(?!.*normal)"),
-     "the model architecture is not supported for this use"),
-    ("missing-file", re.compile(r"failed to open GGUF file"), "a model file is missing"),
-    ("bad-gguf", re.compile(r"invalid magic|failed to read (magic|header|key)|tensor data is not within|"
-                            r"gguf_init_from_file_impl: .*(invalid|failed)"),
-     "a model file is not a valid GGUF"),
-    ("out-of-memory", re.compile(r"out of memory|cudaMalloc failed|failed to allocate|unable to allocate|ErrorOutOfDeviceMemory", re.I),
-     "not enough memory to load the model"),
-    ("port", re.compile(r"couldn't bind|Address already in use|bind\(\) failed", re.I), "the port is already in use"),
-    # ggml-rpc aborts the whole llama-server when a worker cannot be reached or dies mid-graph
-    ("rpc", re.compile(_RPC_FAILURE), "an RPC worker is unreachable or died"),
-    ("crash", re.compile(r"GGML_ASSERT|Segmentation fault|terminate called"), "llama-server crashed"),
-)
-
-
-def classify_log(text: str) -> tuple[str, str]:
-    """(kind, summary) of why a server died, from its log."""
-    for kind, pattern, summary in _LOAD_FAILURES:
-        if pattern.search(text):
-            return kind, summary
-    return "error", "llama-server exited"
-
-
-_ABORT = re.compile(r"\.(?:c|cpp|cu|h):\d+: \S|GGML_ASSERT")
-
-
-def _abort_line(text: str) -> str | None:
-    """ggml_abort's "file.cpp:LINE: message" (or a GGML_ASSERT), the last one in the log, if any."""
-    hits = [ln.strip() for ln in text.splitlines() if _ABORT.search(ln)]
-    return hits[-1][:300] if hits else None
-
-
-def _key_line(text: str) -> str:
-    """The most telling log line: an assert, an error, or the last line."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # ggml_abort's "file.cpp:LINE: message" says more than the gdb backtrace printed after it
-    for pattern in (_RPC_FAILURE, r"\.(?:c|cpp|cu):\d+: \S",
-                    r"GGML_ASSERT|error:|failed to open GGUF|invalid magic|exception|couldn't bind"):
-        for ln in lines:
-            if re.search(pattern, ln) and "this warning is normal" not in ln:
-                return ln[:300]
-    return lines[-1][:300] if lines else "no output"
 
 
 # ------------------------------------------------------------------ HTTP client
@@ -363,17 +312,6 @@ def stop_process(proc: subprocess.Popen[bytes] | None, grace: float) -> int | No
     return proc.returncode
 
 
-def log_tail(path: Path | None, n: int = 30) -> str:
-    """The last ``n`` lines of a child's log (read from its last 64 KiB)."""
-    if not path or not path.is_file():
-        return ""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - 64 * 1024))
-        text = f.read().decode("utf-8", "replace")
-    return "\n".join(text.splitlines()[-n:])
-
-
 @dataclass
 class LlamaServer:
     """Context manager around one llama-server process.
@@ -479,14 +417,14 @@ class LlamaServer:
             with contextlib.suppress(ValueError):
                 how = f"signal {-rc}, {signal.Signals(-rc).name}"
             if kind == "error":
-                abort = _abort_line(tail)
+                abort = abort_line(tail)
                 if abort is None:  # killed from outside (OOM killer, kill): its last line says nothing about why
                     return ServerError(f"llama-server failed during {during} ({how}): killed by a signal",
                                        kind="crash", log_tail=tail, hint=f"log: {self.log_path}")
                 # it aborted itself (GGML_ABORT / GGML_ASSERT -> SIGABRT): the abort's own line is the cause
                 return ServerError(f"llama-server failed during {during} ({how}): {abort}",
                                    kind="crash", log_tail=tail, hint=f"log: {self.log_path}")
-        return ServerError(f"llama-server failed during {during} ({how}): {summary}: {_key_line(tail)}",
+        return ServerError(f"llama-server failed during {during} ({how}): {summary}: {key_line(tail)}",
                            kind=kind, log_tail=tail, hint=f"log: {self.log_path}")
 
     def check_alive(self, during: str = "generation", wait: float = 0.0) -> None:
