@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", type=Path)
     ap.add_argument("--draft", type=Path)
+    ap.add_argument("--no-draft", action="store_true", help="the target alone: does the worker change plain decoding?")
     ap.add_argument("--synth", type=Path, help="write the known-answer pair here and check the prediction too")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget", type=int, default=5)
@@ -86,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.synth:
         pair = synth.write_pair(args.synth, vocab=128, accept_rate=0.7, seed=11)
         args.target, args.draft = pair.target, pair.draft
-    if not (args.target and args.draft):
-        ap.error("give --target and --draft, or --synth DIR")
+    if not (args.target and (args.draft or args.no_draft)):
+        ap.error("give --target and --draft (or --no-draft), or --synth DIR")
+    if args.no_draft:
+        args.draft = None
     engine = engine_mod.describe(engine_mod.resolve_engine(rpc=True))
     vocab = summarize(read_header(args.target)).vocab_size or 128
     batch = prompts(vocab, args.prompts)
@@ -100,10 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     direct, direct_load, direct_argv = measure(engine, base, "direct", batch, args, sink, args.log_dir)
     with RpcWorker(engine, WorkerConfig(devices=args.worker_device, threads=args.threads),
                    log_dir=args.log_dir) as worker:
-        placed = replace(base, placement=Placement(rpc=(worker.endpoint,), devices="RPC0", draft_device="RPC0"))
+        placed = replace(base, placement=Placement(rpc=(worker.endpoint,), devices="RPC0",
+                                                   draft_device="RPC0" if args.draft else None))
         rpc, rpc_load, rpc_argv = measure(engine, placed, "rpc", batch, args, sink, args.log_dir)
     keys = sorted(direct)
     tokens_equal = all(direct[k]["tokens"] == rpc[k]["tokens"] for k in keys)
+    # where each prompt's two answers part (first rep): an early split and a late one are different stories
+    parts = {str(i): next((j for j, (a, b) in enumerate(zip(direct[(i, 0)]["tokens"], rpc[(i, 0)]["tokens"])) if a != b),
+                          None) for i in sorted({k[0] for k in keys})}
 
     def counts(r: dict) -> tuple[int, int]:
         t = r.get("timings") or {}
@@ -120,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     d_tok = spread([direct[k]["timings"]["predicted_per_second"] for k in keys])
     r_tok = spread([rpc[k]["timings"]["predicted_per_second"] for k in keys])
     summary = {"record": "summary", "tokens_equal": tokens_equal, "counts_equal": counts_equal,
+               "first_divergence": parts,
                "predicted": predicted, "direct_tok_s": d_tok, "rpc_tok_s": r_tok,
                "ratio": r_tok["median"] / d_tok["median"] if d_tok["median"] else None,
                "direct_load_s": direct_load, "rpc_load_s": rpc_load, "requests": len(keys),
                "n_predict": args.n_predict, "budget": args.budget, "target": str(args.target),
-               "draft": str(args.draft), "direct_argv": direct_argv, "rpc_argv": rpc_argv}
+               "draft": str(args.draft) if args.draft else None, "direct_argv": direct_argv, "rpc_argv": rpc_argv}
     sink.write(summary)
     sink.close()
     print(json.dumps({k: summary[k] for k in ("tokens_equal", "counts_equal", "predicted", "ratio")}

@@ -293,3 +293,16 @@ def test_the_gpu_check_script_sets_synthetic_acceptance_itself(engine, pair, tmp
     assert rc == 0 and s["tokens_equal"] is s["counts_equal"] is True and s["predicted"] is None
     for argv in (s["direct_argv"], s["rpc_argv"]):
         assert argv[argv.index("--spec-synth-len") + 1] == "2.5"
+
+
+def test_the_gpu_check_script_checks_the_target_alone(engine, pair, tmp_path, monkeypatch):
+    from support.scripts import script
+
+    monkeypatch.setenv("DSPARK_LLAMA_BIN", str(engine.bin_dir))
+    out = tmp_path / "rpc.jsonl"
+    rc = script("rpc_check").main(["--target", str(pair.target), "--no-draft", "--out", str(out), "--n-predict", "24",
+                                   "--prompts", "2", "--reps", "1", "--threads", "1", "--log-dir", str(tmp_path)])
+    s = json.loads(out.read_text().splitlines()[-1])
+    assert rc == 0 and s["tokens_equal"] is True and s["draft"] is None
+    assert s["first_divergence"] == {"0": None, "1": None}
+    assert "-md" not in s["rpc_argv"] and "-devd" not in s["rpc_argv"]
