@@ -61,3 +61,12 @@ def test_real_headline_quotes_the_h200_records() -> None:
         assert line in doc, line
         assert fast["speedup"] < 1.0  # the headline says: slower than plain at every budget
     assert all(s["speedup"] < 1.0 for s in rows)
+
+
+def test_adaptive_section_is_its_records_rendered() -> None:
+    adaptive_to_md = script("adaptive_to_md")
+    doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    body = doc.split("<summary>Generated tables (scripts/adaptive_to_md.py, unedited)</summary>\n\n", 1)[1]
+    generated = adaptive_to_md.render(ROOT / "results/cpu/adaptive-smollm2-135m")
+    assert body.split("\n\n</details>", 1)[0] == generated
+    assert "@adaptive | all |" in generated and "| adaptive |" in generated
