@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from support.cli import REPO
+from support.cli import REPO, interrupt_when
 
 from dsparkcli import runner
 from dsparkcli.errors import ServerError, UsageError
@@ -263,6 +264,31 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
     argv = next(r["server_argv"] for r in map(json.loads, out.read_text().splitlines())
                 if r["record"] == "request" and r["config"] == "draft-dspark@adaptive")
     assert argv[argv.index("--spec-draft-n-max") + 1] == "auto" and "--spec-cost-table" in argv
+
+    # serve --budget adaptive: every request picks its own budget per step; a client can ask for "auto" too
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        client = ServerClient(url)
+        try:
+            return client.health() == 200
+        except ServerError:
+            return False
+        finally:
+            client.close()
+
+    def ask() -> subprocess.CompletedProcess[str]:
+        return cli("run", "--server", url, "hello there", "-n", "24", "--budget", "adaptive", "--json", env=env)
+
+    rc, stdout, stderr, asked = interrupt_when(["serve", *files, *common, "--budget", "adaptive", "--port", str(port),
+                                                "--json"], healthy, env=env, before=ask)
+    assert rc == 0, stderr
+    assert json.loads(stdout)["budget"] == protocol.AUTO and "adaptive budget: llama.cpp picks 0..8" in stderr
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout)["timings"]["draft_budget_steps"] > 0
 
 
 def test_the_real_pair_script_runs_here(patched, tmp_path):

@@ -235,7 +235,10 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
     overall = next(c for c in rec["choices"] if c["category"] == "all")
     budget = overall["budget"] or 5
     assert json.loads((real / "run.json").read_text())["budget"] == budget
-    assert json.loads((real / "serve.json").read_text())["budget"] == budget
+    served = json.loads((real / "serve.json").read_text())
+    assert served["budget"] == budget
+    # the tuning's pick per category, for clients that send their own speculative.n_max (0 = plain won)
+    assert served["category_budgets"] == {c["category"]: c["budget"] or 0 for c in rec["choices"]}
     assert budget in {s["budget"] for s in json.loads((real / "bench.json").read_text())["summaries"]}
     assert (real / "cost-table.txt").read_text().startswith("# dspark tune cost table")
 
