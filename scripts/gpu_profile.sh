@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# H200 step profile (issue 19): where a step's milliseconds go, for plain decoding and draft-dspark at
+# budgets k = 1 3 7 10 15 on the full-width stand-in (qwen35moe Q4_K, draft Q8_0; SYNTHETIC acceptance,
+# --spec-synth-len, labelled as such). Per configuration scripts/gpu_profile.py runs llama-server twice:
+# alone (its timings: prompt/eval ms, draft_n, steps from /metrics) and under Nsight Compute
+#   ncu --target-processes all --metrics gpu__time_duration.sum --csv --print-units base
+#       --cache-control none --clock-control none --launch-skip SKIP --launch-count COUNT --log-file F.csv
+# (a bounded window of kernels inside a long generation; Nsight Systems does not run on that machine).
+# scripts/profile_to_md.py turns the records into the table (kernel ms per step by kind, the host/sync gap).
+#
+# Needs .gpu/ from scripts/pack_gpu_bundle.py (carry [".gpu"]). Run from the repo root:
+#   bash scripts/gpu_profile.sh                    # on the H200: engine (built if missing), stand-in pair, 6 configs
+#   bash scripts/gpu_profile.sh --target T --draft D --synth-len 0   # another pair, its own acceptance
+#   bash scripts/gpu_profile.sh --cpu-smoke        # here: CPU engine, known-answer pair, no ncu (< 60 s)
+#
+# Wall time on the H200 (estimated, not yet measured): CUDA build 4-5 min on 16 cores when the machine
+# has none; stand-in pair write ~2-3 min (reused from $DSPARK_STUDY_DIR/pair if present); then per config
+# one timing server (load ~20 s + 256 tokens) and one ncu server (load + 96 tokens + 6000 profiled kernels).
+# Fits one 10-minute call only if the engine and pair exist: else run `--phase build` first, or
+# --budgets "1 3" then --budgets "7 10 15" in a second call (records append).
+# Options: --budgets "1 3 7 10 15"  --synth-len L (default 5.407 with the stand-in)  --n-predict N (256)
+#          --ncu-n-predict N (96)  --skip S (20000)  --count M (6000)  --label NAME  --ncu PATH
+#          --manifest M (a full-width pair's manifest.json)  --phase build (engine only)
+# Output in $OUT (default ./gpu-out): profile-NAME.jsonl (timing/kernels/error records), profile-NAME.md,
+# ncu-CONFIG.csv (ncu's raw CSV), profile.log.
+set -euo pipefail
+
+T0=$(date +%s)
+REPO=$(pwd)
+TARGET="" DRAFT="" MANIFEST="" SMOKE=0 BUDGETS="1 3 7 10 15" SYNTH="" NPRED=256 NCU_NPRED=96 SKIP=20000 COUNT=6000
+LABEL="" NCU=${NCU:-ncu} PHASE=all
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --target) TARGET=$2; shift 2 ;;
+    --draft) DRAFT=$2; shift 2 ;;
+    --manifest) MANIFEST=$2; shift 2 ;;
+    --cpu-smoke) SMOKE=1; shift ;;
+    --budgets) BUDGETS=$2; shift 2 ;;
+    --synth-len) SYNTH=$2; shift 2 ;;
+    --n-predict) NPRED=$2; shift 2 ;;
+    --ncu-n-predict) NCU_NPRED=$2; shift 2 ;;
+    --skip) SKIP=$2; shift 2 ;;
+    --count) COUNT=$2; shift 2 ;;
+    --label) LABEL=$2; shift 2 ;;
+    --ncu) NCU=$2; shift 2 ;;
+    --phase) PHASE=$2; shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "gpu_profile.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+OUT=${OUT:-$REPO/gpu-out}
+WORK=${DSPARK_STUDY_DIR:-/tmp/dspark-study}
+mkdir -p "$OUT" "$WORK"
+LOG=$OUT/profile.log
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+PY=${PYTHON:-python3}
+GPU_ARGS=(-- -ngl 99 -ngld 99 -fa on)
+NCU_ARGS=(--ncu "$NCU" --skip "$SKIP" --count "$COUNT" --ncu-n-predict "$NCU_NPRED")
+CTX=4096
+
+if [ "$SMOKE" = 1 ]; then
+  # everything but the GPU and ncu: the CPU engine, the known-answer pair, server timings only
+  PY=${PYTHON:-$REPO/.venv/bin/python}
+  if [ -z "${DSPARK_LLAMA_BIN:-}" ]; then
+    DSPARK_LLAMA_BIN=$(dirname "$("$PY" -m dsparkcli.cli.app engine path)") || { echo "no CPU engine: dspark engine build" >&2; exit 3; }
+    export DSPARK_LLAMA_BIN
+  fi
+  SMOKE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dspark-profile-smoke.XXXXXX")
+  trap 'rm -rf "$SMOKE_DIR"' EXIT
+  "$PY" -m dsparkcli.cli.app synth "$SMOKE_DIR/pair" --accept-rate 0.7 --seed 5 > /dev/null
+  TARGET=$SMOKE_DIR/pair/target-llama.gguf DRAFT=$SMOKE_DIR/pair/draft-dspark.gguf
+  BUDGETS=${BUDGETS_SMOKE:-"1 3 7"} NPRED=32 CTX=512 LABEL=${LABEL:-smoke} SYNTH=0
+  GPU_ARGS=() NCU_ARGS=(--no-ncu --threads 1)
+else
+  export DSPARK_CACHE_DIR=$WORK/cache PYTHONPATH=$WORK/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
+  if ! "$PY" -m dsparkcli.cli.app engine path > /dev/null 2>&1; then
+    say "no CUDA engine on this machine yet: scripts/gpu_study.sh --phase build"
+    bash scripts/gpu_study.sh --phase build
+  fi
+  say "engine: $("$PY" -m dsparkcli.cli.app engine path)"
+  [ "$PHASE" = build ] && exit 0
+  command -v "$NCU" > /dev/null || [ -x "$NCU" ] || NCU=$(ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { echo "gpu_profile.sh: no ncu on this machine (give --ncu PATH)" >&2; exit 3; }
+  NCU_ARGS[1]=$NCU
+  say "ncu: $NCU ($("$NCU" --version 2>/dev/null | tail -1))"
+  export DSPARK_LLAMA_BIN=${DSPARK_LLAMA_BIN:-$(dirname "$("$PY" -m dsparkcli.cli.app engine path)")}
+fi
+
+if [ -z "$TARGET" ]; then
+  # the full-width stand-in of the H200 study: reuse the study's pair if this machine still has it
+  SYNTH=${SYNTH:-5.407} LABEL=${LABEL:-standin}
+  [ -n "$MANIFEST" ] || MANIFEST=$(ls "$WORK"/pair/manifest-*qwen35moe-Q4_K-dQ8_0.json 2>/dev/null | head -1 || true)
+  if [ -z "$MANIFEST" ]; then
+    say "writing the full-width stand-in pair into $WORK/pair"
+    MANIFEST=$("$PY" -c "from dsparkcli.synth.full_width import write_full_width as w
+print(w('$WORK/pair', qtype='Q4_K', draft_qtype='Q8_0', target_arch='qwen35moe').manifest)")
+  fi
+  read -r TARGET DRAFT < <("$PY" -c "import json, os; m = json.load(open('$MANIFEST')); d = os.path.dirname('$MANIFEST')
+print(os.path.join(d, m['target']['file']), os.path.join(d, m['draft']['file']))")
+  say "stand-in pair: $TARGET (SYNTHETIC acceptance L=$SYNTH)"
+fi
+[ -n "$DRAFT" ] || { echo "gpu_profile.sh: give --target and --draft, or none for the stand-in" >&2; exit 2; }
+LABEL=${LABEL:-real}
+SYNTH_ARGS=()
+[ -n "$SYNTH" ] && [ "$SYNTH" != 0 ] && SYNTH_ARGS=(--synth-len "$SYNTH")
+
+read -r -a BUDGET_ARGS <<< "$BUDGETS"
+say "profile: plain + budgets $BUDGETS, $NPRED timed tokens${SYNTH_ARGS:+, SYNTHETIC L=$SYNTH}"
+set +e
+"$PY" scripts/gpu_profile.py --target "$TARGET" --draft "$DRAFT" --budgets "${BUDGET_ARGS[@]}" "${SYNTH_ARGS[@]}" \
+  --n-predict "$NPRED" --ctx "$CTX" "${NCU_ARGS[@]}" --out "$OUT/profile-$LABEL.jsonl" --log-dir "$WORK/logs" \
+  "${GPU_ARGS[@]}" 2>&1 | tee -a "$LOG"
+RC=${PIPESTATUS[0]}
+set -e
+"$PY" scripts/profile_to_md.py "$OUT/profile-$LABEL.jsonl" > "$OUT/profile-$LABEL.md"
+say "gpu_profile.py rc=$RC in $(( $(date +%s) - T0 )) s; table: $OUT/profile-$LABEL.md"
+exit "$RC"

@@ -1,0 +1,125 @@
+"""scripts/gpu_profile.sh, issue 19's H200 step profile, run here on the CPU engine: the smoke mode (server
+timings only, exact counters of the known-answer pair) and the ncu path with a stand-in for ncu (a
+wrapper that runs the real llama-server as its child and writes a CSV in ncu's layout when it exits)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.cli import REPO
+
+from dsparkcli.synth import known_answer as synth
+
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # scripts/gpu_profile.py's prompt
+
+# A stand-in for ncu: it runs the target command as its child (so the script must stop the SERVER for the
+# report to be written, as with ncu), then writes two steps of three kernels in ncu's --csv layout.
+FAKE_NCU = r"""#!/usr/bin/env bash
+[ "$1" = --version ] && { echo "fake ncu (a test stand-in)"; exit 0; }
+echo "$@" > "$(dirname "$0")/ncu-args.txt"
+log=""
+while [ $# -gt 0 ]; do
+  case "$1" in --csv) shift ;; --log-file) log=$2; shift 2 ;; --*) shift 2 || exit 9 ;; *) break ;; esac
+done
+"$@" &
+child=$!
+wait "$child"
+{
+  echo '==PROF== Connected to process 1 (llama-server)'
+  echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+  i=0
+  for step in 1 2; do
+    for k in "void mul_mat_vec_q<(ggml_type)8, 1>(const void *)|2,000,000" "void rms_norm_f32<256>(const float *)|500000" "void k_get_rows_float<float, float>(const float *)|250000"; do
+      echo "\"$i\",\"1\",\"llama-server\",\"127.0.0.1\",\"${k%%|*}\",\"1\",\"7\",\"(32, 1, 1)\",\"(4, 1, 1)\",\"0\",\"9.0\",\"Command line profiler metrics\",\"gpu__time_duration.sum\",\"nsecond\",\"${k##*|}\""
+      i=$((i + 1))
+    done
+  done
+} > "$log"
+"""
+
+
+def _run(engine, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+           "DSPARK_STUDY_DIR": str(tmp / "study"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", "scripts/gpu_profile.sh", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    return proc, out
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _table(md: Path) -> dict[str, list[str]]:
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in md.read_text().splitlines()
+            if ln.startswith("| ") and not ln.startswith("| config")]
+    return {r[0]: r for r in rows}
+
+
+def test_cpu_smoke_records_the_servers_exact_counters(engine, tmp_path):
+    proc, out = _run(engine, tmp_path, "--cpu-smoke")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    man = synth.load_manifest(synth.write_pair(tmp_path / "pair", accept_rate=0.7, seed=5).manifest)  # the smoke's pair
+    timing = {r["config"]: r for r in _records(out / "profile-smoke.jsonl") if r["record"] == "timing"}
+    assert list(timing) == ["plain", "k1", "k3", "k7"]
+    assert timing["plain"]["steps"] == timing["plain"]["predicted_n"] == 32 and timing["plain"]["draft_n"] == 0
+    for k in (1, 3, 7):
+        pred = synth.predict(man, PROMPT, n_max=k, n_predict=32)
+        r = timing[f"k{k}"]
+        assert (r["steps"], r["draft_n"], r["draft_n_accepted"], r["predicted_n"]) == (
+            pred.steps, pred.draft_n, pred.draft_n_accepted, 32)
+        assert r["tokens_per_step"] == 32 / pred.steps and r["t_step_ms"] == r["predicted_ms"] / pred.steps
+        assert r["server_argv"][r["server_argv"].index("--spec-draft-n-max") + 1] == str(k)
+        assert r["synthetic"] is False
+    rows = _table(out / "profile-smoke.md")
+    assert list(rows) == ["plain", "k1", "k3", "k7"]
+    assert rows["k3"][1] == f"{timing['k3']['t_step_ms']:.3f}" and rows["k3"][3] == "–"  # no kernel profile
+
+
+def test_the_ncu_path_as_written(engine, tmp_path):
+    """The GPU command's flags (-ngl 99 -ngld 99 -fa on, --synth-len), the ncu window, the server stopped under
+    the profiler and its CSV turned into kernel records and the table's kernel columns."""
+    pair = synth.write_pair(tmp_path / "pair", accept_rate=0.7, seed=5)
+    ncu = tmp_path / "bin" / "ncu"
+    ncu.parent.mkdir()
+    ncu.write_text(FAKE_NCU)
+    ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
+    proc, out = _run(engine, tmp_path, "--target", str(pair.target), "--draft", str(pair.draft), "--budgets", "3",
+                     "--synth-len", "2.5", "--n-predict", "16", "--ncu-n-predict", "8", "--skip", "5", "--count", "9",
+                     "--ncu", str(ncu))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    args = (ncu.parent / "ncu-args.txt").read_text().split()
+    assert args[:args.index("--log-file")] == [
+        "--target-processes", "all", "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base",
+        "--cache-control", "none", "--clock-control", "none", "--launch-skip", "5", "--launch-count", "9"]
+    records = _records(out / "profile-real.jsonl")
+    assert [(r["record"], r["config"]) for r in records] == [
+        ("timing", "plain"), ("kernels", "plain"), ("timing", "k3"), ("kernels", "k3")]
+    timing = {r["config"]: r for r in records if r["record"] == "timing"}
+    assert timing["k3"]["server_argv"][-6:] == ["-ngl", "99", "-ngld", "99", "-fa", "on"]
+    assert "--spec-synth-len" in timing["k3"]["server_argv"] and timing["k3"]["synthetic"] is True
+    kern = next(r for r in records if r["record"] == "kernels" and r["config"] == "k3")
+    assert (len(kern["kernels"]), kern["period"], kern["steps_in_window"]) == (6, 3, 2.0)
+    assert [k["kind"] for k in kern["kernels"][:3]] == ["matmul", "norm", "copy"]
+    md = (out / "profile-real.md").read_text()
+    assert "SYNTHETIC acceptance (--spec-synth-len 2.5)" in md.splitlines()[0]
+    row = _table(out / "profile-real.md")["k3"]
+    # kernels ms, then by kind: matmul, moe, flash attn, norm, rope, elementwise, copy, sampling, recurrent, other
+    assert row[3:14] == ["2.750", "2.000", "0.000", "0.000", "0.500", "0.000", "0.000", "0.250", "0.000", "0.000",
+                         "0.000"]
+    assert row[14] == f"{timing['k3']['t_step_ms'] - 2.75:.3f}" and row[15] == "3"  # the gap; kernels per step
+    # no server outlives the run (the fake ncu's child included)
+    assert subprocess.run(["pgrep", "-f", str(pair.target)], capture_output=True).returncode == 1
+
+
+@pytest.mark.parametrize("bad", [["--budgets"], ["--frobnicate", "1"]])
+def test_usage_errors(engine, tmp_path, bad):
+    proc, _ = _run(engine, tmp_path, *bad)
+    assert proc.returncode != 0
