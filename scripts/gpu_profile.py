@@ -22,10 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsparkcli.bench import profile
-from dsparkcli.llama import protocol
-from dsparkcli.llama.engine import describe, resolve_engine
-from dsparkcli.llama.server import LlamaServer, ServerConfig
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts.gpu_sweep
+
+from dsparkcli.bench import profile  # noqa: E402
+from dsparkcli.llama import protocol  # noqa: E402
+from dsparkcli.llama.engine import describe, resolve_engine  # noqa: E402
+from dsparkcli.llama.server import LlamaServer, ServerConfig  # noqa: E402
+from scripts.gpu_sweep import _stats as draft_stats  # noqa: E402 - the server log's draft-dspark statistics
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # token ids: every pair here (stand-in, known-answer, real) accepts them
 
@@ -83,32 +86,53 @@ def ncu_argv(ncu: str, skip: int, count: int, csv_path: Path) -> tuple[str, ...]
             "--launch-skip", str(skip), "--launch-count", str(count), "--log-file", str(csv_path))
 
 
-def _config(args: argparse.Namespace, budget: int | None) -> ServerConfig:
-    gpu = args.server_args
+def synth_len(args: argparse.Namespace, budget: int | None) -> float | None:
+    """The emulated acceptance length of budget k: --synth-len, at most k + 1 (llama.cpp refuses more)."""
+    return min(args.synth_len, budget + 1.0) if budget and args.synth_len else None
+
+
+def _config(args: argparse.Namespace, budget: int | None, *, stats: bool = False) -> ServerConfig:
+    # -lv 4 prints the draft's statistics (its time per call) after each request, as scripts/gpu_sweep.py's
+    # step-cost cells did; only in the timing runs (the profiled one needs no log)
+    lv = ("-lv", "4") if stats and budget else ()
     return ServerConfig(model=args.target, draft=args.draft if budget else None, n_max=budget,
-                        synth_len=args.synth_len if budget else None, ctx=args.ctx, threads=args.threads,
-                        extra_args=tuple(gpu))
+                        synth_len=synth_len(args, budget), ctx=args.ctx, threads=args.threads,
+                        extra_args=(*lv, *args.server_args))
 
 
 def _payload(n_predict: int) -> dict[str, Any]:
     return protocol.completion_payload(PROMPT, n_predict=n_predict, seed=1, ignore_eos=True, return_tokens=False)
 
 
-def timing_run(args: argparse.Namespace, engine: Any, name: str, budget: int | None) -> dict[str, Any]:
-    with LlamaServer(engine, _config(args, budget), log_dir=args.log_dir) as srv:
+def timing_run(args: argparse.Namespace, engine: Any, name: str, budget: int | None) -> list[dict[str, Any]]:
+    """--reps timed requests on one server (no profiler), one record each; with a draft, the draft's own
+    time per call from the server log's draft-dspark statistics moved by that request."""
+    recs = []
+    with LlamaServer(engine, _config(args, budget, stats=True), log_dir=args.log_dir) as srv:
         srv.client.completion(_payload(16))  # warm-up: graphs, allocations; not timed
-        m0 = protocol.SpecCounters.from_metrics(srv.client.metrics())
-        resp = srv.client.completion(_payload(args.n_predict))
-        moved = protocol.SpecCounters.from_metrics(srv.client.metrics()).minus(m0)
+        wait = 3.0 if budget else 0.0
+        n_stats, last = draft_stats(srv.log_path, 0, wait_s=wait)
+        for rep in range(args.reps):
+            m0 = protocol.SpecCounters.from_metrics(srv.client.metrics())
+            resp = srv.client.completion(_payload(args.n_predict))
+            moved = protocol.SpecCounters.from_metrics(srv.client.metrics()).minus(m0)
+            rec = {"record": "timing", "config": name, "budget": budget, "synth_len": synth_len(args, budget),
+                   "synthetic": synth_len(args, budget) is not None, "n_predict": args.n_predict, "rep": rep,
+                   **profile.server_step(resp["timings"], moved.steps),
+                   "metrics_drafted": moved.drafted, "metrics_accepted": moved.accepted, "t_draft_ms": None}
+            if budget:
+                n_new, now = draft_stats(srv.log_path, n_stats, wait_s=wait if n_stats else 0.0)
+                if now is not None and last is not None and n_new > n_stats and now[1] > last[1]:
+                    rec["draft_calls"] = int(now[1] - last[1])
+                    rec["t_draft_ms"] = (now[4] - last[4]) / rec["draft_calls"]
+                n_stats, last = n_new, now
+            recs.append(rec)
         srv.check_alive()
         argv = srv.argv
-    rec = profile.server_step(resp["timings"], moved.steps)
-    return {"record": "timing", "config": name, "budget": budget, "synth_len": args.synth_len if budget else None,
-            "synthetic": bool(budget and args.synth_len), "n_predict": args.n_predict, **rec,
-            "metrics_drafted": moved.drafted, "metrics_accepted": moved.accepted, "server_argv": argv[1:]}
+    return [{**r, "server_argv": argv[1:]} for r in recs]
 
 
-def kernel_run(args: argparse.Namespace, engine: Any, name: str, budget: int | None) -> dict[str, Any]:
+def kernel_run(args: argparse.Namespace, engine: Any, name: str, budget: int | None) -> list[dict[str, Any]]:
     csv_path = args.out.parent / f"ncu-{name}.csv"
     csv_path.unlink(missing_ok=True)
     t0 = time.monotonic()
@@ -118,10 +142,10 @@ def kernel_run(args: argparse.Namespace, engine: Any, name: str, budget: int | N
         srv.client.completion(_payload(args.ncu_n_predict))
     kernels = profile.parse_ncu_csv(csv_path.read_text(errors="replace"))
     prof = profile.step_profile(kernels)
-    return {"record": "kernels", "config": name, "budget": budget, "synth_len": args.synth_len if budget else None,
+    return [{"record": "kernels", "config": name, "budget": budget, "synth_len": synth_len(args, budget),
             "launch_skip": args.skip, "launch_count": args.count, "n_predict": args.ncu_n_predict,
             "period": prof.period, "steps_in_window": prof.steps, "wall_s": round(time.monotonic() - t0, 1),
-            "kernels": [k.to_record() for k in kernels]}
+            "kernels": [k.to_record() for k in kernels]}]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--draft", type=Path, required=True)
     ap.add_argument("--budgets", type=int, nargs="+", default=[1, 3, 7, 10, 15])
-    ap.add_argument("--synth-len", type=float, default=None, help="SYNTHETIC acceptance (--spec-synth-len)")
-    ap.add_argument("--n-predict", type=int, default=256, help="tokens of the timed request")
-    ap.add_argument("--ncu-n-predict", type=int, default=96, help="tokens of the request under ncu")
+    ap.add_argument("--synth-len", type=float, default=None,
+                    help="SYNTHETIC acceptance (--spec-synth-len), at most k+1 per budget")
+    ap.add_argument("--n-predict", type=int, default=256, help="tokens of each timed request")
+    ap.add_argument("--reps", type=int, default=3, help="timed requests per configuration")
+    ap.add_argument("--ncu-n-predict", type=int, default=160, help="tokens of the request under ncu")
     ap.add_argument("--skip", type=int, default=20000, help="ncu --launch-skip (kernels before the window)")
-    ap.add_argument("--count", type=int, default=6000, help="ncu --launch-count (kernels in the window)")
+    ap.add_argument("--count", type=int, default=8000, help="ncu --launch-count (kernels in the window)")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--no-ncu", action="store_true", help="server timings only (the CPU smoke)")
     ap.add_argument("--ctx", type=int, default=4096)
@@ -156,13 +182,15 @@ def main(argv: list[str] | None = None) -> int:
             for run in runs:
                 t0 = time.monotonic()
                 try:
-                    rec = run(args, engine, name, budget)
+                    recs = run(args, engine, name, budget)
                 except Exception as e:  # noqa: BLE001 - one configuration's failure is a record, not the end
                     failed += 1
                     write({"record": "error", "config": name, "phase": run.__name__, "error": f"{type(e).__name__}: {e}"[:500]})
                     print(f"{name} {run.__name__}: FAILED {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                     continue
-                write(rec)
+                for rec in recs:
+                    write(rec)
+                rec = profile.median_timing(recs) if recs[0]["record"] == "timing" else recs[0]
                 extra = (f"t_step {rec['t_step_ms']:.3f} ms, {rec['tokens_per_step']:.2f} tok/step"
                          if rec["record"] == "timing" else f"{len(rec['kernels'])} kernels, period {rec['period']}")
                 print(f"{name} {run.__name__}: {extra} ({time.monotonic() - t0:.1f} s)", flush=True)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # H200 step profile (issue 19): where a step's milliseconds go, for plain decoding and draft-dspark at
 # budgets k = 1 3 7 10 15 on the full-width stand-in (qwen35moe Q4_K, draft Q8_0; SYNTHETIC acceptance,
-# --spec-synth-len, labelled as such). Per configuration scripts/gpu_profile.py runs llama-server twice:
-# alone (its timings: prompt/eval ms, draft_n, steps from /metrics) and under Nsight Compute
+# --spec-synth-len, labelled as such: by default L = 1, every draft rejected, the cells of BENCHMARKS.md's
+# "Step cost per budget" table, so t_step is checked against a published number; --synth-len 5.407 shows
+# what accepted tokens add, capped at k+1 per budget). Per configuration scripts/gpu_profile.py runs
+# llama-server twice: alone (--reps timed requests: prompt/eval ms, draft_n, steps from /metrics, the
+# draft's ms per call from its statistics line) and under Nsight Compute
 #   ncu --target-processes all --metrics gpu__time_duration.sum --csv --print-units base
 #       --cache-control none --clock-control none --launch-skip SKIP --launch-count COUNT --log-file F.csv
 # (a bounded window of kernels inside a long generation; Nsight Systems does not run on that machine).
@@ -15,11 +18,14 @@
 #
 # Wall time on the H200 (estimated, not yet measured): CUDA build 4-5 min on 16 cores when the machine
 # has none; stand-in pair write ~2-3 min (reused from $DSPARK_STUDY_DIR/pair if present); then per config
-# one timing server (load ~20 s + 256 tokens) and one ncu server (load + 96 tokens + 6000 profiled kernels).
-# Fits one 10-minute call only if the engine and pair exist: else run `--phase build` first, or
-# --budgets "1 3" then --budgets "7 10 15" in a second call (records append).
-# Options: --budgets "1 3 7 10 15"  --synth-len L (default 5.407 with the stand-in)  --n-predict N (256)
-#          --ncu-n-predict N (96)  --skip S (20000)  --count M (6000)  --label NAME  --ncu PATH
+# one timing server (load ~20 s + 3 x 256 tokens) and one ncu server (load + 160 tokens + 8000 profiled
+# kernels, one metric, no replay). Fits one 10-minute call only if the engine and pair exist: else run
+# `--phase build` first, or --budgets "1 3" then --budgets "7 10 15" in a second call (records append).
+# The window: --skip kernels (startup warm-up, the prompt, ~10 steps at ~1.5-2 k kernels per step) then
+# --count; a window not inside steady decoding shows as "not periodic" in the table: raise --ncu-n-predict
+# or move --skip.
+# Options: --budgets "1 3 7 10 15"  --synth-len L (default 1 with the stand-in)  --n-predict N (256)
+#          --reps R (3)  --ncu-n-predict N (160)  --skip S (20000)  --count M (8000)  --label NAME  --ncu PATH
 #          --manifest M (a full-width pair's manifest.json)  --phase build (engine only)
 # Output in $OUT (default ./gpu-out): profile-NAME.jsonl (timing/kernels/error records), profile-NAME.md,
 # ncu-CONFIG.csv (ncu's raw CSV), profile.log.
@@ -27,7 +33,7 @@ set -euo pipefail
 
 T0=$(date +%s)
 REPO=$(pwd)
-TARGET="" DRAFT="" MANIFEST="" SMOKE=0 BUDGETS="1 3 7 10 15" SYNTH="" NPRED=256 NCU_NPRED=96 SKIP=20000 COUNT=6000
+TARGET="" DRAFT="" MANIFEST="" SMOKE=0 BUDGETS="1 3 7 10 15" SYNTH="" NPRED=256 REPS=3 NCU_NPRED=160 SKIP=20000 COUNT=8000
 LABEL="" NCU=${NCU:-ncu} PHASE=all
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,6 +44,7 @@ while [ $# -gt 0 ]; do
     --budgets) BUDGETS=$2; shift 2 ;;
     --synth-len) SYNTH=$2; shift 2 ;;
     --n-predict) NPRED=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
     --ncu-n-predict) NCU_NPRED=$2; shift 2 ;;
     --skip) SKIP=$2; shift 2 ;;
     --count) COUNT=$2; shift 2 ;;
@@ -70,7 +77,7 @@ if [ "$SMOKE" = 1 ]; then
   trap 'rm -rf "$SMOKE_DIR"' EXIT
   "$PY" -m dsparkcli.cli.app synth "$SMOKE_DIR/pair" --accept-rate 0.7 --seed 5 > /dev/null
   TARGET=$SMOKE_DIR/pair/target-llama.gguf DRAFT=$SMOKE_DIR/pair/draft-dspark.gguf
-  BUDGETS=${BUDGETS_SMOKE:-"1 3 7"} NPRED=32 CTX=512 LABEL=${LABEL:-smoke} SYNTH=0
+  BUDGETS=${BUDGETS_SMOKE:-"1 3 7"} NPRED=32 REPS=2 CTX=512 LABEL=${LABEL:-smoke} SYNTH=0
   GPU_ARGS=() NCU_ARGS=(--no-ncu --threads 1)
 else
   export DSPARK_CACHE_DIR=$WORK/cache PYTHONPATH=$WORK/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
@@ -89,7 +96,7 @@ fi
 
 if [ -z "$TARGET" ]; then
   # the full-width stand-in of the H200 study: reuse the study's pair if this machine still has it
-  SYNTH=${SYNTH:-5.407} LABEL=${LABEL:-standin}
+  SYNTH=${SYNTH:-1} LABEL=${LABEL:-standin}
   [ -n "$MANIFEST" ] || MANIFEST=$(ls "$WORK"/pair/manifest-*qwen35moe-Q4_K-dQ8_0.json 2>/dev/null | head -1 || true)
   if [ -z "$MANIFEST" ]; then
     say "writing the full-width stand-in pair into $WORK/pair"
@@ -109,7 +116,7 @@ read -r -a BUDGET_ARGS <<< "$BUDGETS"
 say "profile: plain + budgets $BUDGETS, $NPRED timed tokens${SYNTH_ARGS:+, SYNTHETIC L=$SYNTH}"
 set +e
 "$PY" scripts/gpu_profile.py --target "$TARGET" --draft "$DRAFT" --budgets "${BUDGET_ARGS[@]}" "${SYNTH_ARGS[@]}" \
-  --n-predict "$NPRED" --ctx "$CTX" "${NCU_ARGS[@]}" --out "$OUT/profile-$LABEL.jsonl" --log-dir "$WORK/logs" \
+  --n-predict "$NPRED" --reps "$REPS" --ctx "$CTX" "${NCU_ARGS[@]}" --out "$OUT/profile-$LABEL.jsonl" --log-dir "$WORK/logs" \
   "${GPU_ARGS[@]}" 2>&1 | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 set -e

@@ -28,14 +28,15 @@ def table(records: list[dict[str, Any]]) -> str:
     synth = sorted({r["synth_len"] for r in records if r.get("record") == "timing" and r.get("synthetic")})
     title = ("SYNTHETIC acceptance (--spec-synth-len " + ", ".join(f"{x:g}" for x in synth) + "): speeds emulate "
              "a draft, outputs are not valid" if synth else "acceptance as the pair gives it")
-    head = ["config", "t_step ms", "tok/step", "kernels ms", *(profile.KIND_LABELS[k] for k in profile.KINDS),
+    head = ["config", "t_step ms", "tok/step", "draft ms (server)", "kernels ms", *(profile.KIND_LABELS[k] for k in profile.KINDS),
             "host + sync gap ms", "kernels/step", "ms/token", "kernel ms/token"]
     lines = [f"**Where a step's milliseconds go: llama-server's step time (no profiler) vs the GPU time of its "
              f"kernels per step (ncu), ms. {title}**", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         kinds = [_f(r["by_kind_ms"][k], 3) if r["by_kind_ms"] else "–" for k in profile.KINDS]
-        cells = [r["config"], _f(r["t_step_ms"], 3), _f(r["tokens_per_step"]), _f(r["kernel_ms"], 3), *kinds,
+        cells = [r["config"], _f(r["t_step_ms"], 3), _f(r["tokens_per_step"]), _f(r["t_draft_ms"], 3),
+                 _f(r["kernel_ms"], 3), *kinds,
                  _f(r["gap_ms"], 3), str(r["kernels_per_step"] or "–"), _f(r["ms_per_token"], 3),
                  _f(r["kernel_ms_per_token"], 3)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -45,7 +46,9 @@ def table(records: list[dict[str, Any]]) -> str:
     lines.append("")
     lines.append("mul_mat_id's expert matmuls run in the MMQ/MMVQ kernels and count as matmul; the MoE column is "
                  "the routing, id and gather kernels around them. Gap: t_step minus kernel time (host-side "
-                 "sampling, graph build and launch, and the GPU idle at synchronisations).")
+                 "sampling, graph build and launch, and the GPU idle at synchronisations). t_step: the timed "
+                 "request of median step time; draft ms: the draft's time per call from llama-server's "
+                 "draft-dspark statistics (its kernels are inside the kernel columns too).")
     if unsteady:
         lines.append(f"Not periodic (window straddles a phase; rerun with another --skip/--count): {', '.join(unsteady)}.")
     for e in errors:

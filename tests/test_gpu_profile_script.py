@@ -68,7 +68,8 @@ def test_cpu_smoke_records_the_servers_exact_counters(engine, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     man = synth.load_manifest(synth.write_pair(tmp_path / "pair", accept_rate=0.7, seed=5).manifest)  # the smoke's pair
     timing = {r["config"]: r for r in _records(out / "profile-smoke.jsonl") if r["record"] == "timing"}
-    assert list(timing) == ["plain", "k1", "k3", "k7"]
+    assert [r["config"] for r in _records(out / "profile-smoke.jsonl")] == [c for c in ("plain", "k1", "k3", "k7")
+                                                                          for _ in range(2)]  # 2 reps each
     assert timing["plain"]["steps"] == timing["plain"]["predicted_n"] == 32 and timing["plain"]["draft_n"] == 0
     for k in (1, 3, 7):
         pred = synth.predict(man, PROMPT, n_max=k, n_predict=32)
@@ -78,9 +79,12 @@ def test_cpu_smoke_records_the_servers_exact_counters(engine, tmp_path):
         assert r["tokens_per_step"] == 32 / pred.steps and r["t_step_ms"] == r["predicted_ms"] / pred.steps
         assert r["server_argv"][r["server_argv"].index("--spec-draft-n-max") + 1] == str(k)
         assert r["synthetic"] is False
+        assert r["draft_calls"] == pred.steps and r["t_draft_ms"] > 0  # from the -lv 4 statistics line
     rows = _table(out / "profile-smoke.md")
     assert list(rows) == ["plain", "k1", "k3", "k7"]
-    assert rows["k3"][1] == f"{timing['k3']['t_step_ms']:.3f}" and rows["k3"][3] == "–"  # no kernel profile
+    assert rows["k3"][4] == "–"  # no kernel profile
+    med = sorted(r["t_step_ms"] for r in _records(out / "profile-smoke.jsonl") if r["config"] == "k3")[0]
+    assert rows["k3"][1] == f"{med:.3f}"  # the lower of 2 reps is the median request
 
 
 def test_the_ncu_path_as_written(engine, tmp_path):
@@ -91,8 +95,8 @@ def test_the_ncu_path_as_written(engine, tmp_path):
     ncu.parent.mkdir()
     ncu.write_text(FAKE_NCU)
     ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
-    proc, out = _run(engine, tmp_path, "--target", str(pair.target), "--draft", str(pair.draft), "--budgets", "3",
-                     "--synth-len", "2.5", "--n-predict", "16", "--ncu-n-predict", "8", "--skip", "5", "--count", "9",
+    proc, out = _run(engine, tmp_path, "--target", str(pair.target), "--draft", str(pair.draft), "--budgets", "1 3",
+                     "--synth-len", "2.5", "--reps", "1", "--n-predict", "16", "--ncu-n-predict", "8", "--skip", "5", "--count", "9",
                      "--ncu", str(ncu))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     args = (ncu.parent / "ncu-args.txt").read_text().split()
@@ -101,20 +105,26 @@ def test_the_ncu_path_as_written(engine, tmp_path):
         "--cache-control", "none", "--clock-control", "none", "--launch-skip", "5", "--launch-count", "9"]
     records = _records(out / "profile-real.jsonl")
     assert [(r["record"], r["config"]) for r in records] == [
-        ("timing", "plain"), ("kernels", "plain"), ("timing", "k3"), ("kernels", "k3")]
+        ("timing", "plain"), ("kernels", "plain"), ("timing", "k1"), ("kernels", "k1"), ("timing", "k3"),
+        ("kernels", "k3")]
     timing = {r["config"]: r for r in records if r["record"] == "timing"}
     assert timing["k3"]["server_argv"][-6:] == ["-ngl", "99", "-ngld", "99", "-fa", "on"]
-    assert "--spec-synth-len" in timing["k3"]["server_argv"] and timing["k3"]["synthetic"] is True
+    for k, length in (("k1", "2.0"), ("k3", "2.5")):  # at most k+1: llama.cpp refuses more
+        argv = timing[k]["server_argv"]
+        assert argv[argv.index("--spec-synth-len") + 1] == length and timing[k]["synthetic"] is True
+    assert "--spec-synth-len" not in timing["plain"]["server_argv"] and timing["plain"]["synthetic"] is False
+    assert timing["k3"]["t_draft_ms"] > 0 and timing["k3"]["draft_calls"] == timing["k3"]["steps"]
     kern = next(r for r in records if r["record"] == "kernels" and r["config"] == "k3")
     assert (len(kern["kernels"]), kern["period"], kern["steps_in_window"]) == (6, 3, 2.0)
     assert [k["kind"] for k in kern["kernels"][:3]] == ["matmul", "norm", "copy"]
     md = (out / "profile-real.md").read_text()
-    assert "SYNTHETIC acceptance (--spec-synth-len 2.5)" in md.splitlines()[0]
+    assert "SYNTHETIC acceptance (--spec-synth-len 2, 2.5)" in md.splitlines()[0]
     row = _table(out / "profile-real.md")["k3"]
     # kernels ms, then by kind: matmul, moe, flash attn, norm, rope, elementwise, copy, sampling, recurrent, other
-    assert row[3:14] == ["2.750", "2.000", "0.000", "0.000", "0.500", "0.000", "0.000", "0.250", "0.000", "0.000",
+    assert row[3] == f"{timing['k3']['t_draft_ms']:.3f}"
+    assert row[4:15] == ["2.750", "2.000", "0.000", "0.000", "0.500", "0.000", "0.000", "0.250", "0.000", "0.000",
                          "0.000"]
-    assert row[14] == f"{timing['k3']['t_step_ms'] - 2.75:.3f}" and row[15] == "3"  # the gap; kernels per step
+    assert row[15] == f"{timing['k3']['t_step_ms'] - 2.75:.3f}" and row[16] == "3"  # the gap; kernels per step
     # no server outlives the run (the fake ncu's child included)
     assert subprocess.run(["pgrep", "-f", str(pair.target)], capture_output=True).returncode == 1
 

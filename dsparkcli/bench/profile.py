@@ -175,6 +175,13 @@ def server_step(timings: Mapping[str, Any], spec_steps: int) -> dict[str, Any]:
             "ms_per_token": predicted_ms / predicted_n if predicted_n else None}
 
 
+def median_timing(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The timed request of median step time (the lower middle of an even count): one real request's
+    numbers, so t_step, tokens per step and the draft time stay consistent with each other."""
+    ranked = sorted(records, key=lambda r: (r.get("t_step_ms") is None, r.get("t_step_ms") or 0.0))
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def breakdown_row(config: str, server: Mapping[str, Any] | None, prof: StepProfile | None) -> dict[str, Any]:
     """One row of "where a step's milliseconds go": llama-server's step time, the kernels' share by kind,
     the rest (host work: sampling, scheduling, graph build/launch, and GPU idle at syncs), per token."""
@@ -182,6 +189,7 @@ def breakdown_row(config: str, server: Mapping[str, Any] | None, prof: StepProfi
     tps = server.get("tokens_per_step") if server else None
     kernel = prof.kernel_ms_per_step if prof else None
     row: dict[str, Any] = {"config": config, "t_step_ms": t_step, "tokens_per_step": tps,
+                           "t_draft_ms": server.get("t_draft_ms") if server else None,
                            "kernel_ms": kernel, "kernels_per_step": prof.period if prof else None,
                            "by_kind_ms": dict(prof.by_kind_ms) if prof and prof.steps else None,
                            "gap_ms": t_step - kernel if t_step is not None and kernel is not None else None}
@@ -192,9 +200,10 @@ def breakdown_row(config: str, server: Mapping[str, Any] | None, prof: StepProfi
 
 def rows_from_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """gpu_profile.py's JSONL (``timing`` and ``kernels`` records) -> breakdown rows, in the order the
-    configurations first appear; a configuration without a kernel profile keeps its server timings."""
+    configurations first appear: the median timed request (median_timing) against the kernel window; a
+    configuration without a kernel profile keeps its server timings."""
     order: list[str] = []
-    server: dict[str, Mapping[str, Any]] = {}
+    timings: dict[str, list[Mapping[str, Any]]] = {}
     kernels: dict[str, list[Kernel]] = {}
     for r in records:
         cfg = r.get("config")
@@ -203,7 +212,8 @@ def rows_from_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, An
         if cfg not in order:
             order.append(cfg)
         if r["record"] == "timing":
-            server[cfg] = r
+            timings.setdefault(cfg, []).append(r)
         else:
             kernels[cfg] = [Kernel(id=int(k["id"]), name=str(k["name"]), ns=float(k["ns"])) for k in r["kernels"]]
-    return [breakdown_row(c, server.get(c), step_profile(kernels[c]) if c in kernels else None) for c in order]
+    return [breakdown_row(c, median_timing(timings[c]) if c in timings else None,
+                          step_profile(kernels[c]) if c in kernels else None) for c in order]
