@@ -133,19 +133,25 @@ def timing_run(args: argparse.Namespace, engine: Any, name: str, budget: int | N
 
 
 def kernel_run(args: argparse.Namespace, engine: Any, name: str, budget: int | None) -> list[dict[str, Any]]:
-    csv_path = args.out.parent / f"ncu-{name}.csv"
+    csv_path = (args.csv_dir or args.out.parent) / f"ncu-{name}.csv"
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.unlink(missing_ok=True)
     t0 = time.monotonic()
     srv = NcuServer(engine, _config(args, budget), log_dir=args.log_dir, startup_timeout=600,
                     ncu_argv=ncu_argv(args.ncu, args.skip, args.count, csv_path))
     with srv:
         srv.client.completion(_payload(args.ncu_n_predict))
-    kernels = profile.parse_ncu_csv(csv_path.read_text(errors="replace"))
+    text = csv_path.read_text(errors="replace") if csv_path.is_file() else ""
+    try:
+        kernels = profile.parse_ncu_csv(text)
+    except ValueError as e:  # ncu's own complaint (==ERROR== ..., e.g. no permission for the counters) is the news
+        said = " | ".join([ln for ln in text.splitlines() if ln.startswith("==")][-3:]) or srv.log_tail(5)
+        raise RuntimeError(f"{e}; ncu said: {said}") from None
     prof = profile.step_profile(kernels)
     return [{"record": "kernels", "config": name, "budget": budget, "synth_len": synth_len(args, budget),
             "launch_skip": args.skip, "launch_count": args.count, "n_predict": args.ncu_n_predict,
             "period": prof.period, "steps_in_window": prof.steps, "wall_s": round(time.monotonic() - t0, 1),
-            "kernels": [k.to_record() for k in kernels]}]
+            **profile.kernels_record(kernels)}]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--log-dir", type=Path, default=None)
+    ap.add_argument("--csv-dir", type=Path, default=None, help="where ncu's raw CSVs go (default: beside --out)")
     ap.add_argument("server_args", nargs="*", help="after --: llama-server arguments (-ngl 99 -ngld 99 -fa on)")
     args = ap.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,8 @@
 # Options: --budgets "1 3 7 10 15"  --synth-len L (default 1 with the stand-in)  --n-predict N (256)
 #          --reps R (3)  --ncu-n-predict N (160)  --skip S (20000)  --count M (8000)  --label NAME  --ncu PATH
 #          --manifest M (a full-width pair's manifest.json)  --phase build (engine only)
-# Output in $OUT (default ./gpu-out): profile-NAME.jsonl (timing/kernels/error records), profile-NAME.md,
-# ncu-CONFIG.csv (ncu's raw CSV), profile.log.
+# Output in $OUT (default ./gpu-out; the device returns at most 8 files): profile-NAME.jsonl
+# (timing/kernels/error records), profile-NAME.md, ncu-csv.tar.gz (ncu's raw CSV per configuration), profile.log.
 set -euo pipefail
 
 T0=$(date +%s)
@@ -109,6 +109,8 @@ print(os.path.join(d, m['target']['file']), os.path.join(d, m['draft']['file']))
 fi
 [ -n "$DRAFT" ] || { echo "gpu_profile.sh: give --target and --draft, or none for the stand-in" >&2; exit 2; }
 LABEL=${LABEL:-real}
+NCU_DIR=$WORK/ncu/$LABEL  # this label's raw CSVs only (a warm machine keeps $WORK between calls)
+mkdir -p "$NCU_DIR"
 SYNTH_ARGS=()
 [ -n "$SYNTH" ] && [ "$SYNTH" != 0 ] && SYNTH_ARGS=(--synth-len "$SYNTH")
 
@@ -117,9 +119,13 @@ say "profile: plain + budgets $BUDGETS, $NPRED timed tokens${SYNTH_ARGS:+, SYNTH
 set +e
 "$PY" scripts/gpu_profile.py --target "$TARGET" --draft "$DRAFT" --budgets "${BUDGET_ARGS[@]}" "${SYNTH_ARGS[@]}" \
   --n-predict "$NPRED" --reps "$REPS" --ctx "$CTX" "${NCU_ARGS[@]}" --out "$OUT/profile-$LABEL.jsonl" --log-dir "$WORK/logs" \
+  --csv-dir "$NCU_DIR" \
   "${GPU_ARGS[@]}" 2>&1 | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 set -e
+if ls "$NCU_DIR"/ncu-*.csv > /dev/null 2>&1; then
+  tar czf "$OUT/ncu-csv.tar.gz" -C "$NCU_DIR" $(cd "$NCU_DIR" && ls ncu-*.csv)
+fi
 "$PY" scripts/profile_to_md.py "$OUT/profile-$LABEL.jsonl" > "$OUT/profile-$LABEL.md"
 say "gpu_profile.py rc=$RC in $(( $(date +%s) - T0 )) s; table: $OUT/profile-$LABEL.md"
 exit "$RC"

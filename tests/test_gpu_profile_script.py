@@ -15,6 +15,7 @@ import pytest
 from support.cli import REPO
 
 from dsparkcli.synth import known_answer as synth
+from dsparkcli.synth.full_width import write_full_width
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # scripts/gpu_profile.py's prompt
 
@@ -116,7 +117,10 @@ def test_the_ncu_path_as_written(engine, tmp_path):
     assert timing["k3"]["t_draft_ms"] > 0 and timing["k3"]["draft_calls"] == timing["k3"]["steps"]
     kern = next(r for r in records if r["record"] == "kernels" and r["config"] == "k3")
     assert (len(kern["kernels"]), kern["period"], kern["steps_in_window"]) == (6, 3, 2.0)
-    assert [k["kind"] for k in kern["kernels"][:3]] == ["matmul", "norm", "copy"]
+    assert kern["kinds"] == ["matmul", "norm", "copy"] and [k[2] for k in kern["kernels"][:3]] == [2e6, 5e5, 2.5e5]
+    # ncu's raw CSVs come back as one archive (the device returns at most 8 files)
+    assert "ncu-k3.csv" in subprocess.run(["tar", "tzf", str(out / "ncu-csv.tar.gz")], capture_output=True,
+                                          text=True).stdout
     md = (out / "profile-real.md").read_text()
     assert "SYNTHETIC acceptance (--spec-synth-len 2, 2.5)" in md.splitlines()[0]
     row = _table(out / "profile-real.md")["k3"]
@@ -127,6 +131,26 @@ def test_the_ncu_path_as_written(engine, tmp_path):
     assert row[15] == f"{timing['k3']['t_step_ms'] - 2.75:.3f}" and row[16] == "3"  # the gap; kernels per step
     # no server outlives the run (the fake ncu's child included)
     assert subprocess.run(["pgrep", "-f", str(pair.target)], capture_output=True).returncode == 1
+
+
+def test_the_stand_in_command_as_written(engine, tmp_path):
+    """The default GPU command's pair path (--manifest: a scale-0.05 copy of the full-width stand-in), L = 1."""
+    fw = write_full_width(tmp_path / "fw", qtype="Q4_K", draft_qtype="Q8_0", target_arch="qwen35moe", scale=0.05)
+    ncu = tmp_path / "bin" / "ncu"
+    ncu.parent.mkdir()
+    ncu.write_text(FAKE_NCU)
+    ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
+    proc, out = _run(engine, tmp_path, "--manifest", str(fw.manifest), "--budgets", "1", "--reps", "1",
+                     "--n-predict", "8", "--ncu-n-predict", "4", "--ncu", str(ncu))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    timing = {r["config"]: r for r in _records(out / "profile-standin.jsonl") if r["record"] == "timing"}
+    argv = timing["k1"]["server_argv"]
+    assert argv[argv.index("--spec-synth-len") + 1] == "1.0"  # every draft rejected: the step-cost cells
+    # L = 1 at k = 1: every step drafts 1, accepts 0 and yields 1 token; of the 8 tokens the first comes from the
+    # prompt and the last is decoded plainly (no room left to draft), so 6 steps
+    k1 = timing["k1"]
+    assert (k1["predicted_n"], k1["steps"], k1["draft_n"], k1["draft_n_accepted"]) == (8, 6, 6, 0)
+    assert "SYNTHETIC acceptance (--spec-synth-len 1)" in (out / "profile-standin.md").read_text()
 
 
 @pytest.mark.parametrize("bad", [["--budgets"], ["--frobnicate", "1"]])

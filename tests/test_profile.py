@@ -121,12 +121,19 @@ def test_a_window_that_is_not_periodic_is_never_divided():
 
 
 def test_rows_from_records_pairs_timing_and_kernels_by_config():
-    kernels = [k.to_record() for k in profile.parse_ncu_csv(_csv(WINDOW))]
-    records = [{"record": "timing", "config": "plain", "t_step_ms": 4.0, "tokens_per_step": 1.0},
+    kernels = profile.parse_ncu_csv(_csv(WINDOW))
+    rec = profile.kernels_record(kernels)
+    assert rec["names"] == [MMVQ, NORM, FATTN] and rec["kinds"] == ["matmul", "norm", "flash_attn"]
+    assert rec["kernels"][:4] == [[0, 0, 10000.0], [1, 1, 1000.0], [2, 2, 3000.0], [3, 0, 12000.0]]
+    assert profile.kernels_from_record(rec) == kernels
+    records = [{"record": "timing", "config": "plain", "t_step_ms": 5.0, "tokens_per_step": 1.0},
+               {"record": "timing", "config": "plain", "t_step_ms": 3.0, "tokens_per_step": 1.0},
+               {"record": "timing", "config": "plain", "t_step_ms": 4.0, "tokens_per_step": 1.0},
                {"record": "error", "config": "k1", "error": "x"},
-               {"record": "kernels", "config": "plain", "kernels": kernels},
+               {"record": "kernels", "config": "plain", **rec},
                {"record": "timing", "config": "k3", "t_step_ms": 9.0, "tokens_per_step": 3.0}]
     rows = profile.rows_from_records(records)
     assert [r["config"] for r in rows] == ["plain", "k3"]
+    assert rows[0]["t_step_ms"] == 4.0  # the median of the 3 timed requests
     assert rows[0]["gap_ms"] == pytest.approx(4.0 - 0.016, rel=1e-12) and rows[1]["kernel_ms"] is None
     assert rows[1]["ms_per_token"] == 3.0

@@ -111,6 +111,19 @@ def parse_ncu_csv(text: str, metric: str = TIME_METRIC) -> list[Kernel]:
     return [out[k] for k in sorted(out)]
 
 
+def kernels_record(kernels: Sequence[Kernel]) -> dict[str, Any]:
+    """Kernels as JSON that stays small (thousands of launches of a few dozen demangled names): the
+    distinct names and their kinds once, then one [id, name index, ns] per launch."""
+    names: dict[str, int] = {}
+    launches = [[k.id, names.setdefault(k.name, len(names)), k.ns] for k in kernels]
+    return {"names": list(names), "kinds": [classify(n) for n in names], "kernels": launches}
+
+
+def kernels_from_record(rec: Mapping[str, Any]) -> list[Kernel]:
+    names = rec["names"]
+    return [Kernel(id=int(i), name=str(names[int(n)]), ns=float(ns)) for i, n, ns in rec["kernels"]]
+
+
 def find_period(names: Sequence[str], *, min_match: float = 1.0, min_repeats: int = 2) -> int | None:
     """The smallest P with names[i] == names[i + P] for at least ``min_match`` of i, seen ``min_repeats``
     times in the window (len >= min_repeats * P); None when there is none."""
@@ -214,6 +227,6 @@ def rows_from_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, An
         if r["record"] == "timing":
             timings.setdefault(cfg, []).append(r)
         else:
-            kernels[cfg] = [Kernel(id=int(k["id"]), name=str(k["name"]), ns=float(k["ns"])) for k in r["kernels"]]
+            kernels[cfg] = kernels_from_record(r)
     return [breakdown_row(c, median_timing(timings[c]) if c in timings else None,
                           step_profile(kernels[c]) if c in kernels else None) for c in order]
