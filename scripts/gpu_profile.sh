@@ -18,15 +18,16 @@
 #
 # Wall time on the H200 (estimated, not yet measured): CUDA build 4-5 min on 16 cores when the machine
 # has none; stand-in pair write ~2-3 min (reused from $DSPARK_STUDY_DIR/pair if present); then per config
-# one timing server (load ~20 s + 3 x 256 tokens) and one ncu server (load + 160 tokens + 8000 profiled
-# kernels, one metric, no replay). Fits one 10-minute call only if the engine and pair exist: else run
-# `--phase build` first, or --budgets "1 3" then --budgets "7 10 15" in a second call (records append).
+# ~1 min: one timing server (load ~5 s from page cache + 3 x 256 tokens, 1-6 s each) and one ncu server
+# (load + 160 tokens + 8000 profiled kernels, one metric, no replay), so ~6-7 min for the 6 configs.
+# On a fresh machine: call 1 `--phase prep` (engine + pair, ~8 min), call 2 the profile on the same warm
+# machine; if it runs long, --budgets "1 3 7" then --budgets "10 15" (records append; plain runs in both).
 # The window: --skip kernels (startup warm-up, the prompt, ~10 steps at ~1.5-2 k kernels per step) then
 # --count; a window not inside steady decoding shows as "not periodic" in the table: raise --ncu-n-predict
 # or move --skip.
 # Options: --budgets "1 3 7 10 15"  --synth-len L (default 1 with the stand-in)  --n-predict N (256)
 #          --reps R (3)  --ncu-n-predict N (160)  --skip S (20000)  --count M (8000)  --label NAME  --ncu PATH
-#          --manifest M (a full-width pair's manifest.json)  --phase build (engine only)
+#          --manifest M (a full-width pair's manifest.json)  --phase prep (engine and pair only, no profile)
 # Output in $OUT (default ./gpu-out; the device returns at most 8 files): profile-NAME.jsonl
 # (timing/kernels/error records), profile-NAME.md, ncu-csv.tar.gz (ncu's raw CSV per configuration), profile.log.
 set -euo pipefail
@@ -55,6 +56,7 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_profile.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
+case "$PHASE" in all|prep) ;; *) echo "gpu_profile.sh: --phase is all or prep, not $PHASE" >&2; exit 2 ;; esac
 
 OUT=${OUT:-$REPO/gpu-out}
 WORK=${DSPARK_STUDY_DIR:-/tmp/dspark-study}
@@ -65,6 +67,18 @@ PY=${PYTHON:-python3}
 GPU_ARGS=(-- -ngl 99 -ngld 99 -fa on)
 NCU_ARGS=(--ncu "$NCU" --skip "$SKIP" --count "$COUNT" --ncu-n-predict "$NCU_NPRED")
 CTX=4096
+# on any exit (a call's time limit included): the raw CSVs in one archive and the table of what was measured
+NCU_DIR="" SMOKE_DIR=""
+finish() {
+  if [ -n "$NCU_DIR" ] && ls "$NCU_DIR"/ncu-*.csv > /dev/null 2>&1; then
+    tar czf "$OUT/ncu-csv.tar.gz" -C "$NCU_DIR" $(cd "$NCU_DIR" && ls ncu-*.csv) || true
+  fi
+  if [ -n "$LABEL" ] && [ -s "$OUT/profile-$LABEL.jsonl" ]; then
+    "$PY" scripts/profile_to_md.py "$OUT/profile-$LABEL.jsonl" > "$OUT/profile-$LABEL.md" || true
+  fi
+  [ -z "$SMOKE_DIR" ] || rm -rf "$SMOKE_DIR"
+}
+trap finish EXIT
 
 if [ "$SMOKE" = 1 ]; then
   # everything but the GPU and ncu: the CPU engine, the known-answer pair, server timings only
@@ -74,7 +88,6 @@ if [ "$SMOKE" = 1 ]; then
     export DSPARK_LLAMA_BIN
   fi
   SMOKE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dspark-profile-smoke.XXXXXX")
-  trap 'rm -rf "$SMOKE_DIR"' EXIT
   "$PY" -m dsparkcli.cli.app synth "$SMOKE_DIR/pair" --accept-rate 0.7 --seed 5 > /dev/null
   TARGET=$SMOKE_DIR/pair/target-llama.gguf DRAFT=$SMOKE_DIR/pair/draft-dspark.gguf
   BUDGETS=${BUDGETS_SMOKE:-"1 3 7"} NPRED=32 REPS=2 CTX=512 LABEL=${LABEL:-smoke} SYNTH=0
@@ -86,7 +99,6 @@ else
     bash scripts/gpu_study.sh --phase build
   fi
   say "engine: $("$PY" -m dsparkcli.cli.app engine path)"
-  [ "$PHASE" = build ] && exit 0
   command -v "$NCU" > /dev/null || [ -x "$NCU" ] || NCU=$(ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { echo "gpu_profile.sh: no ncu on this machine (give --ncu PATH)" >&2; exit 3; }
   NCU_ARGS[1]=$NCU
@@ -107,6 +119,7 @@ print(w('$WORK/pair', qtype='Q4_K', draft_qtype='Q8_0', target_arch='qwen35moe')
 print(os.path.join(d, m['target']['file']), os.path.join(d, m['draft']['file']))")
   say "stand-in pair: $TARGET (SYNTHETIC acceptance L=$SYNTH)"
 fi
+[ "$PHASE" = prep ] && { say "phase prep done (engine and pair ready)"; exit 0; }
 [ -n "$DRAFT" ] || { echo "gpu_profile.sh: give --target and --draft, or none for the stand-in" >&2; exit 2; }
 LABEL=${LABEL:-real}
 NCU_DIR=$WORK/ncu/$LABEL  # this label's raw CSVs only (a warm machine keeps $WORK between calls)
@@ -123,9 +136,6 @@ set +e
   "${GPU_ARGS[@]}" 2>&1 | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 set -e
-if ls "$NCU_DIR"/ncu-*.csv > /dev/null 2>&1; then
-  tar czf "$OUT/ncu-csv.tar.gz" -C "$NCU_DIR" $(cd "$NCU_DIR" && ls ncu-*.csv)
-fi
-"$PY" scripts/profile_to_md.py "$OUT/profile-$LABEL.jsonl" > "$OUT/profile-$LABEL.md"
+finish
 say "gpu_profile.py rc=$RC in $(( $(date +%s) - T0 )) s; table: $OUT/profile-$LABEL.md"
 exit "$RC"
