@@ -23,8 +23,8 @@ def _f(x: float | None, digits: int = 2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    rows = profile.rows_from_records(records)
+def table(records: list[dict[str, Any]], *, min_match: float = 1.0) -> str:
+    rows = profile.rows_from_records(records, min_match=min_match)
     synth = sorted({r["synth_len"] for r in records if r.get("record") == "timing" and r.get("synthetic")})
     title = ("SYNTHETIC acceptance (--spec-synth-len " + ", ".join(f"{x:g}" for x in synth) + "): speeds emulate "
              "a draft, outputs are not valid" if synth else "acceptance as the pair gives it")
@@ -49,6 +49,8 @@ def table(records: list[dict[str, Any]]) -> str:
                  "sampling, graph build and launch, and the GPU idle at synchronisations). t_step: the timed "
                  "request of median step time; draft ms: the draft's time per call from llama-server's "
                  "draft-dspark statistics (its kernels are inside the kernel columns too).")
+    if min_match < 1.0:
+        lines.append(f"Step period read with {min_match:g} of consecutive steps' launches matching (--min-match).")
     if unsteady:
         lines.append(f"Not periodic (window straddles a phase; rerun with another --skip/--count): {', '.join(unsteady)}.")
     for e in errors:
@@ -59,9 +61,11 @@ def table(records: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records", type=Path, nargs="+")
+    ap.add_argument("--min-match", type=float, default=1.0,
+                    help="fraction of launches one step apart that must match for the window to count as periodic")
     args = ap.parse_args(argv)
     records = [json.loads(ln) for p in args.records for ln in p.read_text().splitlines() if ln.strip()]
-    sys.stdout.write(table(records))
+    sys.stdout.write(table(records, min_match=args.min_match))
     return 0
 
 

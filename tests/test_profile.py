@@ -89,6 +89,12 @@ def test_find_period():
     assert profile.find_period(list("ABC")) is None  # not two whole periods
     assert profile.find_period(list("ABCABDABC"), min_match=0.66) == 3  # one odd launch: 2 of 6 pairs differ
     assert profile.find_period(list("ABCABDABC"), min_match=0.8) is None
+    # 8 layers of the same 2 kernels between an embedding lookup and a head: the step's period, not the layer's
+    step = ["embed"] + ["attn", "ffn"] * 8 + ["norm", "head"]
+    assert profile.find_period(step * 4) == 19
+    odd = step * 4
+    odd[40] = "cpy"  # one step launches one other kernel: no exact period; the layer's (2) fails 0.9
+    assert profile.find_period(odd) is None and profile.find_period(odd, min_match=0.9) == 19
 
 
 def test_step_profile_and_the_breakdown_row():
@@ -137,3 +143,23 @@ def test_rows_from_records_pairs_timing_and_kernels_by_config():
     assert rows[0]["t_step_ms"] == 4.0  # the median of the 3 timed requests
     assert rows[0]["gap_ms"] == pytest.approx(4.0 - 0.016, rel=1e-12) and rows[1]["kernel_ms"] is None
     assert rows[1]["ms_per_token"] == 3.0
+
+
+def test_a_step_that_differs_in_one_launch_needs_min_match():
+    """Steps whose launches differ a little (the hybrid target's rollback after an accepted draft) are read
+    as periodic only when asked, and the table says so."""
+    from support.scripts import script
+
+    odd = "void k_get_rows_float<float, float>(const float *, const int *, float *)"
+    names = [MMVQ, NORM, FATTN] * 3 + [MMVQ, NORM, odd] + [MMVQ, NORM, FATTN] * 2  # 6 steps, one odd launch
+    rec = profile.kernels_record(profile.parse_ncu_csv(_csv([(n, "nsecond", "1000") for n in names])))
+    records = [{"record": "timing", "config": "k3", "t_step_ms": 1.0, "tokens_per_step": 2.0},
+               {"record": "kernels", "config": "k3", **rec}]
+    assert profile.rows_from_records(records)[0]["kernel_ms"] is None
+    assert profile.rows_from_records(records, min_match=0.9)[0]["kernel_ms"] is None  # 13/15 match < 0.9
+    row = profile.rows_from_records(records, min_match=0.85)[0]  # 2 of 15 pairs one step apart differ
+    assert (row["kernels_per_step"], row["kernel_ms"]) == (3, pytest.approx(0.003, rel=1e-12))
+    assert row["by_kind_ms"]["copy"] == pytest.approx(0.001 / 6, rel=1e-12)
+    md = script("profile_to_md").table(records, min_match=0.85)
+    assert "| k3 | 1.000 | 2.00 | – | 0.003 |" in md and "read with 0.85 of consecutive" in md
+    assert "Not periodic" in script("profile_to_md").table(records)

@@ -125,12 +125,31 @@ def kernels_from_record(rec: Mapping[str, Any]) -> list[Kernel]:
 
 
 def find_period(names: Sequence[str], *, min_match: float = 1.0, min_repeats: int = 2) -> int | None:
-    """The smallest P with names[i] == names[i + P] for at least ``min_match`` of i, seen ``min_repeats``
-    times in the window (len >= min_repeats * P); None when there is none."""
-    n = len(names)
+    """The step period of a window of kernel names: the smallest P with names[i] == names[i + P] for every
+    i, seen ``min_repeats`` times (len >= min_repeats * P); None when there is none.
+
+    ``min_match`` < 1, when no exact period exists: of the P with names[i] == names[i + P] for at least that
+    share of i, the best-matching one P* (a multiple of the step can match better than the step itself in a
+    short window: an odd launch near the window's end is compared once instead of twice), then the smallest
+    passing P that divides P*. A layer's period may pass a low ``min_match`` too (every layer launches the
+    same kernels) and divide P* by chance: the table prints kernels per step to check against."""
+    exact = _periods(names, 1.0, min_repeats, first=True)
+    if exact or min_match >= 1.0:
+        return exact[0][0] if exact else None
+    passing = _periods(names, min_match, min_repeats, first=False)
+    if not passing:
+        return None
+    best = max(passing, key=lambda pr: (pr[1], -pr[0]))[0]
+    return min(p for p, _ in passing if best % p == 0)
+
+
+def _periods(names: Sequence[str], min_match: float, min_repeats: int, *, first: bool) -> list[tuple[int, float]]:
+    """(P, share of i with names[i] == names[i + P]) for each P that reaches ``min_match``; only the
+    smallest with ``first``."""
+    n, found = len(names), []
     for p in range(1, n // min_repeats + 1):
         pairs = n - p
-        allowed = int(round((1.0 - min_match) * pairs))
+        allowed = int((1.0 - min_match) * pairs + 1e-9)  # misses <= (1 - min_match) * pairs
         misses = 0
         for i in range(pairs):
             if names[i] != names[i + p]:
@@ -138,8 +157,10 @@ def find_period(names: Sequence[str], *, min_match: float = 1.0, min_repeats: in
                 if misses > allowed:
                     break
         else:
-            return p
-    return None
+            found.append((p, 1.0 - misses / pairs))
+            if first:
+                break
+    return found
 
 
 @dataclass(frozen=True)
@@ -211,10 +232,12 @@ def breakdown_row(config: str, server: Mapping[str, Any] | None, prof: StepProfi
     return row
 
 
-def rows_from_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def rows_from_records(records: Iterable[Mapping[str, Any]], *, min_match: float = 1.0) -> list[dict[str, Any]]:
     """gpu_profile.py's JSONL (``timing`` and ``kernels`` records) -> breakdown rows, in the order the
     configurations first appear: the median timed request (median_timing) against the kernel window; a
-    configuration without a kernel profile keeps its server timings."""
+    configuration without a kernel profile keeps its server timings. ``min_match`` < 1 reads a window
+    whose steps differ in a few launches (accepted drafts roll the recurrent state back differently) as
+    periodic all the same (find_period)."""
     order: list[str] = []
     timings: dict[str, list[Mapping[str, Any]]] = {}
     kernels: dict[str, list[Kernel]] = {}
@@ -229,4 +252,4 @@ def rows_from_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, An
         else:
             kernels[cfg] = kernels_from_record(r)
     return [breakdown_row(c, median_timing(timings[c]) if c in timings else None,
-                          step_profile(kernels[c]) if c in kernels else None) for c in order]
+                          step_profile(kernels[c], min_match=min_match) if c in kernels else None) for c in order]
