@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -97,6 +98,60 @@ def test_torch_target_matches_llama_server_greedy(engine, tiny: Path) -> None:
     with LlamaServer(engine, cfg) as srv:
         r = srv.client.completion({"prompt": prompt, "n_predict": 32, "temperature": 0, "return_tokens": True})
     assert target.generate([prompt], 32, stop=[])[0] == r["tokens"]
+
+
+def _varied_stop(target, prompts: list[list[int]], max_new: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """Stop ids that end the tiny target's (looping) answers at varied lengths: tokens that first appear
+    late (position >= 3) in every answer that holds them."""
+    first: dict[int, int] = {}
+    for r in target.generate(prompts, max_new, stop=[]):
+        for i, t in enumerate(r):
+            first[t] = min(first.get(t, i), r.index(t))
+    return sorted(t for t, i in first.items() if i >= 3)
+
+
+def test_continuous_batching_equals_generate_and_llama_server(engine, tiny: Path) -> None:
+    target, _ = load_target(tiny / "target.gguf")
+    rng = np.random.default_rng(3)
+    prompts = [[int(x) for x in rng.integers(0, VOCAB - 1, size=int(rng.integers(2, 30)))] for _ in range(20)]
+    max_new = 40
+    stop = _varied_stop(target, prompts, max_new)
+    alone = [target.generate([p], max_new, stop)[0] for p in prompts]
+    lens = [len(r) for r in alone]
+    assert len(set(lens)) >= 4 and max_new in lens and min(lens) < max_new  # slots free at different steps
+    assert target.generate(prompts, max_new, stop) == alone  # the batched generator, as before
+    for slots, check in ((4, 8), (3, 1), (4, 5), (32, 8)):  # 32 > 20 prompts: a pool larger than the work
+        assert target.generate_continuous(prompts, max_new, stop, slots=slots, check_every=check) == alone
+    streamed = list(target.generate_stream(prompts, max_new, stop, slots=4))
+    assert sorted(i for i, _ in streamed) == list(range(20))
+    assert [i for i, _ in streamed] != list(range(20))  # short answers come back first: slots were refilled
+    cfg = ServerConfig(model=tiny / "target.gguf", draft=None, mmproj=None, n_max=None, p_min=None, ctx=512,
+                       threads=1, synth_len=None)
+    with LlamaServer(engine, cfg) as srv:
+        assert [lens[k] for k in (0, 5, 6, 9)] == [40, 36, 23, 15]
+        for k in (0, 5, 6, 9):
+            r = srv.client.completion({"prompt": prompts[k], "n_predict": max_new, "temperature": 0,
+                                       "return_tokens": True})
+            toks = r["tokens"]
+            cut = next((i + 1 for i, t in enumerate(toks) if t in stop), len(toks))
+            assert alone[k] == toks[:cut]
+
+
+def test_write_responses_deadline_drains_the_pool(tiny: Path) -> None:
+    from dsparkcli.distill.data import write_responses
+
+    target, _ = load_target(tiny / "target.gguf")
+    rng = np.random.default_rng(4)
+    prompts = [[int(x) for x in rng.integers(0, VOCAB - 1, size=int(rng.integers(3, 12)))] for _ in range(30)]
+    cats = ["code", "math", "general"] * 10
+    full = write_responses(target, prompts, cats, 4, 12, [], groups=[f"g{i % 3}" for i in range(30)])
+    assert len(full) == 30 and full.n_response_tokens == 30 * 12
+    assert [list(full.seq(i)[full.prompt_lens[i]:]) for i in range(30)] == target.generate(prompts, 12, [])
+    # a deadline already past: no prompt starts after the first check, the 6 in flight finish
+    late = write_responses(target, prompts, cats, 6, 12, [], deadline=time.monotonic() - 1, seed=0)
+    assert len(late) == 6 and late.n_response_tokens == 6 * 12
+    first6 = [int(i) for i in np.random.default_rng(0).permutation(30)][:6]
+    assert late.prompt_lens.tolist() == [len(prompts[i]) for i in sorted(first6)]
 
 
 def test_trainer_cpu_loss_falls_and_export_serves(engine, tiny: Path, tmp_path: Path) -> None:
@@ -198,6 +253,29 @@ def test_corpus_holds_out_the_kit() -> None:
     assert corpus.held_out(leaked, kit) == []
     prompts = corpus.templated(3000, 0)
     assert len({p.text for p in prompts}) == 3000
+
+
+def test_corpus_specific_families_carry_material_and_are_not_kit_look_alikes() -> None:
+    kit = [p.text for p in load_prompts(None)]
+    prompts = corpus.templated(6000, 1)
+    specific = [p for p in prompts if p.group.split(":")[1] in {"snippet", "schema", "error", "signature", "story",
+                                                                  "data", "specific"}]
+    assert 0.4 < len(specific) / len(prompts) < 0.6  # half, by default
+    fams = {p.group.rsplit(":", 1)[0] for p in specific}
+    assert fams == {"code:snippet", "code:schema", "code:error", "code:signature", "math:story", "math:data",
+                    "general:specific"}
+    assert len({p.group for p in specific}) >= 35  # every form its own group, for held-out validation
+    assert all(p.category == p.group.split(":")[0] for p in specific)
+    snippets = [p.text for p in specific if p.group.startswith("code:snippet")]
+    assert all("def " in t or "function " in t for t in snippets) and all("\n    " in t or "\n  " in t for t in snippets)
+    assert all(t.count("(") >= 2 for t in (p.text for p in specific if p.group.startswith("code:schema")))
+    stories = [p.text for p in specific if p.group.startswith("math:story")]
+    assert stories and all(len(re.findall(r"\d+", t)) >= 3 for t in stories)  # several quantities each
+    plain = [p for p in prompts if p not in set(specific)]
+    mean = lambda ps: sum(len(p.text) for p in ps) / len(ps)  # noqa: E731
+    assert mean(specific) > 1.5 * mean(plain)  # longer: they carry code, schemas, quantities and constraints
+    kept = corpus.held_out(specific, kit)
+    assert len(kept) >= 0.99 * len(specific), [p.text for p in specific if p not in kept][:3]
     assert {p.category for p in prompts} == {"code", "math", "general"}
     assert not set(p.text for p in prompts) & set(kit)
     groups = {p.group for p in prompts}  # the template each came from: validation holds whole ones out

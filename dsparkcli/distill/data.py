@@ -92,31 +92,25 @@ def tokenize_prompts(client, prompts: Sequence[TrainPrompt], meta: Sequence[Trai
                      [p.group for p in prompts], [p.group for p in meta], prefix, suffix, list(stop), list(newline))
 
 
-def _batches(n: int, size: int) -> list[range]:
-    return [range(i, min(n, i + size)) for i in range(0, n, size)]
-
-
 def write_questions(target, pids: PromptIds, batch: int, max_new: int, seed: int,  # type: ignore[no-untyped-def]
                     progress: Progress | None = None) -> list[dict]:
     """Stage 2: the target's own questions (sampled), wrapped in the chat template, each with the category
-    and group of the meta-prompt that asked for it. Empty/long ones dropped."""
+    and group of the meta-prompt that asked for it. Empty/long ones dropped. A line break ends a question
+    (the first line is the question, not an answer after it), so it stops generation there too."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     nl = set(pids.newline)
-    out = []
-    for r in _batches(len(pids.meta_ids), batch):
-        res = target.generate([pids.meta_ids[i] for i in r], max_new, pids.stop, temperature=0.8, generator=gen)
-        for i, q in zip(r, res):
-            q = [t for t in q if t not in pids.stop]
-            # keep the first line: a question, not an answer that follows it
-            if nl:
-                cut = next((k for k, t in enumerate(q) if t in nl), len(q))
-                q = q[:cut]
-            if 4 <= len(q) < max_new:
-                out.append({"ids": pids.prefix + q + pids.suffix, "category": pids.meta_categories[i],
-                            "group": pids.meta_groups[i]})
-        if progress:
-            progress("questions", r.stop, len(pids.meta_ids))
-    return out
+    found: dict[int, list[int]] = {}
+    stream = target.generate_stream(pids.meta_ids, max_new, list(pids.stop) + sorted(nl - set(pids.stop)),
+                                    slots=batch, temperature=0.8, generator=gen)
+    for n_done, (i, q) in enumerate(stream, 1):
+        q = [t for t in q if t not in pids.stop]
+        cut = next((k for k, t in enumerate(q) if t in nl), len(q))
+        q = q[:cut]
+        if 4 <= len(q) < max_new:
+            found[i] = pids.prefix + q + pids.suffix
+        if progress and (n_done % 64 == 0 or n_done == len(pids.meta_ids)):
+            progress("questions", n_done, len(pids.meta_ids))
+    return [{"ids": found[i], "category": pids.meta_categories[i], "group": pids.meta_groups[i]} for i in sorted(found)]
 
 
 @dataclass(frozen=True)
@@ -171,21 +165,22 @@ class Dataset:
 def write_responses(target, prompts: Sequence[Sequence[int]], categories: Sequence[str], batch: int,  # type: ignore[no-untyped-def]
                     max_new: int, stop: Sequence[int], progress: Progress | None = None,
                     deadline: float | None = None, seed: int = 0, groups: Sequence[str] | None = None) -> Dataset:
-    """Stage 3: greedy responses, in a seeded random order so that a ``deadline`` (time.monotonic())
-    that stops generation early still leaves every category represented."""
+    """Stage 3: greedy responses by continuous batching (``Target.generate_stream``, a pool of ``batch``
+    slots), in a seeded random order so that a ``deadline`` (time.monotonic()) that stops generation
+    early still leaves every category represented. At the deadline no new prompt starts and the answers
+    in flight finish (at most ``max_new`` steps of the pool): dropping them would bias the data towards
+    short answers, the ones that finish first."""
     order = [int(i) for i in np.random.default_rng(seed).permutation(len(prompts))]
     responses: dict[int, list[int]] = {}
-    done = 0
-    for r in _batches(len(order), batch):
-        if deadline is not None and time.monotonic() >= deadline:
-            break
-        idx = [order[i] for i in r]
-        res = target.generate([prompts[i] for i in idx], max_new, stop, temperature=0.0)
-        for i, resp in zip(idx, res):
-            responses[i] = resp
-        done += len(idx)
-        if progress:
-            progress("responses", done, len(prompts))
+    late = (lambda: time.monotonic() >= deadline) if deadline is not None else None
+    stream = target.generate_stream([prompts[i] for i in order], max_new, stop, slots=batch, stop_starting=late)
+    try:
+        for k, resp in stream:
+            responses[order[k]] = resp
+            if progress and (len(responses) % 64 == 0 or len(responses) == len(prompts)):
+                progress("responses", len(responses), len(prompts))
+    finally:
+        stream.close()  # frees the pool's cache now, not at garbage collection
     keep = [i for i in sorted(responses) if len(responses[i]) >= 2]
     return Dataset.build([prompts[i] for i in keep], [responses[i] for i in keep], [categories[i] for i in keep],
                          [groups[i] for i in keep] if groups is not None else None)

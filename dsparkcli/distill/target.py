@@ -15,7 +15,7 @@ Tied embeddings (no ``output.weight``) use ``token_embd`` as the head, as llama.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,8 +154,8 @@ class Target(torch.nn.Module):
     def device(self) -> torch.device:
         return self.tok_embd.device
 
-    def _layer(self, il: int, x: torch.Tensor, pos: torch.Tensor, attend: torch.Tensor | None,
-               cache: tuple[torch.Tensor, torch.Tensor] | None = None, at: int | None = None) -> torch.Tensor:
+    def _qkv(self, il: int, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``il``'s attention inputs for ``x`` [B, T, E]: q [B, T, H, D], k and v [B, T, Hkv, D], roped."""
         c, w, p = self.cfg, self.w, f"blk.{il}."
         b, t, _ = x.shape
         h = _rms(x, w[p + "attn_norm.weight"], c.eps)
@@ -165,8 +165,21 @@ class Target(torch.nn.Module):
         if p + "attn_q_norm.weight" in w:  # qwen3
             q = _rms(q, w[p + "attn_q_norm.weight"], c.eps)
             k = _rms(k, w[p + "attn_k_norm.weight"], c.eps)
-        q = rope(q, pos, c.rope_base, c.rope_mode)
-        k = rope(k, pos, c.rope_base, c.rope_mode)
+        return rope(q, pos, c.rope_base, c.rope_mode), rope(k, pos, c.rope_base, c.rope_mode), v
+
+    def _post(self, il: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The rest of layer ``il`` after attention: output projection, residual, FFN."""
+        c, w, p = self.cfg, self.w, f"blk.{il}."
+        x = x + o @ w[p + "attn_output.weight"].T
+        h = _rms(x, w[p + "ffn_norm.weight"], c.eps)
+        f = F.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)
+        return x + f @ w[p + "ffn_down.weight"].T
+
+    def _layer(self, il: int, x: torch.Tensor, pos: torch.Tensor, attend: torch.Tensor | None,
+               cache: tuple[torch.Tensor, torch.Tensor] | None = None, at: int | None = None) -> torch.Tensor:
+        c = self.cfg
+        b, t, _ = x.shape
+        q, k, v = self._qkv(il, x, pos)
         if cache is not None:  # generation: write this step's K/V at column `at`, attend over the prefix
             ck, cv = cache
             ck[:, at : at + t] = k
@@ -181,10 +194,7 @@ class Target(torch.nn.Module):
         else:
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attend)
         o = o.transpose(1, 2).reshape(b, t, c.n_head * c.head_dim)
-        x = x + o @ w[p + "attn_output.weight"].T
-        h = _rms(x, w[p + "ffn_norm.weight"], c.eps)
-        f = F.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)
-        return x + f @ w[p + "ffn_down.weight"].T
+        return self._post(il, x, o)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, taps: Sequence[int] = (), pos: torch.Tensor | None = None,
@@ -262,6 +272,165 @@ class Target(torch.nn.Module):
                 if tok in stop:
                     break
             res.append(seq)
+        return res
+
+
+    @torch.no_grad()
+    def _prefill(self, slots: list[int], prompts: list[Sequence[int]], caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 chunk: int = 256) -> torch.Tensor:
+        """Write the K/V of ``prompts`` into columns 0.. of cache rows ``slots``; return each prompt's last
+        logits [n, V] (float32). Right-padded and causal, so padding never reaches a real position; the
+        padding's K/V land past each prompt's length, where the decode mask never looks and the next
+        decode step overwrites them."""
+        c, dev = self.cfg, self.device
+        out = []
+        for lo in range(0, len(slots), chunk):  # chunks bound the prefill's activations for a big pool
+            sl, ps = slots[lo:lo + chunk], prompts[lo:lo + chunk]
+            n, lp = len(ps), max(len(p) for p in ps)
+            toks = torch.zeros(n, lp, dtype=torch.long)
+            for i, p in enumerate(ps):
+                toks[i, : len(p)] = torch.tensor(list(p), dtype=torch.long)
+            toks = toks.to(dev)
+            rows = torch.tensor(sl, device=dev)
+            pos = torch.arange(lp, device=dev).expand(n, lp)
+            x = F.embedding(toks, self.tok_embd)
+            rep = c.n_head // c.n_head_kv
+            for il in range(c.n_layer):
+                q, k, v = self._qkv(il, x, pos)
+                ck, cv = caches[il]
+                ck[rows, :, :lp] = k.transpose(1, 2)
+                cv[rows, :, :lp] = v.transpose(1, 2)
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(rep, dim=1),
+                                                   v.transpose(1, 2).repeat_interleave(rep, dim=1), is_causal=True)
+                x = self._post(il, x, o.transpose(1, 2).reshape(n, lp, c.n_head * c.head_dim))
+            last = torch.tensor([len(p) - 1 for p in ps], device=dev)
+            h = _rms(x[torch.arange(n, device=dev), last], self.w["output_norm.weight"], c.eps)
+            out.append((h @ self.head.T).float())
+        return torch.cat(out)
+
+    @torch.no_grad()
+    def generate_stream(self, prompts: Sequence[Sequence[int]], max_new: int, stop: Sequence[int], slots: int = 256,
+                        temperature: float = 0.0, generator: torch.Generator | None = None,
+                        check_every: int = 8, stop_starting: Callable[[], bool] | None = None,
+                        ) -> Iterator[tuple[int, list[int]]]:
+        """Continuous batching: yields ``(index, new tokens)`` as each prompt finishes, the same tokens
+        ``generate`` returns for it (greedy at temperature 0).
+
+        A pool of ``slots`` sequences decodes together; when one ends (a stop token, or ``max_new``) its
+        cache rows are refilled with the next prompt, so the device always decodes a full pool instead
+        of waiting for a batch's longest answer. Each slot's sequence starts at cache column 0 (no left
+        padding) and a step attends only up to the longest live sequence. Host syncs happen only at
+        checks: every ``check_every`` steps (a stopped slot idles at most that long) and exactly when
+        some slot reaches ``max_new`` (its length is known on the host without asking the device).
+        Memory: a K/V cache of slots x (longest prompt + max_new) per layer. Stop early by closing the
+        iterator (``break``): what was yielded is complete. Or drain: once ``stop_starting()`` is true (asked
+        at checks) no new prompt starts and those in flight finish (at most ``max_new`` more steps), so a
+        time limit does not throw away the long answers it caught mid-way.
+        """
+        n = len(prompts)
+        if n == 0 or max_new <= 0:
+            return
+        c, dev, dtype = self.cfg, self.device, self.tok_embd.dtype
+        b = min(slots, n)
+        width = max(len(p) for p in prompts) + max_new
+        caches = [(torch.zeros(b, c.n_head_kv, width, c.head_dim, device=dev, dtype=dtype),
+                   torch.zeros(b, c.n_head_kv, width, c.head_dim, device=dev, dtype=dtype)) for _ in range(c.n_layer)]
+        out = torch.zeros(b, max_new, dtype=torch.long, device=dev)
+        stop_t = torch.tensor(list(stop) or [-1], device=dev)
+        ar = torch.arange(b, device=dev)
+        cols = torch.arange(width, device=dev)
+        rep, scale = c.n_head // c.n_head_kv, c.head_dim ** -0.5
+        # per slot: tokens in its cache (host mirror + device copy), tokens produced, the prompt it runs
+        lens_h = np.zeros(b, dtype=np.int64)
+        gen_h = np.zeros(b, dtype=np.int64)
+        owner = np.full(b, -1, dtype=np.int64)
+        lens_d = torch.zeros(b, dtype=torch.long, device=dev)
+        gen_d = torch.zeros(b, dtype=torch.long, device=dev)
+        fin = torch.ones(b, dtype=torch.bool, device=dev)
+        cur = torch.zeros(b, dtype=torch.long, device=dev)
+        nxt_prompt = 0
+
+        def pick(lg: torch.Tensor) -> torch.Tensor:
+            if temperature > 0:
+                return torch.multinomial(torch.softmax(lg / temperature, -1), 1, generator=generator)[:, 0]
+            return lg.argmax(-1)
+
+        def refill(free: list[int]) -> None:
+            nonlocal nxt_prompt
+            take = free[: n - nxt_prompt]
+            for s in free[len(take):]:  # nothing left to run: the slot idles (its rows stay in bounds)
+                owner[s], lens_h[s], gen_h[s] = -1, 0, 0
+            if take:
+                idx = list(range(nxt_prompt, nxt_prompt + len(take)))
+                nxt_prompt += len(take)
+                tok = pick(self._prefill(take, [prompts[i] for i in idx], caches))
+                rows = torch.tensor(take, device=dev)
+                out[rows, 0] = tok
+                cur[rows] = tok
+                fin[rows] = torch.isin(tok, stop_t)
+                for s, i in zip(take, idx):
+                    owner[s], lens_h[s], gen_h[s] = i, len(prompts[i]), 1
+            idle = [s for s in free[len(take):]]
+            if idle:
+                fin[torch.tensor(idle, device=dev)] = True
+            lens_d.copy_(torch.from_numpy(lens_h))
+            gen_d.copy_(torch.from_numpy(gen_h))
+
+        refill(list(range(b)))
+        since = 0
+        while True:
+            live = owner >= 0
+            if not live.any():
+                return
+            if since >= check_every or (gen_h[live] >= max_new).any():
+                since = 0
+                if stop_starting is not None and nxt_prompt < n and stop_starting():
+                    nxt_prompt = n
+                done = np.flatnonzero(live & (fin.cpu().numpy() | (gen_h >= max_new))).tolist()
+                if done:
+                    rows = out[torch.tensor(done, device=dev)].tolist()
+                    for s, row in zip(done, rows):
+                        seq = []
+                        for tok in row[: gen_h[s]]:
+                            seq.append(tok)
+                            if tok in stop:
+                                break
+                        yield int(owner[s]), seq
+                    refill(done)
+                    continue
+            # one decode step for the whole pool: feed each slot's last token at its own column
+            span = int(lens_h.max()) + 1
+            pos = lens_d[:, None]
+            attend = (cols[None, :span] <= lens_d[:, None])[:, None, None, :]  # [B, 1, 1, span]
+            x = F.embedding(cur[:, None], self.tok_embd)
+            for il in range(c.n_layer):
+                q, k, v = self._qkv(il, x, pos)
+                ck, cv = caches[il]
+                ck[ar, :, lens_d] = k[:, 0]
+                cv[ar, :, lens_d] = v[:, 0]
+                # grouped-query attention without repeating the cache: [B, Hkv, rep, D] x [B, Hkv, span, D]
+                qg = q.view(b, c.n_head_kv, rep, c.head_dim)
+                sc = (qg @ ck[:, :, :span].transpose(-1, -2)).float() * scale
+                sc = sc.masked_fill(~attend, float("-inf"))
+                o = torch.softmax(sc, -1).to(dtype) @ cv[:, :, :span]
+                x = self._post(il, x, o.reshape(b, 1, c.n_head * c.head_dim))
+            h = _rms(x[:, 0], self.w["output_norm.weight"], c.eps)
+            tok = pick((h @ self.head.T).float())
+            lens_d += 1
+            lens_h += 1
+            out[ar, gen_d.clamp(max=max_new - 1)] = tok
+            gen_d += 1
+            gen_h += 1
+            cur = tok
+            fin |= torch.isin(tok, stop_t)
+            since += 1
+
+    def generate_continuous(self, prompts: Sequence[Sequence[int]], max_new: int, stop: Sequence[int],
+                            slots: int = 256, **kw) -> list[list[int]]:  # type: ignore[no-untyped-def]
+        """``generate``'s answers, in order, computed by ``generate_stream``."""
+        res: list[list[int]] = [[] for _ in prompts]
+        for i, seq in self.generate_stream(prompts, max_new, stop, slots, **kw):
+            res[i] = seq
         return res
 
 
