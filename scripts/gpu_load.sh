@@ -47,28 +47,19 @@ mkdir -p "$OUT" "$WORK"
 LOG=$OUT/load.log
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 PY=${PYTHON:-python3}
+# shellcheck source=gpu_common.sh
+source "$REPO/scripts/gpu_common.sh"
 GPU_ARGS=(-- -ngl 99 -ngld 99 -fa on)
 CTX=4096
 
 if [ "$SMOKE" = 1 ]; then
   # everything but the GPU: the CPU engine, a known-answer pair, two levels, a few short requests
-  PY=${PYTHON:-$REPO/.venv/bin/python}
-  if [ -z "${DSPARK_LLAMA_BIN:-}" ]; then
-    DSPARK_LLAMA_BIN=$(dirname "$("$PY" -m dsparkcli.cli.app engine path)") || { echo "no CPU engine: dspark engine build" >&2; exit 3; }
-    export DSPARK_LLAMA_BIN
-  fi
-  SMOKE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dspark-load-smoke.XXXXXX")
+  smoke_pair load
   trap 'rm -rf "$SMOKE_DIR"' EXIT
-  "$PY" -m dsparkcli.cli.app synth "$SMOKE_DIR/pair" --accept-rate 0.7 --seed 5 > /dev/null
-  TARGET=$SMOKE_DIR/pair/target-llama.gguf DRAFT=$SMOKE_DIR/pair/draft-dspark.gguf
   LEVELS=${LEVELS_SMOKE:-"1 2"} REPS=1 LIMIT=1 NPRED=32 CTX=512 LABEL=${LABEL:-smoke}
   GPU_ARGS=(-t 1)
 else
-  export DSPARK_CACHE_DIR=$WORK/cache PYTHONPATH=$WORK/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
-  if ! "$PY" -m dsparkcli.cli.app engine path > /dev/null 2>&1; then
-    say "no CUDA engine on this machine yet: scripts/gpu_study.sh --phase build"
-    bash scripts/gpu_study.sh --phase build
-  fi
+  cuda_engine
   say "engine: $("$PY" -m dsparkcli.cli.app engine path)"
 fi
 dspark() { "$PY" -m dsparkcli.cli.app "$@"; }

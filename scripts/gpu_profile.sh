@@ -64,6 +64,8 @@ mkdir -p "$OUT" "$WORK"
 LOG=$OUT/profile.log
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 PY=${PYTHON:-python3}
+# shellcheck source=gpu_common.sh
+source "$REPO/scripts/gpu_common.sh"
 GPU_ARGS=(-- -ngl 99 -ngld 99 -fa on)
 NCU_ARGS=(--ncu "$NCU" --skip "$SKIP" --count "$COUNT" --ncu-n-predict "$NCU_NPRED")
 CTX=4096
@@ -82,22 +84,11 @@ trap finish EXIT
 
 if [ "$SMOKE" = 1 ]; then
   # everything but the GPU and ncu: the CPU engine, the known-answer pair, server timings only
-  PY=${PYTHON:-$REPO/.venv/bin/python}
-  if [ -z "${DSPARK_LLAMA_BIN:-}" ]; then
-    DSPARK_LLAMA_BIN=$(dirname "$("$PY" -m dsparkcli.cli.app engine path)") || { echo "no CPU engine: dspark engine build" >&2; exit 3; }
-    export DSPARK_LLAMA_BIN
-  fi
-  SMOKE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dspark-profile-smoke.XXXXXX")
-  "$PY" -m dsparkcli.cli.app synth "$SMOKE_DIR/pair" --accept-rate 0.7 --seed 5 > /dev/null
-  TARGET=$SMOKE_DIR/pair/target-llama.gguf DRAFT=$SMOKE_DIR/pair/draft-dspark.gguf
+  smoke_pair profile
   BUDGETS=${BUDGETS_SMOKE:-"1 3 7"} NPRED=32 REPS=2 CTX=512 LABEL=${LABEL:-smoke} SYNTH=0
   GPU_ARGS=() NCU_ARGS=(--no-ncu --threads 1)
 else
-  export DSPARK_CACHE_DIR=$WORK/cache PYTHONPATH=$WORK/site:$REPO${PYTHONPATH:+:$PYTHONPATH}
-  if ! "$PY" -m dsparkcli.cli.app engine path > /dev/null 2>&1; then
-    say "no CUDA engine on this machine yet: scripts/gpu_study.sh --phase build"
-    bash scripts/gpu_study.sh --phase build
-  fi
+  cuda_engine
   say "engine: $("$PY" -m dsparkcli.cli.app engine path)"
   command -v "$NCU" > /dev/null || [ -x "$NCU" ] || NCU=$(ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { echo "gpu_profile.sh: no ncu on this machine (give --ncu PATH)" >&2; exit 3; }
