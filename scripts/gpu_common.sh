@@ -1,4 +1,14 @@
-# Shell pieces shared by the device scripts (sourced by gpu_load.sh and gpu_profile.sh; needs REPO, WORK, say).
+# Shell pieces shared by the device scripts (sourced by gpu_load.sh and gpu_profile.sh; needs REPO and T0).
+
+# device_env LOG_NAME: $OUT (default ./gpu-out) and $WORK (DSPARK_STUDY_DIR) made, $LOG = $OUT/LOG_NAME, $PY
+device_env() {
+  OUT=${OUT:-$REPO/gpu-out}
+  WORK=${DSPARK_STUDY_DIR:-/tmp/dspark-study}
+  mkdir -p "$OUT" "$WORK"
+  LOG=$OUT/$1
+  PY=${PYTHON:-python3}
+}
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 
 # smoke_pair TAG: the CPU engine and the known-answer pair in a fresh temp folder, for a script's --cpu-smoke
 # (sets PY, DSPARK_LLAMA_BIN, SMOKE_DIR, TARGET, DRAFT; the caller removes SMOKE_DIR)
@@ -21,4 +31,17 @@ cuda_engine() {
     say "no CUDA engine on this machine yet: scripts/gpu_study.sh --phase build"
     bash scripts/gpu_study.sh --phase build
   fi
+}
+
+# standin_pair: the full-width stand-in of the H200 study (qwen35moe Q4_K, draft Q8_0) from $MANIFEST, or the
+# study's pair in $WORK/pair if this machine still has it, else written there (about 20 GB); sets TARGET, DRAFT
+standin_pair() {
+  [ -n "${MANIFEST:-}" ] || MANIFEST=$(ls "$WORK"/pair/manifest-*qwen35moe-Q4_K-dQ8_0.json 2>/dev/null | head -1 || true)
+  if [ -z "$MANIFEST" ]; then
+    say "writing the full-width stand-in pair into $WORK/pair"
+    MANIFEST=$("$PY" -c "from dsparkcli.synth.full_width import write_full_width as w
+print(w('$WORK/pair', qtype='Q4_K', draft_qtype='Q8_0', target_arch='qwen35moe').manifest)")
+  fi
+  read -r TARGET DRAFT < <("$PY" -c "import json, os; m = json.load(open('$MANIFEST')); d = os.path.dirname('$MANIFEST')
+print(os.path.join(d, m['target']['file']), os.path.join(d, m['draft']['file']))")
 }

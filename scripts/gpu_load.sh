@@ -41,14 +41,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-OUT=${OUT:-$REPO/gpu-out}
-WORK=${DSPARK_STUDY_DIR:-/tmp/dspark-study}
-mkdir -p "$OUT" "$WORK"
-LOG=$OUT/load.log
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
-PY=${PYTHON:-python3}
 # shellcheck source=gpu_common.sh
 source "$REPO/scripts/gpu_common.sh"
+device_env load.log
 GPU_ARGS=(-- -ngl 99 -ngld 99 -fa on)
 CTX=4096
 
@@ -66,17 +61,8 @@ dspark() { "$PY" -m dsparkcli.cli.app "$@"; }
 
 SYNTH_ARGS=()
 if [ "$STANDIN" = 1 ]; then
-  # the full-width stand-in of the H200 study (qwen35moe Q4_K, draft Q8_0): reuse the study's pair if
-  # this machine still has it, else write it (about 20 GB)
   BUDGET=${BUDGET:-5} SYNTH=${SYNTH:-5.407} LABEL=${LABEL:-standin}
-  [ -n "$MANIFEST" ] || MANIFEST=$(ls "$WORK"/pair/manifest-*qwen35moe-Q4_K-dQ8_0.json 2>/dev/null | head -1 || true)
-  if [ -z "$MANIFEST" ]; then
-    say "writing the full-width stand-in pair into $WORK/pair"
-    MANIFEST=$("$PY" -c "from dsparkcli.synth.full_width import write_full_width as w
-print(w('$WORK/pair', qtype='Q4_K', draft_qtype='Q8_0', target_arch='qwen35moe').manifest)")
-  fi
-  read -r TARGET DRAFT < <("$PY" -c "import json, os; m = json.load(open('$MANIFEST')); d = os.path.dirname('$MANIFEST')
-print(os.path.join(d, m['target']['file']), os.path.join(d, m['draft']['file']))")
+  standin_pair
   SYNTH_ARGS=(--synth-len "$SYNTH" --ignore-eos --seed 1)
   say "stand-in pair: $TARGET (SYNTHETIC acceptance L=$SYNTH)"
 fi

@@ -58,14 +58,9 @@ while [ $# -gt 0 ]; do
 done
 case "$PHASE" in all|prep) ;; *) echo "gpu_profile.sh: --phase is all or prep, not $PHASE" >&2; exit 2 ;; esac
 
-OUT=${OUT:-$REPO/gpu-out}
-WORK=${DSPARK_STUDY_DIR:-/tmp/dspark-study}
-mkdir -p "$OUT" "$WORK"
-LOG=$OUT/profile.log
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
-PY=${PYTHON:-python3}
 # shellcheck source=gpu_common.sh
 source "$REPO/scripts/gpu_common.sh"
+device_env profile.log
 GPU_ARGS=(-- -ngl 99 -ngld 99 -fa on)
 NCU_ARGS=(--ncu "$NCU" --skip "$SKIP" --count "$COUNT" --ncu-n-predict "$NCU_NPRED")
 CTX=4096
@@ -98,16 +93,8 @@ else
 fi
 
 if [ -z "$TARGET" ]; then
-  # the full-width stand-in of the H200 study: reuse the study's pair if this machine still has it
   SYNTH=${SYNTH:-1} LABEL=${LABEL:-standin}
-  [ -n "$MANIFEST" ] || MANIFEST=$(ls "$WORK"/pair/manifest-*qwen35moe-Q4_K-dQ8_0.json 2>/dev/null | head -1 || true)
-  if [ -z "$MANIFEST" ]; then
-    say "writing the full-width stand-in pair into $WORK/pair"
-    MANIFEST=$("$PY" -c "from dsparkcli.synth.full_width import write_full_width as w
-print(w('$WORK/pair', qtype='Q4_K', draft_qtype='Q8_0', target_arch='qwen35moe').manifest)")
-  fi
-  read -r TARGET DRAFT < <("$PY" -c "import json, os; m = json.load(open('$MANIFEST')); d = os.path.dirname('$MANIFEST')
-print(os.path.join(d, m['target']['file']), os.path.join(d, m['draft']['file']))")
+  standin_pair
   say "stand-in pair: $TARGET (SYNTHETIC acceptance L=$SYNTH)"
 fi
 [ "$PHASE" = prep ] && { say "phase prep done (engine and pair ready)"; exit 0; }
