@@ -26,8 +26,10 @@ dspark run --target "$TARGET" --draft "$DRAFT" "Explain in two sentences why the
   --budget auto --p-min auto "${CTX[@]}" --json "${PASS[@]}" > "$DIR/run.json" 2>> "$LOG"
 say "run --budget auto: $(grep -o '"budget": [0-9]*' "$DIR/run.json")"
 
-# serve prints its JSON once the server is up; stop it by its own pid (SIGTERM: a background job ignores SIGINT)
-dspark serve --target "$TARGET" --draft "$DRAFT" --budget auto --p-min auto --port 0 "${CTX[@]}" --json \
+# serve prints its JSON once the server is up; stop it by its own pid (SIGTERM: a background job ignores SIGINT).
+# The python process itself goes to the background, not the `dspark` function: a function's $! is a subshell,
+# and killing that left serve (and its llama-server) running
+"$PY" -m dsparkcli.cli.app serve --target "$TARGET" --draft "$DRAFT" --budget auto --p-min auto --port 0 "${CTX[@]}" --json \
   "${PASS[@]}" > "$DIR/serve.json" 2>> "$LOG" &
 SERVE=$!
 for _ in $(seq 1 120); do grep -q '"budget"' "$DIR/serve.json" 2>/dev/null && break; sleep 0.5; done

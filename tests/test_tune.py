@@ -241,6 +241,16 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
     assert served["category_budgets"] == {c["category"]: c["budget"] or 0 for c in rec["choices"]}
     assert budget in {s["budget"] for s in json.loads((real / "bench.json").read_text())["summaries"]}
     assert (real / "cost-table.txt").read_text().startswith("# dspark tune cost table")
+    # the script's `serve` is stopped, with its llama-server: nothing of this pair is left running
+    left = []
+    for p in Path("/proc").iterdir():
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(right.target) in cmd:
+            left.append(cmd[:200])
+    assert not left, left
 
 
 def test_max_minutes_stops_and_keeps_what_was_measured(engine, right, tmp_path):
