@@ -53,7 +53,8 @@ class PlainComparison:
             return f"identical to plain decoding ({self.plain_tokens} tokens, plain {self.plain_decode_tok_s:.1f} tok/s)"
         d = self.divergence
         assert d is not None
-        where = f"differs from plain decoding from token {d.index}: plain {d.plain_token!r}, drafted {d.draft_continues!r}"
+        at = f"from token {d.index}" if d.index >= 0 else "(the server gave no per-token detail)"
+        where = f"differs from plain decoding {at}: plain {d.plain_token!r}, drafted {d.draft_continues!r}"
         if not d.top or d.margin is None:
             return where + " (plain ended there)" if not d.plain_token else where
         cands = ", ".join(f"{t!r} {lp:.2f}" for t, lp in d.top)

@@ -40,6 +40,8 @@ def test_first_divergence_is_found_byte_by_byte() -> None:
     assert msg.startswith("differs from plain decoding from token 2: plain 'é', drafted 'e(s)'") and "near-tie" in msg
     assert "NOT a near-tie" in PlainComparison(False, 3, 80.0, clear).message()
     assert PlainComparison(True, 4, 80.0, None).message() == "identical to plain decoding (4 tokens, plain 80.0 tok/s)"
+    blind = PlainComparison(False, 0, 80.0, Divergence(-1, "abc", "abd", ())).message()
+    assert blind == "differs from plain decoding (the server gave no per-token detail): plain 'abc', drafted 'abd'"
 
 
 def test_run_compare_says_identical_for_the_known_answer_pair(cli, vpair) -> None:
