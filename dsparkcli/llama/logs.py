@@ -1,4 +1,4 @@
-"""Reading llama-server's (and rpc-server's) logs: why a child died, its most telling line, its tail."""
+"""Reading llama-server's and ggml-rpc-server's logs: why a child died, its most telling line, its tail."""
 
 from __future__ import annotations
 
@@ -64,3 +64,22 @@ def log_tail(path: Path | None, n: int = 30) -> str:
         f.seek(max(0, f.tell() - 64 * 1024))
         text = f.read().decode("utf-8", "replace")
     return "\n".join(text.splitlines()[-n:])
+
+
+# ggml-rpc-server's own failures (its messages, not llama-server's)
+_WORKER_FAILURES = (
+    ("port", ("Failed to create server socket",), "the port is already in use or cannot be bound"),
+    ("device", ("unknown device", "No devices found", "Failed to create backend", "invalid device"),
+     "the worker has no such device"),
+    ("usage", ("unknown argument", "Invalid parameters", "invalid number of threads"), "bad worker arguments"),
+)
+
+
+def classify_worker_log(text: str) -> tuple[str, str, str]:
+    """(kind, summary, telling line) of why an rpc worker died, from its log."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for kind, needles, summary in _WORKER_FAILURES:
+        for ln in lines:
+            if any(n in ln for n in needles):
+                return kind, summary, ln[:200]
+    return "error", "the worker exited", (lines[-1][:200] if lines else "no output")

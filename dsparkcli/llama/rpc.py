@@ -22,7 +22,8 @@ from dsparkcli import config
 from dsparkcli.errors import EngineCapabilityError, ServerError, UsageError
 from dsparkcli.llama.engine import RPC_SERVER, Engine
 from dsparkcli.llama.placement import Endpoint, is_loopback
-from dsparkcli.llama.server import DEFAULT_HOST, die_with_parent, free_port, log_tail, prune_logs, stop_process
+from dsparkcli.llama.logs import classify_worker_log, log_tail
+from dsparkcli.llama.server import DEFAULT_HOST, die_with_parent, free_port, prune_logs, stop_process
 
 RPC_HINT = "build one with: dspark engine build --rpc (add --backend cuda on a GPU machine)"
 
@@ -63,23 +64,6 @@ class WorkerConfig:
         if self.cache:
             args.append("--cache")
         return args
-
-
-_FAILURES = (
-    ("port", ("Failed to create server socket",), "the port is already in use or cannot be bound"),
-    ("device", ("unknown device", "No devices found", "Failed to create backend", "invalid device"),
-     "the worker has no such device"),
-    ("usage", ("unknown argument", "Invalid parameters", "invalid number of threads"), "bad worker arguments"),
-)
-
-
-def _classify(text: str) -> tuple[str, str, str]:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for kind, needles, summary in _FAILURES:
-        for ln in lines:
-            if any(n in ln for n in needles):
-                return kind, summary, ln[:200]
-    return "error", "the worker exited", (lines[-1][:200] if lines else "no output")
 
 
 def _listens(pid: int, port: int) -> bool:
@@ -182,7 +166,7 @@ class RpcWorker:
 
     def _died(self, rc: int, *, during: str) -> ServerError:
         tail = self.log_tail(60)
-        kind, summary, line = _classify(tail)
+        kind, summary, line = classify_worker_log(tail)
         how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         return ServerError(f"rpc worker {self.endpoint} failed during {during} ({how}): {summary}: {line}",
                            kind=kind, log_tail=tail, hint=f"log: {self.log_path}")
