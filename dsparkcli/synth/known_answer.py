@@ -427,7 +427,8 @@ def verify_files(man: Manifest) -> None:
 
 
 def _draft_block(man: Manifest, anchor: int, n_max: int, n_min: int, p_min: float) -> list[int]:
-    """common_speculative_impl_draft_dflash::draft for anchor-first DSpark, before the budget truncation."""
+    """common_speculative_impl_draft_dflash::draft for anchor-first DSpark: a block of ``n_max`` slots (the
+    step's n_max, dspark's patch 0003), cut at the confidence threshold, dropped below ``n_min``."""
     block: list[int] = []
     prev = anchor
     for _ in range(n_max):
@@ -446,8 +447,9 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
     """Predict llama-server's greedy output and counters given the prompt's last token.
 
     ``n_max`` is the server's ``--spec-draft-n-max`` (the block drafted; with ``budget``, the table's
-    max k, as ``auto`` sets it); ``request_n_max`` a request's ``speculative.n_max`` (dspark's patch: it
-    truncates the block, after ``n_min``); ``budget``: the step lengths are chosen adaptively
+    max k, as ``auto`` sets it); ``request_n_max`` a request's ``speculative.n_max`` (dspark's patches: each
+    block has the step's n_max, the least of the server's, the request's, the adaptive choice and the tokens
+    left to generate, and ``n_min`` is capped by it); ``budget``: the step lengths are chosen adaptively
     (``llama.budget``, the same request's estimate from its first step).
 
     The target's next token depends only on the current token and the draft's proposals only on the
@@ -482,8 +484,8 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
             margin = min(margin, budget_mod.margin(est, budget, min(n_draft_max, n_max_eff)))
             n_draft_max, est = budget_mod.choose(est, budget, min(n_draft_max, n_max_eff))
             chosen.append(n_draft_max)
-        draft = _draft_block(man, anchor, n_max_eff, n_min_eff, p_min) if n_draft_max > 0 else []
-        draft = draft[:n_draft_max]  # common_speculative_draft: truncate to dp.n_max
+        n_block = min(n_max_eff, n_draft_max)  # patch 0003: the block follows the step's n_max
+        draft = _draft_block(man, anchor, n_block, min(n_min_eff, n_block), p_min) if n_block > 0 else []
         if not draft:
             tokens.append(man.g[anchor])  # plain single-token decode, not a verification step
             continue
