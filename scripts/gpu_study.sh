@@ -196,7 +196,7 @@ if [ -n "$TUNE" ]; then
   TSERVER=(-- -ngl 99 -ngld 99 -fa on)
   [ "$SMOKE" = 1 ] && TSERVER=(--threads 2 --n-predict 32 --cost-n-predict 16 --grid-n-predict 32 --grid-reps 1 --budgets 1 2 3 5)
   set +e
-  "$PY" scripts/tune_study.py --manifest "$MANIFEST" --out "$OUT/tune" --deadline "$DEADLINE" "${TARGS[@]}" \
+  "$PY" scripts/tune_study.py --manifest "$MANIFEST" --out "$OUT/tune" --deadline "$DEADLINE" --tables-dir "$AUX/tables" "${TARGS[@]}" \
     "${TSERVER[@]}" 2>> "$AUX/tune.err" | tee -a "$LOG"; RC=${PIPESTATUS[0]}
   set -e
   say "tune study rc=$RC; done in $(( $(date +%s) - T0 )) s; results in $OUT/tune"

@@ -13,8 +13,13 @@ fixed budget 5, and both wall times. Tune runs with its own defaults (1 rep, 128
 
 --mode rates (default): smaller budgets keep the per-position rates of L at the largest budget (what a
 real draft does); --mode length: mean L at every budget (BENCHMARKS.md's grid, k >= L - 1 only).
---adaptive (issue 20, dspark's patched engine): tune also verifies llama.cpp's adaptive budget on its
-cost model, and the grid gets an adaptive arm on the same table (adaptive_in_grid, adaptive_vs_pick).
+--adaptive (issue 20, dspark's patched engine): the grid gets an arm of llama.cpp's adaptive budget on
+tune's cost model (adaptive_in_grid, adaptive_vs_pick); --tune-adaptive: tune verifies it too (its wall
+time then includes that arm).
+
+The seven tunes share one server pool (bench.servers), as one `dspark tune` over seven workloads would:
+plain decoding's server stays loaded, and each L's candidates run on its acceptance server through a
+per-request budget. The grid starts a server per configuration, as `dspark bench --budget ...` does.
 Writes DIR/tune-study.jsonl (every bench record), DIR/tune-records.jsonl (one tuning record per L),
 DIR/tune-study.json (the summary), and prints one line per L. --deadline EPOCH stops starting new work.
 """
@@ -29,10 +34,10 @@ import time
 from pathlib import Path
 
 from dsparkcli.bench import tune, tuning
-from dsparkcli.bench.plan import BenchPlan, Draft
+from dsparkcli.bench.plan import ADAPTIVE_LABEL, BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import ALL, PLAIN
-from dsparkcli.bench.run import run_bench
+from dsparkcli.bench.run import new_pool, run_bench
 from dsparkcli.bench.tune import Candidate
 from dsparkcli.llama import engine as engine_mod
 
@@ -59,9 +64,16 @@ def _grid(engine, tp: tuning.TunePlan, out: Path, run_id: str, reps: int, n_pred
     plan = BenchPlan(target=tp.target, drafts=(Draft("draft", tp.draft),), budgets=(), prompts=tp.prompts,
                      reps=reps, warmup=tp.warmup, n_predict=n_predict, ctx=tp.ctx, threads=tp.threads,
                      seed=tp.seed, ignore_eos=True, extra_args=tp.extra_args, explicit_arms=tuple(arms))
-    t0 = time.monotonic()
-    res = run_bench(engine, plan, out=out, run_id=run_id)
-    wall = time.monotonic() - t0
+    # the grid's wall time is that of its budgets: up to the last request before the adaptive arm's (which
+    # adds its own server; leaving its stop out makes tune's share of the time, if anything, larger)
+    t0, last = time.monotonic(), [0.0]
+
+    def on_request(config: str, prompt_id: str) -> None:
+        if config != ADAPTIVE_LABEL:
+            last[0] = time.monotonic()
+
+    res = run_bench(engine, plan, out=out, run_id=run_id, on_request=on_request)
+    wall = (last[0] if table is not None else time.monotonic()) - t0
     by_name: dict[str, int | str] = {a.name: ("adaptive" if a.adaptive else a.budget) for a in arms}  # type: ignore[misc]
     return {by_name[s["config"]]: s["speedup"] for s in res.summaries
             if s["category"] == ALL and s["config"] != PLAIN and s["speedup"] is not None}, wall
@@ -86,7 +98,10 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--phase", choices=("both", "tune", "grid"), default="both")
     ap.add_argument("--deadline", type=float, help="epoch seconds: no new L starts after this")
-    ap.add_argument("--adaptive", action="store_true", help="also llama.cpp's adaptive budget (patched engine)")
+    ap.add_argument("--adaptive", action="store_true", help="the grid: also llama.cpp's adaptive budget (patched engine)")
+    ap.add_argument("--tune-adaptive", action="store_true", help="tune verifies the adaptive budget too")
+    ap.add_argument("--tables-dir", type=Path, help="where the per-L cost tables go (default --out; the GPU "
+                    "machine returns 8 files a call)")
     argv = sys.argv[1:]
     extra: list[str] = []
     if "--" in argv:
@@ -102,60 +117,74 @@ def main() -> int:
     jsonl = args.out / "tune-study.jsonl"
     names = {v: k for k, v in UPSTREAM.items()}
     rows, tune_wall, grid_wall = [], 0.0, 0.0
-    for i, length in enumerate(args.lengths):
-        if args.deadline and time.time() > args.deadline:
-            print(f"deadline: stopped before L {length}", flush=True)
-            break
-        tp = tuning.TunePlan(target=target, draft=draft, prompts=(PROMPT,), budgets=tuple(args.budgets),
-                             n_predict=args.n_predict, cost_n_predict=args.cost_n_predict, reps=args.reps,
-                             top=args.top, ctx=args.ctx, threads=args.threads, extra_args=tuple(extra),
-                             synth_len=length, synth_mode=args.mode, ignore_eos=True, reuse_cost=i > 0,
-                             adaptive=args.adaptive)
-        table = None
-        row: dict = {"L": length, "category": names.get(length), "mode": args.mode}
-        if args.phase in ("both", "tune"):
-            t0 = time.monotonic()
-            rec = tuning.run_tune(engine, tp, out=jsonl)
-            row["tune_wall_s"] = time.monotonic() - t0
-            tune_wall += row["tune_wall_s"]
-            with open(args.out / "tune-records.jsonl", "a", encoding="utf-8") as fh:  # few files: the GPU returns 8
-                fh.write(json.dumps(rec.to_record()) + "\n")
-            c = rec.choice()
-            if args.adaptive:
-                table = args.out / f"cost-L{length:g}.txt"
-                table.write_text(tune.cost_table(rec.cost), encoding="utf-8")
-                row["tune_adaptive_measured"] = next((s for cat, lb, s in rec.verified
-                                                      if cat == ALL and lb == "adaptive"), None)
-                static = (c.measured if c.measured is not None else 1.0) if c and c.candidate else 1.0
-                if row["tune_adaptive_measured"]:  # the static pick (or plain) and adaptive in one run
-                    row["tune_adaptive_vs_pick"] = row["tune_adaptive_measured"] / static
-            row.update(tune_pick=c.candidate.budget if c and c.candidate else None,
-                       tune_predicted=c.predicted if c else None, tune_measured=c.measured if c else None,
-                       predicted={p.candidate.budget: round(p.speedup, 4) for p in rec.predictions
-                                  if p.category == tune.OVERALL},
-                       timings_s=rec.timings_s)
-        if args.phase in ("both", "grid"):
-            grid, wall = _grid(engine, tp, jsonl, f"grid-L{length:g}-{int(time.time())}", args.grid_reps,
-                               args.grid_n_predict, table)
-            grid_wall += wall
-            adaptive = grid.pop("adaptive", None)
-            best = max(grid.items(), key=lambda kv: kv[1]) if grid else (None, 1.0)
-            best = best if best[1] > 1.0 else (None, 1.0)
-            row.update(grid={k: round(v, 4) for k, v in grid.items()}, grid_wall_s=wall, grid_best=best[0],
-                       grid_best_speedup=best[1], k5_speedup=grid.get(5))
-            if "tune_pick" in row:
-                got = 1.0 if row["tune_pick"] is None else grid.get(row["tune_pick"])
-                row.update(pick_in_grid=got, pick_vs_best=got / best[1] if got else None,
-                           pick_vs_k5=got / grid[5] if got and grid.get(5) else None)
-                if adaptive is not None:
-                    row.update(adaptive_in_grid=adaptive, adaptive_vs_pick=adaptive / got if got else None,
-                               adaptive_vs_best=adaptive / best[1])
-        rows.append(row)
-        print(json.dumps({k: row.get(k) for k in ("L", "tune_pick", "tune_measured", "grid_best", "grid_best_speedup",
-                                                  "pick_vs_best", "pick_vs_k5", "tune_adaptive_measured",
-                                                  "tune_adaptive_vs_pick", "adaptive_in_grid", "adaptive_vs_pick",
-                                                  "tune_wall_s", "grid_wall_s")}),
-              flush=True)
+    pool = new_pool(engine, share=engine_mod.capabilities(engine).request_draft_params)
+    with pool:
+        for i, length in enumerate(args.lengths):
+            row = _one_length(args, engine, pool, jsonl, names, target, draft, extra, i, length)
+            if row is None:
+                break
+            tune_wall += row.get("tune_wall_s", 0.0)
+            grid_wall += row.get("grid_wall_s", 0.0)
+            rows.append(row)
+    return _summarize(args, engine, target, draft, extra, rows, tune_wall, grid_wall)
+
+
+def _one_length(args, engine, pool, jsonl, names, target, draft, extra, i, length) -> dict | None:
+    if args.deadline and time.time() > args.deadline:
+        print(f"deadline: stopped before L {length}", flush=True)
+        return None
+    tp = tuning.TunePlan(target=target, draft=draft, prompts=(PROMPT,), budgets=tuple(args.budgets),
+                         n_predict=args.n_predict, cost_n_predict=args.cost_n_predict, reps=args.reps,
+                         top=args.top, ctx=args.ctx, threads=args.threads, extra_args=tuple(extra),
+                         synth_len=length, synth_mode=args.mode, ignore_eos=True, reuse_cost=i > 0,
+                         adaptive=args.tune_adaptive)
+    table = None
+    row: dict = {"L": length, "category": names.get(length), "mode": args.mode}
+    if args.phase in ("both", "tune"):
+        t0 = time.monotonic()
+        rec = tuning.run_tune(engine, tp, out=jsonl, pool=pool)
+        row["tune_wall_s"] = time.monotonic() - t0
+        with open(args.out / "tune-records.jsonl", "a", encoding="utf-8") as fh:  # few files: the GPU returns 8
+            fh.write(json.dumps(rec.to_record()) + "\n")
+        c = rec.choice()
+        if args.adaptive:
+            table = (args.tables_dir or args.out) / f"cost-L{length:g}.txt"
+            table.parent.mkdir(parents=True, exist_ok=True)
+            table.write_text(tune.cost_table(rec.cost), encoding="utf-8")
+            row["tune_adaptive_measured"] = next((s for cat, lb, s in rec.verified
+                                                  if cat == ALL and lb == "adaptive"), None)
+            static = (c.measured if c.measured is not None else 1.0) if c and c.candidate else 1.0
+            if row["tune_adaptive_measured"]:  # the static pick (or plain) and adaptive in one run
+                row["tune_adaptive_vs_pick"] = row["tune_adaptive_measured"] / static
+        row.update(tune_pick=c.candidate.budget if c and c.candidate else None,
+                   tune_predicted=c.predicted if c else None, tune_measured=c.measured if c else None,
+                   predicted={p.candidate.budget: round(p.speedup, 4) for p in rec.predictions
+                              if p.category == tune.OVERALL},
+                   timings_s=rec.timings_s)
+    if args.phase in ("both", "grid"):
+        grid, wall = _grid(engine, tp, jsonl, f"grid-L{length:g}-{int(time.time())}", args.grid_reps,
+                           args.grid_n_predict, table)
+        adaptive = grid.pop("adaptive", None)
+        best = max(grid.items(), key=lambda kv: kv[1]) if grid else (None, 1.0)
+        best = best if best[1] > 1.0 else (None, 1.0)
+        row.update(grid={k: round(v, 4) for k, v in grid.items()}, grid_wall_s=wall, grid_best=best[0],
+                   grid_best_speedup=best[1], k5_speedup=grid.get(5))
+        if "tune_pick" in row:
+            got = 1.0 if row["tune_pick"] is None else grid.get(row["tune_pick"])
+            row.update(pick_in_grid=got, pick_vs_best=got / best[1] if got else None,
+                       pick_vs_k5=got / grid[5] if got and grid.get(5) else None)
+            if adaptive is not None:
+                row.update(adaptive_in_grid=adaptive, adaptive_vs_pick=adaptive / got if got else None,
+                           adaptive_vs_best=adaptive / best[1])
+    print(json.dumps({k: row.get(k) for k in ("L", "tune_pick", "tune_measured", "grid_best", "grid_best_speedup",
+                                              "pick_vs_best", "pick_vs_k5", "tune_adaptive_measured",
+                                              "tune_adaptive_vs_pick", "adaptive_in_grid", "adaptive_vs_pick",
+                                              "tune_wall_s", "grid_wall_s")}),
+          flush=True)
+    return row
+
+
+def _summarize(args, engine, target, draft, extra, rows, tune_wall, grid_wall) -> int:
     vs_best = [r["pick_vs_best"] for r in rows if r.get("pick_vs_best")]
     vs_k5 = [r["pick_vs_k5"] for r in rows if r.get("pick_vs_k5")]
     summary = {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.logs import request_log
 import torch  # the training extra: `make install` installs it, so a missing torch fails here, not skips
 
 from dsparkcli.distill import corpus, export, parity
@@ -190,18 +191,6 @@ def _loss_of(draft: DSparkDraft, target, ds: Dataset, opt: TrainOptions) -> floa
                              opt.conf_weight))
 
 
-def _request_log(path: Path, start: int, timeout_s: float = 10.0) -> str:
-    """The log of one finished request. The HTTP answer can arrive before llama-server's log thread has
-    written the request's last lines (on a loaded machine, several draft calls were missing): wait for
-    the slot's release line, which comes after every line of the request."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        log = path.read_bytes()[start:].decode(errors="replace")
-        if "stop processing" in log or time.monotonic() > deadline:
-            return log
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("budget", [3, 6])
 def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path: Path, budget: int) -> None:
     target, tok = load_target(tiny / "target.gguf")
@@ -222,7 +211,7 @@ def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path:
             log_start = Path(srv.log_path).stat().st_size
             r = srv.client.completion({"prompt": prompt, "n_predict": n_predict, "temperature": 0,
                                        "return_tokens": True})
-            log = _request_log(Path(srv.log_path), log_start)
+            log = request_log(Path(srv.log_path), log_start)
             sim = parity.simulate(target, draft, prompt, r["tokens"], budget, n_predict)
             logged = parity.logged_proposals(log)
             s, t = parity.decisive_agreement(sim, logged)

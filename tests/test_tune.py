@@ -211,7 +211,7 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
     proc = subprocess.run([sys.executable, "scripts/tune_study.py", "--target", str(right.target), "--draft",
                            str(right.draft), "--out", str(out), "--lengths", "2", "4", "--budgets", "1", "3",
                            "--n-predict", "24", "--cost-n-predict", "12", "--grid-n-predict", "24", "--grid-reps",
-                           "1", "--threads", "1", "--ctx", "1024", "--adaptive"], cwd=REPO, env=env, capture_output=True,
+                           "1", "--threads", "1", "--ctx", "1024", "--adaptive", "--tune-adaptive"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "tune-study.json").read_text())
@@ -219,7 +219,8 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
     for row in summary["rows"]:
         assert set(row["grid"]) == {"1", "3"}  # JSON keys: every budget of the grid was measured
         assert row["tune_pick"] in (None, 1, 3) and row["pick_vs_best"] is not None
-        assert row["adaptive_in_grid"] > 0 and row["tune_adaptive_measured"] > 0  # --adaptive: both runs have it
+        # --adaptive: the grid has it; --tune-adaptive: tune's verification too
+        assert row["adaptive_in_grid"] > 0 and row["tune_adaptive_measured"] > 0
         assert row["tune_adaptive_vs_pick"] == pytest.approx(row["tune_adaptive_measured"] / (row["tune_measured"] or 1.0))
     assert summary["rows"][1]["timings_s"].get("cost_reused") == 1.0  # the cost model is measured once
     assert summary["tune_wall_s"] > 0 and summary["grid_wall_s"] > 0

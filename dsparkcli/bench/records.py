@@ -113,6 +113,8 @@ class RequestRecord:
     concurrency: int | None = None
     client: int | None = None
     ttft_ms: float | None = None
+    # the request's own speculative.n_max: a server started at a larger budget ran it (bench.servers)
+    request_n_max: int | None = None
 
     def to_record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
@@ -131,6 +133,8 @@ class RequestRecord:
                         "plain_sha256": self.identity.plain_sha256})
         if self.concurrency is not None:
             rec.update({"concurrency": self.concurrency, "client": self.client, "ttft_ms": self.ttft_ms})
+        if self.request_n_max is not None:
+            rec["request_n_max"] = self.request_n_max
         return rec
 
     @classmethod
@@ -150,6 +154,7 @@ class RequestRecord:
             tokens_sha256=rec.get("tokens_sha256", ""), output_sha256=rec.get("output_sha256", ""),
             server_argv=tuple(rec.get("server_argv") or ()), identity=identity,
             concurrency=rec.get("concurrency"), client=rec.get("client"), ttft_ms=rec.get("ttft_ms"),
+            request_n_max=rec.get("request_n_max"),
         )
 
 

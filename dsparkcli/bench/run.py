@@ -1,7 +1,8 @@
 """`dspark bench`: plain decoding vs every draft × budget, on one prompt kit, with identity checks.
 
-One llama-server per configuration (this llama.cpp compiled out per-request draft settings), started
-before timing and warmed up; every prompt × rep runs greedy through ``/completion`` with
+One llama-server per configuration, started before timing and warmed up (tune passes a
+``bench.servers.ServerPool`` instead: with dspark's patched engine one loaded server then runs every
+budget up to its own through a per-request ``speculative.n_max``); every prompt × rep runs greedy through ``/completion`` with
 ``return_tokens`` so outputs are compared token by token against plain decoding from the same run.
 ``/metrics`` is read around each (rep, category) block: its counters give verification steps and
 per-position acceptance, which the per-response ``timings`` lack.
@@ -37,6 +38,7 @@ from typing import Any, TextIO, TypeVar
 from dsparkcli import config
 from dsparkcli.bench import load, provenance
 from dsparkcli.bench.plan import Arm, BenchPlan
+from dsparkcli.bench.servers import ServerPool, plan_hosts
 from dsparkcli.bench.prompts import Prompt, image_base64
 from dsparkcli.bench.records import (
     ALL,
@@ -62,7 +64,7 @@ from dsparkcli.bench.stats import (
 )
 from dsparkcli.errors import BenchError, ServerError
 from dsparkcli.llama.engine import Engine
-from dsparkcli.llama.protocol import AUTO, COMPLETION_FIELDS, SpecCounters, completion_payload, timings_drafts
+from dsparkcli.llama.protocol import AUTO, COMPLETION_FIELDS, SPEC_N_MAX, SpecCounters, completion_payload, timings_drafts
 from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
 from dsparkcli.outputs import check_output_dir, check_output_file
 
@@ -270,57 +272,57 @@ def _drafted_nothing(arm: Arm, requests: int, srv: LlamaServer) -> BenchError:
                       hint=f"server log: {srv.log_path}")
 
 
-def _run_arm(engine: Engine, plan: BenchPlan, arm: Arm, writer: _Writer, state: _RunState, totals: _Totals,
-             images_b64: dict[str, list[str]], image_sha: dict[str, list[str]], categories: list[str],
+def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Arm, writer: _Writer, state: _RunState,
+             totals: _Totals, images_b64: dict[str, list[str]], image_sha: dict[str, list[str]], categories: list[str],
              on_request: Callable[[str, str], None] | None) -> tuple[float, _ArmRecords]:
-    """One configuration: start its server, warm up, run every rep × category × prompt.
-    Returns (load seconds, its records)."""
+    """One configuration: its server from the pool (started, or a loaded one that can serve it), warm up,
+    run every rep × category × prompt. Returns (load seconds, 0 on a reused server; its records)."""
     is_draft = arm.draft is not None
     mine = _ArmRecords()
-    srv = LlamaServer(engine, _server_config(plan, arm), env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
-    t_load0 = time.perf_counter()
-    with srv:
-        load_s = time.perf_counter() - t_load0
-        totals.load_s += load_s
-        client = srv.client
-        assert client is not None
-        server_argv = srv.argv
-        rendered = _render_once(client, plan, state, writer, image_sha)
+    held, draft_fields = pool.acquire(_server_config(plan, arm), plan_host)
+    srv = held.server
+    # the pool stops the server: after this arm (bench), or when the next one cannot use it (tune)
+    load_s = held.load_s if held.uses == 1 else 0.0  # a reused server's load was paid by an earlier arm
+    totals.load_s += load_s
+    client = srv.client
+    assert client is not None
+    server_argv = srv.argv
+    rendered = _render_once(client, plan, state, writer, image_sha)
 
-        def request(p: Prompt) -> tuple[dict[str, Any], float]:
-            result = _surviving(srv, arm.name, lambda: _timed_completion(
-                client, _payload(plan, rendered[p.id], images_b64[p.id]), totals))
-            if on_request:
-                on_request(arm.name, p.id)
-            return result
+    def request(p: Prompt) -> tuple[dict[str, Any], float]:
+        result = _surviving(srv, arm.name, lambda: _timed_completion(
+            client, {**_payload(plan, rendered[p.id], images_b64[p.id]), **draft_fields}, totals))
+        if on_request:
+            on_request(arm.name, p.id)
+        return result
 
-        for i in range(plan.warmup):  # untimed: first-use allocations, caches, page-ins
-            request(plan.prompts[i % len(plan.prompts)])
+    for i in range(plan.warmup):  # untimed: first-use allocations, caches, page-ins
+        request(plan.prompts[i % len(plan.prompts)])
 
-        drafted = 0
-        # counters only move while a request runs, so each block's "after" is the next one's "before"
-        before = SpecCounters.from_metrics(client.metrics()) if is_draft else None
-        for rep in range(plan.reps):
-            for category in categories:
-                for p in (q for q in plan.prompts if q.category == category):
-                    resp, request_ms = request(p)
-                    rec = _request_record(plan, arm, p, rep, resp, request_ms, server_argv, state)
-                    mine.requests.append(rec)
-                    writer.write(rec.to_record())
-                if before is not None:
-                    after = SpecCounters.from_metrics(client.metrics())
-                    block = CountersRecord(config=arm.name, category=category, rep=rep, counters=after.minus(before),
-                                           draft=arm.draft.label if arm.draft else None, budget=arm.budget,
-                                           synthetic=plan.synthetic, server_argv=tuple(server_argv))
-                    before = after
-                    drafted += block.counters.drafted
-                    mine.counters.append(block)
-                    writer.write(block.to_record())
-            # a whole pass without one draft: fail now, not in an hour (an adaptive budget may choose that)
-            if is_draft and drafted == 0 and not arm.adaptive:
-                raise _drafted_nothing(arm, len(plan.prompts) * (rep + 1), srv)
-        t_stop0 = time.perf_counter()
-    totals.stop_s += time.perf_counter() - t_stop0
+    drafted = 0
+    # counters only move while a request runs, so each block's "after" is the next one's "before"
+    before = SpecCounters.from_metrics(client.metrics()) if is_draft else None
+    for rep in range(plan.reps):
+        for category in categories:
+            for p in (q for q in plan.prompts if q.category == category):
+                resp, request_ms = request(p)
+                rec = _request_record(plan, arm, p, rep, resp, request_ms, server_argv, state)
+                if draft_fields:
+                    rec = replace(rec, request_n_max=draft_fields[SPEC_N_MAX])
+                mine.requests.append(rec)
+                writer.write(rec.to_record())
+            if before is not None:
+                after = SpecCounters.from_metrics(client.metrics())
+                block = CountersRecord(config=arm.name, category=category, rep=rep, counters=after.minus(before),
+                                       draft=arm.draft.label if arm.draft else None, budget=arm.budget,
+                                       synthetic=plan.synthetic, server_argv=tuple(server_argv))
+                before = after
+                drafted += block.counters.drafted
+                mine.counters.append(block)
+                writer.write(block.to_record())
+        # a whole pass without one draft: fail now, not in an hour (an adaptive budget may choose that)
+        if is_draft and drafted == 0 and not arm.adaptive:
+            raise _drafted_nothing(arm, len(plan.prompts) * (rep + 1), srv)
     return load_s, mine
 
 
@@ -400,11 +402,20 @@ def _summaries(arm: Arm, mine: _ArmRecords, categories: list[str], state: _RunSt
     return [replace(r, load_s=load_s) if r.category == ALL else r for r in rows]
 
 
+def new_pool(engine: Engine, *, share: bool) -> ServerPool:
+    """A pool of bench servers (``bench.servers``); ``share`` needs an engine that honours per-request
+    draft settings (dspark's patch series)."""
+    return ServerPool(engine, share=share, env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
+
+
 def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_id: str | None = None,
-              argv: list[str] | None = None, on_request: Callable[[str, str], None] | None = None) -> BenchResult:
+              argv: list[str] | None = None, on_request: Callable[[str, str], None] | None = None,
+              pool: ServerPool | None = None) -> BenchResult:
     """Run every configuration of ``plan``; append records to ``out`` (JSONL) as they are measured.
 
     ``on_request(config, prompt_id)`` is called after each request (warm-up included), for progress.
+    ``pool``: servers kept across configurations and calls (tune); without one, every configuration
+    starts its own server and stops it before the next one starts.
     Raises BenchError when a draft configuration drafts nothing over a whole pass of the prompts.
     """
     t_wall0 = time.perf_counter()
@@ -443,11 +454,22 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
                         if arm.name == PLAIN:
                             state.plain_load_tok_s[concurrency] = row.tok_s.median
                         writer.write(replace(row, load_s=load_s).to_record())
-            for arm in plan.arms() if not plan.concurrency else ():
-                load_s, mine = _run_arm(engine, plan, arm, writer, state, totals, images_b64, image_sha, categories,
-                                        on_request)
-                for row in _summaries(arm, mine, categories, state, upstream, load_s):
-                    writer.write(row.to_record())
+            single = plan.arms() if not plan.concurrency else []
+            configs = [_server_config(plan, a) for a in single]
+            mine_pool = pool or new_pool(engine, share=False)
+            try:
+                for arm, host in zip(single, plan_hosts(configs) if mine_pool.share else configs):
+                    load_s, mine = _run_arm(mine_pool, host, plan, arm, writer, state, totals, images_b64, image_sha,
+                                            categories, on_request)
+                    for row in _summaries(arm, mine, categories, state, upstream, load_s):
+                        writer.write(row.to_record())
+                    if pool is None:
+                        t_stop0 = time.perf_counter()
+                        mine_pool.close()
+                        totals.stop_s += time.perf_counter() - t_stop0
+            finally:
+                if pool is None:
+                    mine_pool.close()
         finally:
             writer.flush(wait=True)  # whatever happened, every measured line reaches the file, with provenance
         overhead = OverheadRecord(wall_s=time.perf_counter() - t_wall0, generation_s=totals.generation_s,

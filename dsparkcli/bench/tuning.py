@@ -29,12 +29,13 @@ from dsparkcli.bench.tuned import find, key_for, save
 from dsparkcli.bench.plan import ADAPTIVE_LABEL, Arm, BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import ALL, PLAIN, measured, read_jsonl
-from dsparkcli.bench.run import new_run_id, run_bench
+from dsparkcli.bench.run import new_pool, new_run_id, run_bench
+from dsparkcli.bench.servers import ServerPool
 from dsparkcli.bench.tune import Acceptance, Candidate, CostModel, TuningRecord
 from dsparkcli.errors import BenchError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure
 from dsparkcli.gguf.pairing import open_header
-from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.engine import Engine, capabilities
 from dsparkcli.llama.protocol import SpecCounters
 from dsparkcli.llama.server import ServerConfig
 
@@ -126,7 +127,8 @@ class _OutOfTime(Exception):
 
 
 def _bench(engine: Engine, plan: BenchPlan, out: Path, run_id: str, phase: str, deadline: float | None,
-           on_progress: Callable[[Progress], None] | None, argv: list[str] | None) -> list[dict[str, Any]]:
+           on_progress: Callable[[Progress], None] | None, argv: list[str] | None,
+           pool: ServerPool) -> list[dict[str, Any]]:
     done = [0]
     total = plan.total_requests()
 
@@ -137,7 +139,7 @@ def _bench(engine: Engine, plan: BenchPlan, out: Path, run_id: str, phase: str, 
         if deadline is not None and time.monotonic() > deadline:
             raise _OutOfTime(phase)
 
-    run_bench(engine, plan, out=out, run_id=run_id, argv=argv, on_request=on_request)
+    run_bench(engine, plan, out=out, run_id=run_id, argv=argv, on_request=on_request, pool=pool)
     return read_jsonl(out, run_id)
 
 
@@ -213,9 +215,17 @@ def _acceptance(records: list[dict[str, Any]], arm: Arm, p_min: float, categorie
 
 def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: str | None = None,
              argv: list[str] | None = None, on_progress: Callable[[Progress], None] | None = None,
-             on_phase: Callable[[str, float], None] | None = None) -> TuningRecord:
+             on_phase: Callable[[str, float], None] | None = None, pool: ServerPool | None = None) -> TuningRecord:
     """Measure, predict, verify; return (and store) the tuning record. Ctrl-C stores what was measured
-    as an incomplete record (``--budget auto`` ignores it) and re-raises."""
+    as an incomplete record (``--budget auto`` ignores it) and re-raises.
+
+    Servers come from ``pool`` (kept by the caller across several tunes of one pair) or from one of
+    this run's own: a plain and a draft server stay loaded between phases, and with an engine that honours
+    per-request budgets every budget of a phase runs on one server (``bench.servers``)."""
+    if pool is None:
+        with new_pool(engine, share=capabilities(engine).request_draft_params) as own:
+            return run_tune(engine, tp, out=out, run_id=run_id, argv=argv, on_progress=on_progress,
+                            on_phase=on_phase, pool=own)
     tp.validate()
     t0 = time.monotonic()
     run_id = run_id or new_run_id()
@@ -260,7 +270,7 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
             few = _first_per_category(tp.prompts, COST_PROMPTS)
             cost_plan = replace(_base_plan(tp, few, _cost_arms(tp, budgets)),
                                 n_predict=tp.cost_n_predict or tp.n_predict)
-            rows = _bench(engine, cost_plan, out, f"{run_id}-cost", "cost", tp.deadline, on_progress, argv)
+            rows = _bench(engine, cost_plan, out, f"{run_id}-cost", "cost", tp.deadline, on_progress, argv, pool)
             cost = CostModel(t1_ms=_ms_per_token(rows, PLAIN),
                              t_step_ms=tuple((k, _ms_per_token(rows, f"cost@{k}")) for k in budgets))
         phase_done("cost", started)
@@ -268,7 +278,7 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
         started = time.monotonic()
         arms = _acceptance_arms(tp)
         acc_plan = replace(_base_plan(tp, tp.prompts, arms), with_plain=False)
-        rows = _bench(engine, acc_plan, out, f"{run_id}-acceptance", "acceptance", tp.deadline, on_progress, argv)
+        rows = _bench(engine, acc_plan, out, f"{run_id}-acceptance", "acceptance", tp.deadline, on_progress, argv, pool)
         cells = []
         for arm in arms:
             assert arm.p_min is not None
@@ -292,7 +302,7 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
             by_arm = {candidate_arm(tp, c).name: c for c in short}
             ver_plan = _base_plan(tp, tp.prompts, [candidate_arm(tp, c) for c in short] + extra)
             try:
-                rows = _bench(engine, ver_plan, out, f"{run_id}-verify", "verify", tp.deadline, on_progress, argv)
+                rows = _bench(engine, ver_plan, out, f"{run_id}-verify", "verify", tp.deadline, on_progress, argv, pool)
             except _OutOfTime:
                 rows = read_jsonl(out, f"{run_id}-verify")  # keep the predictions' choices, say so
                 timings["verify_cut"] = 1.0
