@@ -18,8 +18,9 @@ tune's cost model (adaptive_in_grid, adaptive_vs_pick); --tune-adaptive: tune ve
 time then includes that arm).
 
 The seven tunes share one server pool (bench.servers), as one `dspark tune` over seven workloads would:
-plain decoding's server stays loaded, and each L's candidates run on its acceptance server through a
-per-request budget. The grid starts a server per configuration, as `dspark bench --budget ...` does.
+plain decoding's server stays loaded, and a cell whose server is loaded reuses it; with --share-servers
+each L's budgets also run on one server through a per-request budget. The grid starts a server per
+configuration, as `dspark bench --budget ...` does.
 Writes DIR/tune-study.jsonl (every bench record), DIR/tune-records.jsonl (one tuning record per L),
 DIR/tune-study.json (the summary), and prints one line per L. --deadline EPOCH stops starting new work.
 """
@@ -100,6 +101,8 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, help="epoch seconds: no new L starts after this")
     ap.add_argument("--adaptive", action="store_true", help="the grid: also llama.cpp's adaptive budget (patched engine)")
     ap.add_argument("--tune-adaptive", action="store_true", help="tune verifies the adaptive budget too")
+    ap.add_argument("--share-servers", action="store_true", help="budgets share a server through per-request "
+                    "n_max (bench.servers; the H200 run of 2026-12-01 did, and its cost model was biased)")
     ap.add_argument("--tables-dir", type=Path, help="where the per-L cost tables go (default --out; the GPU "
                     "machine returns 8 files a call)")
     argv = sys.argv[1:]
@@ -117,7 +120,7 @@ def main() -> int:
     jsonl = args.out / "tune-study.jsonl"
     names = {v: k for k, v in UPSTREAM.items()}
     rows, tune_wall, grid_wall = [], 0.0, 0.0
-    pool = new_pool(engine, share=engine_mod.capabilities(engine).request_draft_params)
+    pool = new_pool(engine, share=args.share_servers and engine_mod.capabilities(engine).request_draft_params)
     with pool:
         for i, length in enumerate(args.lengths):
             row = _one_length(args, engine, pool, jsonl, names, target, draft, extra, i, length)

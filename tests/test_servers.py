@@ -114,9 +114,15 @@ def test_tune_keeps_one_plain_and_one_draft_server_across_its_phases(engine, pai
                          ignore_eos=True, top=2)
     rec = tuning.run_tune(engine, tp, out=tmp_path / "tune.jsonl")
     assert rec.complete and rec.verified
-    # cost: plain + one server for every budget at --spec-synth-len 1; acceptance: one at budget 6, which
-    # also runs the verified candidates; plain decoding's server is the cost phase's
-    assert _launches(tmp_path / "cache") == 3
+    # cost: plain + one server per budget; acceptance: one at budget 6, which also runs a verified k=6;
+    # verification: plain decoding's server is the cost phase's, every other candidate starts its own
+    labels = list(dict.fromkeys(lb for _, lb, _ in rec.verified))  # in the order they ran
+    first_reuses_acceptance = labels[0] == "k=6"
+    n = _launches(tmp_path / "cache")
+    assert n == 4 + 1 + len(labels) - first_reuses_acceptance, labels
+    with new_pool(engine, share=True) as pool:  # sharing: plain, one cost server, one at budget 6
+        tuning.run_tune(engine, tp, out=tmp_path / "tune2.jsonl", pool=pool)
+    assert _launches(tmp_path / "cache") == n + 3
 
 
 def test_a_request_budget_drafts_the_block_its_own_server_drafts(engine, pair, tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ from dsparkcli.bench.tune import Acceptance, Candidate, CostModel, TuningRecord
 from dsparkcli.errors import BenchError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure
 from dsparkcli.gguf.pairing import open_header
-from dsparkcli.llama.engine import Engine, capabilities
+from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import SpecCounters
 from dsparkcli.llama.server import ServerConfig
 
@@ -220,10 +220,13 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
     as an incomplete record (``--budget auto`` ignores it) and re-raises.
 
     Servers come from ``pool`` (kept by the caller across several tunes of one pair) or from one of
-    this run's own: a plain and a draft server stay loaded between phases, and with an engine that honours
-    per-request budgets every budget of a phase runs on one server (``bench.servers``)."""
+    this run's own: a plain and a draft server stay loaded between phases and serve every later cell of
+    the same configuration. Budgets do not share a server by default: on the H200 stand-in a budget k
+    run through a per-request n_max on a server started at 15 stepped up to ~15 % slower than on its own
+    server (BENCHMARKS.md), which biases the cost model; a sharing pool (``new_pool(share=True)``) is
+    the caller's choice."""
     if pool is None:
-        with new_pool(engine, share=capabilities(engine).request_draft_params) as own:
+        with new_pool(engine, share=False) as own:
             return run_tune(engine, tp, out=out, run_id=run_id, argv=argv, on_progress=on_progress,
                             on_phase=on_phase, pool=own)
     tp.validate()
