@@ -82,7 +82,7 @@ def test_requests_set_their_own_n_max_n_min_and_p_min(patched, pairs, tmp_path):
             ({}, {}),  # the server's settings
             ({"n_max": 3}, {"request_n_max": 3}),
             ({"n_max": 0}, {"request_n_max": 0}),  # no draft at all: plain decoding
-            # n_min is capped by the block the request asks for (patch 0003): a block of 2 is kept
+            # n_min applies to the block the request asks for (patch 0003): 5 > 2, so no draft at all
             ({"n_max": 2, "n_min": 5}, {"request_n_max": 2, "n_min": 5}),
             ({"p_min": 0.5}, {"p_min": 0.5}),  # the confidence head cuts blocks for this request only
             ({"p_min": 0.9, "n_max": 4}, {"p_min": 0.9, "request_n_max": 4}),

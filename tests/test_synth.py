@@ -94,9 +94,9 @@ def test_confidence_cuts_the_block_before_the_slot_whose_previous_token_is_unsur
     assert synth.predict(man, [0], n_max=5, n_predict=8).blocks == ((5, 5),)
 
 
-def test_n_min_drops_short_drafts_and_is_capped_by_the_steps_block():
+def test_n_min_drops_short_drafts_of_the_steps_block():
     # n_min 3: the drafts from anchors 1 (2,3), 2 (3) and 3 (nothing) are too short -> plain decodes of 2, 3, 4;
-    # anchor 4: 8 - 4 - 1 = 3 tokens are left to draft, so its block has 3 slots, kept (n_min capped at 3).
+    # anchor 4: 8 - 4 - 1 = 3 tokens are left to draft, so its block has 3 slots: 3 >= n_min, kept.
     man = hand_manifest(conf={3: -3.0})
     pred = synth.predict(man, [0], n_max=5, n_predict=8, p_min=0.5, n_min=3)
     assert pred.tokens == tuple(range(1, 9))

@@ -113,8 +113,7 @@ class RequestRecord:
     concurrency: int | None = None
     client: int | None = None
     ttft_ms: float | None = None
-    # the request's own speculative.n_max: a server started at a larger budget ran it (bench.servers)
-    request_n_max: int | None = None
+    request_n_max: int | None = None  # its own speculative.n_max: a larger budget's server ran it (bench.servers)
 
     def to_record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
@@ -133,8 +132,7 @@ class RequestRecord:
                         "plain_sha256": self.identity.plain_sha256})
         if self.concurrency is not None:
             rec.update({"concurrency": self.concurrency, "client": self.client, "ttft_ms": self.ttft_ms})
-        if self.request_n_max is not None:
-            rec["request_n_max"] = self.request_n_max
+        rec.update({"request_n_max": self.request_n_max} if self.request_n_max is not None else {})
         return rec
 
     @classmethod

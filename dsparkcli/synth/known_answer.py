@@ -449,7 +449,7 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
     ``n_max`` is the server's ``--spec-draft-n-max`` (the block drafted; with ``budget``, the table's
     max k, as ``auto`` sets it); ``request_n_max`` a request's ``speculative.n_max`` (dspark's patches: each
     block has the step's n_max, the least of the server's, the request's, the adaptive choice and the tokens
-    left to generate, and ``n_min`` is capped by it); ``budget``: the step lengths are chosen adaptively
+    left to generate, and ``n_min`` applies to that block); ``budget``: the step lengths are chosen adaptively
     (``llama.budget``, the same request's estimate from its first step).
 
     The target's next token depends only on the current token and the draft's proposals only on the
@@ -485,7 +485,7 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
             n_draft_max, est = budget_mod.choose(est, budget, min(n_draft_max, n_max_eff))
             chosen.append(n_draft_max)
         n_block = min(n_max_eff, n_draft_max)  # patch 0003: the block follows the step's n_max
-        draft = _draft_block(man, anchor, n_block, min(n_min_eff, n_block), p_min) if n_block > 0 else []
+        draft = _draft_block(man, anchor, n_block, n_min_eff, p_min) if n_block > 0 else []
         if not draft:
             tokens.append(man.g[anchor])  # plain single-token decode, not a verification step
             continue
