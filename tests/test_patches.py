@@ -37,10 +37,11 @@ def touched_copy(tmp_path: Path) -> Path:
 
 def test_the_shipped_series_applies_to_the_pinned_tree_in_order(tmp_path):
     series = patches.shipped()
-    assert [p.name[:4] for p in series] == ["0001", "0002", "0003"]
+    assert [p.name[:4] for p in series] == ["0001", "0002", "0003", "0004"]
     assert series[0].summary == "server: per-request speculative.n_max, n_min, p_min"
     assert series[1].summary.startswith("speculative: --spec-draft-n-max auto")
     assert series[2].summary == "speculative: a DFlash/DSpark draft's block follows the request's n_max"
+    assert series[3].summary == "delta-net: copy only the conv-state snapshots a rollback of this batch can read"
     h = patches.series_hash(series)
     assert len(h) == 8 and h == patches.series_hash(patches.shipped()) and patches.series_hash(()) == ""
     assert patches.series_hash(series[:1]) != h
@@ -51,6 +52,7 @@ def test_the_shipped_series_applies_to_the_pinned_tree_in_order(tmp_path):
     schema = (tree / "tools/server/server-schema.cpp").read_text()
     assert '"speculative.n_max"' in schema and "#if 0\n    // TODO: for now" not in schema
     assert "common_speculative_budget_choose" in (tree / "common/speculative.cpp").read_text()
+    assert "std::min<int64_t>(K, n_new)" in (tree / "src/models/delta-net-base.cpp").read_text()
     assert "--spec-cost-table" in (tree / "common/arg.cpp").read_text()
     assert (pinned_tree() / "tools/server/server-schema.cpp").read_bytes() == before  # never in place
     # applied twice: the old lines are gone, so it refuses (one line) and writes nothing

@@ -8,6 +8,9 @@ use of it is checked by counting llama-server launches.
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -144,3 +147,65 @@ def test_a_request_budget_drafts_the_block_its_own_server_drafts(engine, pair, t
     # (the last drafts of a request may be shorter: the server caps n_max by the tokens still to generate)
     assert shared and max(map(len, shared)) == 2 and max(map(len, big)) == 6
     assert shared == own
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """A qwen35moe (gated delta net + attention) target at 5 % width: speculative decoding on it keeps
+    --spec-draft-n-max + 1 recurrent snapshots per layer and rolls back to one after each rejection."""
+    from dsparkcli.synth.full_width import write_full_width
+
+    man = write_full_width(tmp_path_factory.mktemp("hybrid"), scale=0.05, qtype="Q8_0", draft_qtype="Q8_0",
+                           target_arch="qwen35moe").manifest
+    m = json.loads(Path(man).read_text())
+    return Path(man).parent / m["target"]["file"], Path(man).parent / m["draft"]["file"]
+
+
+def test_a_hybrid_target_rolls_back_alike_on_a_shared_server(engine, hybrid, tmp_path, monkeypatch):
+    """Patch 0004 keeps only the conv-state snapshots a rollback of the batch can read: a budget-2 request
+    on a budget-6 server (7 snapshot slots, 3 written per step) must give the tokens and counters of a
+    budget-2 server (3 slots), with emulated acceptance rolling back 0, 1 or 2 tokens per step."""
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
+    target, draft = hybrid
+    d = Draft("draft", draft)
+    rates = (0.8, 0.5)
+    prompts = (Prompt("p", "general", "Write a detailed, step-by-step explanation of how a hash map works."),)
+    plan = BenchPlan(target=target, drafts=(d,), budgets=(), prompts=prompts, reps=1, warmup=0, n_predict=48,
+                     ctx=1024, threads=2, seed=1, ignore_eos=True, with_plain=False,
+                     explicit_arms=(Arm("draft@2", d, 2, synth_rates=rates),))
+    own = read_jsonl(run_bench(engine, plan, out=tmp_path / "own.jsonl", run_id="own").out, "own")
+    host = replace(plan, explicit_arms=(Arm("draft@6", d, 6, synth_rates=rates + (0.3, 0.2, 0.1, 0.05)),
+                                        Arm("draft@2", d, 2, synth_rates=rates)))
+    with new_pool(engine, share=True) as pool:
+        shared = read_jsonl(run_bench(engine, host, out=tmp_path / "shared.jsonl", run_id="shared", pool=pool).out,
+                            "shared")
+    mine = [r for r in shared if r["record"] == "request" and r["config"] == "draft@2"]
+    theirs = [r for r in own if r["record"] == "request"]
+    assert mine[0]["request_n_max"] == 2 and mine[0]["tokens"] == theirs[0]["tokens"]
+    got, want = _counters(shared, "draft@2"), _counters(own, "draft@2")
+    assert got == want and 0 < got[1] < got[0], (got, want)  # some drafts accepted, some rolled back
+    # the patch off (every snapshot copied, its measurement switch): the same tokens and counters
+    monkeypatch.setenv("DSPARK_COPY_ALL_SNAPSHOTS", "1")
+    off = read_jsonl(run_bench(engine, plan, out=tmp_path / "off.jsonl", run_id="off").out, "off")
+    assert [r["tokens"] for r in off if r["record"] == "request"] == [r["tokens"] for r in theirs]
+    assert _counters(off, "draft@2") == want
+
+
+def test_the_shared_step_cost_script_runs_here(engine, tmp_path):
+    """scripts/shared_step_cost.py, the H200 measurement of patch 0004 on and off, on the CPU engine."""
+    import subprocess
+    import sys
+
+    from support.cli import REPO
+
+    out = tmp_path / "ssc"
+    proc = subprocess.run([sys.executable, "scripts/shared_step_cost.py", "--out", str(out), "--budgets", "1", "3",
+                           "--reps", "1", "--n-predict", "12", "--threads", "1", "--copy-all"], cwd=REPO,
+                          env={**os.environ, "DSPARK_CACHE_DIR": str(tmp_path / "cache"), "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+                               "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((out / "shared-step-cost.json").read_text())
+    assert [(r["config"], r["copy_all_snapshots"]) for r in doc["rows"]] == [
+        (c, off) for off in (False, True) for c in ("plain", "cost@1", "cost@3")]
+    assert all(r["own_ms"] > 0 and r["shared_ms"] > 0 for r in doc["rows"])
