@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
@@ -47,7 +48,9 @@ def main() -> int:
     ap.add_argument("--copy-all", action="store_true", help="also patch 0004 off (DSPARK_COPY_ALL_SNAPSHOTS=1)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    manifest = args.manifest or write_full_width(args.out / "pair", scale=0.05, qtype="Q8_0", draft_qtype="Q8_0",
+    # the generated pair (~70 MB) goes next to the temp files, never into the records folder
+    pair_dir = Path(tempfile.gettempdir()) / "dspark-shared-step-cost-pair"
+    manifest = args.manifest or write_full_width(pair_dir, scale=0.05, qtype="Q8_0", draft_qtype="Q8_0",
                                                  target_arch="qwen35moe").manifest
     m = json.loads(Path(manifest).read_text())
     target, draft = Path(manifest).parent / m["target"]["file"], Path(manifest).parent / m["draft"]["file"]
