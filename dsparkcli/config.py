@@ -7,20 +7,26 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
 from dsparkcli.errors import UsageError
 
 
 def cache_dir() -> Path:
     """User cache root (engine builds, sources, hash cache). ``DSPARK_CACHE_DIR`` overrides."""
     env = os.environ.get("DSPARK_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("dspark"))
+    if env:
+        return Path(env)
+    import platformdirs  # deferred: the GPU scripts' torch-only python imports this module without it
+
+    return Path(platformdirs.user_cache_dir("dspark"))
 
 
 def config_dir() -> Path:
     env = os.environ.get("DSPARK_CONFIG_DIR")
-    return Path(env) if env else Path(platformdirs.user_config_dir("dspark"))
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("dspark"))
 
 
 def config_path() -> Path:

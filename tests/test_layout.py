@@ -97,3 +97,17 @@ def test_no_module_is_a_novel():
         rel = str(path.relative_to(PACKAGE))
         n = len(path.read_text(encoding="utf-8").splitlines())
         assert n <= (600 if rel in LONG_BUT_ONE_JOB else 500), f"{rel}: {n} lines"
+
+
+def test_the_gpu_sweep_imports_without_dsparks_dependencies():
+    """scripts/gpu_sweep.py --phase hbm runs with the GPU machine's own python (torch, no carried wheels): its
+    imports must not need platformdirs (the H200 run of 2026-12-01 lost its HBM figure to that)."""
+    code = ("import sys; sys.modules['platformdirs'] = None; sys.path.insert(0, 'scripts'); import gpu_sweep; "
+            "from dsparkcli import config; import os; os.environ.pop('DSPARK_CACHE_DIR', None); "
+            "config.cache_dir()")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert proc.returncode != 0 and "import of platformdirs halted" in proc.stderr  # only where it is used
+    ok = subprocess.run([sys.executable, "-c", code.rsplit(";", 1)[0]], cwd=REPO, capture_output=True, text=True,
+                        timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert ok.returncode == 0, ok.stderr[-1500:]
