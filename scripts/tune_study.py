@@ -94,7 +94,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=1, help="tune's reps per cell")
     ap.add_argument("--grid-reps", type=int, default=3, help="the grid's (BENCHMARKS.md: 3)")
     ap.add_argument("--grid-n-predict", type=int, default=256, help="the grid's tokens (BENCHMARKS.md: 256)")
-    ap.add_argument("--top", type=int, default=1)
+    ap.add_argument("--top", type=int, default=tuning.TunePlan.top,
+                    help="tune's candidates per category (its default; the H200 run of 2026-12-01 used 1)")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--phase", choices=("both", "tune", "grid"), default="both")
