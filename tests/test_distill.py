@@ -350,3 +350,42 @@ def test_cli_prepare_only_tokenises_and_stops(engine, tiny: Path, tmp_path: Path
     assert all(g.split(":")[0] in ("code", "math", "general") for g in pj["groups"])
     assert sorted(p.name for p in work.iterdir()) == ["prompts.json"]  # nothing trained, nothing written
     assert not (tmp_path / "d.gguf").exists()
+
+
+def test_parity_holds_after_steps_that_did_not_draft(engine, tiny: Path, tmp_path: Path) -> None:
+    """Patch 0005: the features of steps that do not draft wait and go into the draft's cache in one batch.
+    Request A decodes 24 tokens with no draft (speculative.n_max 0: every step defers); request B continues
+    A's text from the prompt cache and drafts at budget 3, so every one of B's drafts reads A's deferred
+    features. llama.cpp's proposals must still be the torch draft's, and equal those of a server that
+    injects every step (DSPARK_NO_DEFER=1)."""
+    import os
+
+    target, tok = load_target(tiny / "target.gguf")
+    ds = _dataset(target, n=30, seed=1)
+    opt = TrainOptions(layers=2, block_size=8, taps=(1, 3), markov_rank=32, steps=40, batch=8, anchors=16,
+                       lr=3e-3, eval_every_s=1e9)
+    draft, _ = train(target, tok, ds, opt, tmp_path)
+    draft.eval()
+    out = tmp_path / "draft.gguf"
+    export.write_gguf(out, draft, tok, "f32")
+    cfg = ServerConfig(model=tiny / "target.gguf", draft=out, n_max=3, ctx=512, threads=1, extra_args=("-v",))
+    prompt = [int(x) for x in np.random.default_rng(7).integers(0, VOCAB - 1, size=7)]
+    seen = {}
+    for defer in (True, False):
+        env = {} if defer else {"DSPARK_NO_DEFER": "1"}
+        with LlamaServer(engine, cfg, env=env) as srv:
+            a = srv.client.completion({"prompt": prompt, "n_predict": 24, "temperature": 0, "return_tokens": True,
+                                       "cache_prompt": True, "speculative.n_max": 0})
+            assert a["timings"].get("draft_n", 0) == 0
+            prompt_b = prompt + a["tokens"]
+            start = Path(srv.log_path).stat().st_size
+            b = srv.client.completion({"prompt": prompt_b, "n_predict": 32, "temperature": 0, "return_tokens": True,
+                                       "cache_prompt": True})
+            assert b["tokens_cached"] >= len(prompt_b) - 1  # B reused A's cache: its drafts read A's features
+            seen[defer] = (b["tokens"], parity.logged_proposals(request_log(Path(srv.log_path), start)),
+                           (b["timings"]["draft_n"], b["timings"]["draft_n_accepted"]))
+    tokens, logged, counts = seen[True]
+    sim = parity.simulate(target, draft, prompt_b, tokens, 3, 32)
+    same, total = parity.decisive_agreement(sim, logged)
+    assert total > 20 and same / total >= 0.99, (same, total)
+    assert seen[True] == seen[False]  # deferred or injected per step: the same drafts, tokens and counts

@@ -37,7 +37,7 @@ def touched_copy(tmp_path: Path) -> Path:
 
 def test_the_shipped_series_applies_to_the_pinned_tree_in_order(tmp_path):
     series = patches.shipped()
-    assert [p.name[:4] for p in series] == ["0001", "0002", "0003", "0004"]
+    assert [p.name[:4] for p in series] == ["0001", "0002", "0003", "0004", "0005"]
     assert series[0].summary == "server: per-request speculative.n_max, n_min, p_min"
     assert series[1].summary.startswith("speculative: --spec-draft-n-max auto")
     assert series[2].summary == "speculative: a DFlash/DSpark draft's block follows the request's n_max"
