@@ -191,8 +191,8 @@ def _loss_of(draft: DSparkDraft, target, ds: Dataset, opt: TrainOptions) -> floa
                              opt.conf_weight))
 
 
-@pytest.mark.parametrize("budget", [3, 6])
-def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path: Path, budget: int) -> None:
+def _parity_pair(tiny: Path, tmp_path: Path):
+    """The tiny target, a draft trained on it for 40 steps, and that draft exported as GGUF (f32)."""
     target, tok = load_target(tiny / "target.gguf")
     ds = _dataset(target, n=30, seed=1)
     opt = TrainOptions(layers=2, block_size=8, taps=(1, 3), markov_rank=32, steps=40, batch=8, anchors=16,
@@ -201,6 +201,12 @@ def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path:
     draft.eval()
     out = tmp_path / "draft.gguf"
     export.write_gguf(out, draft, tok, "f32")
+    return target, draft, out
+
+
+@pytest.mark.parametrize("budget", [3, 6])
+def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path: Path, budget: int) -> None:
+    target, draft, out = _parity_pair(tiny, tmp_path)
     n_predict = 48
     cfg = ServerConfig(model=tiny / "target.gguf", draft=out, mmproj=None, n_max=budget, p_min=None, ctx=512,
                        threads=1, synth_len=None, extra_args=("-v",))
@@ -360,14 +366,7 @@ def test_parity_holds_after_steps_that_did_not_draft(engine, tiny: Path, tmp_pat
     injects every step (DSPARK_NO_DEFER=1)."""
     import os
 
-    target, tok = load_target(tiny / "target.gguf")
-    ds = _dataset(target, n=30, seed=1)
-    opt = TrainOptions(layers=2, block_size=8, taps=(1, 3), markov_rank=32, steps=40, batch=8, anchors=16,
-                       lr=3e-3, eval_every_s=1e9)
-    draft, _ = train(target, tok, ds, opt, tmp_path)
-    draft.eval()
-    out = tmp_path / "draft.gguf"
-    export.write_gguf(out, draft, tok, "f32")
+    target, draft, out = _parity_pair(tiny, tmp_path)
     cfg = ServerConfig(model=tiny / "target.gguf", draft=out, n_max=3, ctx=512, threads=1, extra_args=("-v",))
     prompt = [int(x) for x in np.random.default_rng(7).integers(0, VOCAB - 1, size=7)]
     seen = {}
