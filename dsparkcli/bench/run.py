@@ -1,8 +1,9 @@
 """`dspark bench`: plain decoding vs every draft × budget, on one prompt kit, with identity checks.
 
 One llama-server per configuration, started before timing and warmed up (tune passes a
-``bench.servers.ServerPool`` instead: with dspark's patched engine one loaded server then runs every
-budget up to its own through a per-request ``speculative.n_max``); every prompt × rep runs greedy through ``/completion`` with
+``bench.servers.ServerPool`` instead, which keeps loaded servers across its phases and, made with
+``share=True``, runs a smaller budget on a larger one's server through a per-request
+``speculative.n_max``); every prompt × rep runs greedy through ``/completion`` with
 ``return_tokens`` so outputs are compared token by token against plain decoding from the same run.
 ``/metrics`` is read around each (rep, category) block: its counters give verification steps and
 per-position acceptance, which the per-response ``timings`` lack.
