@@ -20,16 +20,13 @@ from dsparkcli.bench.plan import Arm, BenchPlan, Draft
 from dsparkcli.bench.records import ALL
 from dsparkcli.bench.run import run_bench
 from dsparkcli.llama import budget, engine as engine_mod
+from dsparkcli.llama.server import split_server_args
 
 NO_DEFER = "DSPARK_NO_DEFER"  # patch 0005's off switch
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_server_args(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--draft", type=Path, required=True)

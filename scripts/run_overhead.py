@@ -18,13 +18,11 @@ from dsparkcli.bench import overhead, provenance
 from dsparkcli.synth import known_answer as synth
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
-from dsparkcli.llama.server import LlamaServer, ServerConfig
+from dsparkcli.llama.server import LlamaServer, ServerConfig, split_server_args
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, extra = split_server_args(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target")
     ap.add_argument("--draft")

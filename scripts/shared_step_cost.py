@@ -26,6 +26,7 @@ from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import ALL
 from dsparkcli.bench.run import new_pool, run_bench
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.server import split_server_args
 from dsparkcli.synth.full_width import write_full_width
 
 COPY_ALL = "DSPARK_COPY_ALL_SNAPSHOTS"  # patch 0004's off switch
@@ -33,11 +34,7 @@ PROMPT = Prompt("fixed", "synthetic", "Write a detailed, step-by-step explanatio
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_server_args(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--manifest", type=Path, help="a full-width pair's manifest (default: write a 5 %% qwen35moe one)")
     ap.add_argument("--out", type=Path, required=True)
@@ -48,12 +45,13 @@ def main() -> int:
     ap.add_argument("--copy-all", action="store_true", help="also patch 0004 off (DSPARK_COPY_ALL_SNAPSHOTS=1)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    # the generated pair (~70 MB) goes next to the temp files, never into the records folder
-    pair_dir = Path(tempfile.gettempdir()) / "dspark-shared-step-cost-pair"
-    manifest = args.manifest or write_full_width(pair_dir, scale=0.05, qtype="Q8_0", draft_qtype="Q8_0",
-                                                 target_arch="qwen35moe").manifest
-    m = json.loads(Path(manifest).read_text())
-    target, draft = Path(manifest).parent / m["target"]["file"], Path(manifest).parent / m["draft"]["file"]
+    if args.manifest:
+        m = json.loads(args.manifest.read_text())
+        target, draft = args.manifest.parent / m["target"]["file"], args.manifest.parent / m["draft"]["file"]
+    else:  # the generated pair (~70 MB) goes next to the temp files, never into the records folder
+        fw = write_full_width(Path(tempfile.gettempdir()) / "dspark-shared-step-cost-pair", scale=0.05,
+                              qtype="Q8_0", draft_qtype="Q8_0", target_arch="qwen35moe")
+        target, draft = fw.target, fw.draft
     engine = engine_mod.describe(engine_mod.resolve_engine())
     if not engine_mod.capabilities(engine).request_draft_params:
         print(f"{engine.server} has no per-request draft settings: dspark engine build (patched)", file=sys.stderr)

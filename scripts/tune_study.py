@@ -41,6 +41,7 @@ from dsparkcli.bench.records import ALL, PLAIN
 from dsparkcli.bench.run import new_pool, run_bench
 from dsparkcli.bench.tune import Candidate
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.server import split_server_args
 
 UPSTREAM = {"general": 3.501, "mmmu": 5.098, "ocr": 5.407, "charxiv": 5.479, "mathvista": 6.126, "math": 6.687,
             "code": 7.387}
@@ -106,11 +107,7 @@ def main() -> int:
                     "n_max (bench.servers; the H200 run of 2026-12-01 did, and its cost model was biased)")
     ap.add_argument("--tables-dir", type=Path, help="where the per-L cost tables go (default --out; the GPU "
                     "machine returns 8 files a call)")
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_server_args(sys.argv[1:])
     args = ap.parse_args(argv)
     if not args.manifest and not (args.target and args.draft):
         ap.error("give --manifest, or --target and --draft")

@@ -293,3 +293,10 @@ def test_an_engine_abort_is_named_by_its_own_line(tmp_path: Path) -> None:
     quiet.write_text("main: server is listening on http://127.0.0.1:8080\nslot launch_slot_: id 0 | task 0\n")
     srv.log_path = quiet
     assert srv._died(-9, during="serving").message.endswith("(signal 9, SIGKILL): killed by a signal")
+
+
+def test_scripts_split_their_own_arguments_from_llama_servers():
+    from dsparkcli.llama.server import split_server_args
+
+    assert split_server_args(["--out", "d", "--", "-ngl", "99", "--", "x"]) == (["--out", "d"], ["-ngl", "99", "--", "x"])
+    assert split_server_args(["--out", "d"]) == (["--out", "d"], [])

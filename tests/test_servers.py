@@ -155,10 +155,9 @@ def hybrid(tmp_path_factory):
     --spec-draft-n-max + 1 recurrent snapshots per layer and rolls back to one after each rejection."""
     from dsparkcli.synth.full_width import write_full_width
 
-    man = write_full_width(tmp_path_factory.mktemp("hybrid"), scale=0.05, qtype="Q8_0", draft_qtype="Q8_0",
-                           target_arch="qwen35moe").manifest
-    m = json.loads(Path(man).read_text())
-    return Path(man).parent / m["target"]["file"], Path(man).parent / m["draft"]["file"]
+    fw = write_full_width(tmp_path_factory.mktemp("hybrid"), scale=0.05, qtype="Q8_0", draft_qtype="Q8_0",
+                          target_arch="qwen35moe")
+    return fw.target, fw.draft
 
 
 def test_a_hybrid_target_rolls_back_alike_on_a_shared_server(engine, hybrid, tmp_path, monkeypatch):

@@ -55,6 +55,14 @@ OWNED_FLAGS: dict[str, str] = {
 }
 
 
+def split_server_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(a script's own arguments, the llama-server arguments after the first ``--``)."""
+    if "--" not in argv:
+        return list(argv), []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
 def check_extra_args(args: tuple[str, ...] | list[str]) -> None:
     """Refuse a flag of OWNED_FLAGS among the extra llama-server arguments, naming dspark's option."""
     for arg in args:
