@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=8000, help="ncu --launch-count (kernels in the window)")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--no-ncu", action="store_true", help="server timings only (the CPU smoke)")
+    ap.add_argument("--no-plain", action="store_true",
+                    help="budgets only (a later call adding budgets to a label whose plain is measured)")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     engine = describe(resolve_engine())
-    configs: list[tuple[str, int | None]] = [("plain", None)] + [(f"k{k}", k) for k in args.budgets]
+    configs: list[tuple[str, int | None]] = ([] if args.no_plain else [("plain", None)]) + [
+        (f"k{k}", k) for k in args.budgets]
     failed = 0
     with open(args.out, "a") as sink:
         def write(rec: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@
 # Options: --budgets "1 3 7 10 15"  --synth-len L (default 1 with the stand-in)  --n-predict N (256)
 #          --reps R (3)  --ncu-n-predict N (160)  --skip S (20000)  --count M (8000)  --label NAME  --ncu PATH
 #          --manifest M (a full-width pair's manifest.json)  --phase prep (engine and pair only, no profile)
+#          --no-plain (budgets only: plain's ncu run alone takes ~90 s on the H200)
 # Output in $OUT (default ./gpu-out; the device returns at most 8 files): profile-NAME.jsonl
 # (timing/kernels/error records), profile-NAME.md, ncu-csv.tar.gz (ncu's raw CSV per configuration), profile.log.
 set -euo pipefail
@@ -35,7 +36,7 @@ set -euo pipefail
 T0=$(date +%s)
 REPO=$(pwd)
 TARGET="" DRAFT="" MANIFEST="" SMOKE=0 BUDGETS="1 3 7 10 15" SYNTH="" NPRED=256 REPS=3 NCU_NPRED=160 SKIP=20000 COUNT=8000
-LABEL="" NCU=${NCU:-ncu} PHASE=all
+LABEL="" NCU=${NCU:-ncu} PHASE=all NO_PLAIN=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --target) TARGET=$2; shift 2 ;;
@@ -52,6 +53,7 @@ while [ $# -gt 0 ]; do
     --label) LABEL=$2; shift 2 ;;
     --ncu) NCU=$2; shift 2 ;;
     --phase) PHASE=$2; shift 2 ;;
+    --no-plain) NO_PLAIN=(--no-plain); shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu_profile.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -109,7 +111,7 @@ read -r -a BUDGET_ARGS <<< "$BUDGETS"
 say "profile: plain + budgets $BUDGETS, $NPRED timed tokens${SYNTH_ARGS:+, SYNTHETIC L=$SYNTH}"
 set +e
 "$PY" scripts/gpu_profile.py --target "$TARGET" --draft "$DRAFT" --budgets "${BUDGET_ARGS[@]}" "${SYNTH_ARGS[@]}" \
-  --n-predict "$NPRED" --reps "$REPS" --ctx "$CTX" "${NCU_ARGS[@]}" --out "$OUT/profile-$LABEL.jsonl" --log-dir "$WORK/logs" \
+  --n-predict "$NPRED" --reps "$REPS" --ctx "$CTX" "${NCU_ARGS[@]}" "${NO_PLAIN[@]}" --out "$OUT/profile-$LABEL.jsonl" --log-dir "$WORK/logs" \
   --csv-dir "$NCU_DIR" \
   "${GPU_ARGS[@]}" 2>&1 | tee -a "$LOG"
 RC=${PIPESTATUS[0]}

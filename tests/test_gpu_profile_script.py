@@ -88,6 +88,15 @@ def test_cpu_smoke_records_the_servers_exact_counters(engine, tmp_path):
     assert rows["k3"][1] == f"{med:.3f}"  # the lower of 2 reps is the median request
 
 
+def test_no_plain_profiles_the_budgets_only(engine, tmp_path):
+    """--no-plain: a later call adds budgets to a label without plain decoding's servers again."""
+    proc, out = _run(engine, tmp_path, "--cpu-smoke", "--no-plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["config"] for r in _records(out / "profile-smoke.jsonl")] == [c for c in ("k1", "k3", "k7")
+                                                                          for _ in range(2)]
+    assert list(_table(out / "profile-smoke.md")) == ["k1", "k3", "k7"]
+
+
 def test_the_ncu_path_as_written(engine, tmp_path):
     """The GPU command's flags (-ngl 99 -ngld 99 -fa on, --synth-len), the ncu window, the server stopped under
     the profiler and its CSV turned into kernel records and the table's kernel columns."""

@@ -62,6 +62,8 @@ def test_parse_refuses_what_is_not_an_ncu_table():
     ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_f16_s161616gemm_f16_16x16_64x1_tn_align8>(Params)", "matmul"),
     ("void mm_ids_helper<8>(const int *, int *, int *, int)", "moe"),
     ("void topk_moe_cuda<8, true>(const float *, float *, int *, int)", "moe"),
+    ("void mul_mat_vec_q_moe<(ggml_type)12, 2, true>(const void *, const void *, const int *, float *)", "matmul"),
+    ("moe_weighted_reduction_f32(const float *, const float *, float *, int, int)", "moe"),
     ("void k_copy_src1_to_contiguous(const char *, char *, const int *)", "moe"),
     (FATTN, "flash_attn"),
     ("void flash_attn_combine_results<128>(const float *, const float2 *, float *, int)", "flash_attn"),

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # Kinds, in table order. "moe": the expert routing/gather kernels around mul_mat_id; the expert matmuls
-# themselves run in mul_mat_q / mul_mat_vec_q with an ids argument and carry the same names as the dense
-# ones, so they count as "matmul" (the table says so).
+# themselves run in mul_mat_q / mul_mat_vec_q (mul_mat_vec_q_moe for 2-8 tokens) with an ids argument, so
+# they count as "matmul" (the table says so).
 KINDS = ("matmul", "moe", "flash_attn", "norm", "rope", "elementwise", "copy", "sampling", "recurrent", "other")
 KIND_LABELS = {
     "matmul": "matmul (MMQ/MMVQ/cuBLAS)", "moe": "mul_mat_id (MoE routing)", "flash_attn": "flash attn",
@@ -34,7 +34,9 @@ KIND_LABELS = {
 # First match wins: the more specific patterns come first ("topk_moe" before "top_k", "mul_mat_id" before
 # "mul_mat"). Matched against the kernel's base name (no "void ", template arguments or parameters).
 _RULES: tuple[tuple[str, str], ...] = (
-    ("moe", r"mul_mat_id|mm_ids_helper|topk_moe|moe|k_copy_src1_to_contiguous|k_copy_dst_from_contiguous"),
+    # not a bare "moe": mul_mat_vec_q_moe is the expert product itself (MMVQ with ids, batches of 2-8)
+    ("moe", r"mul_mat_id|mm_ids_helper|topk_moe|moe_weighted_reduction|k_copy_src1_to_contiguous|"
+            r"k_copy_dst_from_contiguous"),
     ("recurrent", r"ssm_conv|ssm_scan|gated_delta|delta_net|rwkv|wkv|gla_f32|conv1d"),
     ("flash_attn", r"flash_attn|fattn"),
     ("sampling", r"argmax|argsort|top_k|topk|cumsum|sampl"),
