@@ -63,4 +63,7 @@ def patch_line(report: DoctorReport) -> str:
     if not report.patches:
         return "none (stock llama.cpp)"
     note = "" if report.patch_hash == current else f" (this dspark ships {current}: dspark engine build to update)"
+    off = patches_mod.switches_off(report.patches)
+    if off:
+        note += f"; turned off by the environment: {', '.join(off)}"
     return f"{report.patch_hash}: {', '.join(report.patches)}{note}"

@@ -8,6 +8,7 @@ and ``llama.budget`` (the engine's choice, replayed in Python) behaves as its do
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def touched_copy(tmp_path: Path) -> Path:
 
 def test_the_shipped_series_applies_to_the_pinned_tree_in_order(tmp_path):
     series = patches.shipped()
-    assert [p.name[:4] for p in series] == ["0001", "0002", "0003", "0004", "0005"]
+    assert [p.number for p in series] == ["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
     assert series[0].summary == "server: per-request speculative.n_max, n_min, p_min"
     assert series[1].summary.startswith("speculative: --spec-draft-n-max auto")
     assert series[2].summary == "speculative: a DFlash/DSpark draft's block follows the request's n_max"
@@ -54,6 +55,8 @@ def test_the_shipped_series_applies_to_the_pinned_tree_in_order(tmp_path):
     assert "common_speculative_budget_choose" in (tree / "common/speculative.cpp").read_text()
     assert "std::min<int64_t>(K, n_new)" in (tree / "src/models/delta-net-base.cpp").read_text()
     assert "--spec-cost-table" in (tree / "common/arg.cpp").read_text()
+    assert "ne11 <= (stock ? 3 : MMVF_MAX_BATCH_SIZE)" in (tree / "ggml/src/ggml-cuda/mmvf.cu").read_text()
+    assert "argmax_f32_split<<<" in (tree / "ggml/src/ggml-cuda/argmax.cu").read_text()
     assert (pinned_tree() / "tools/server/server-schema.cpp").read_bytes() == before  # never in place
     # applied twice: the old lines are gone, so it refuses (one line) and writes nothing
     snapshot = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()}
@@ -214,3 +217,34 @@ def test_the_pinned_tree_unpacked_elsewhere_is_patched_by_default(tmp_path, monk
                 bundle.resolve(), patches=[p.name for p in patches.shipped()], patch_hash=h)
     eng, rec, reused = engine_mod.build_engine(source=bundle)
     assert reused and rec.patch_hash == h
+
+
+def test_each_off_switch_is_the_variable_its_code_reads(tmp_path):
+    """A patch that says ``DSPARK_X=1`` turns it off must read exactly that variable in what it adds, and
+    doctor names a switch set in the environment: a renamed variable would make a measurement of the
+    patch "off" silently measure it on."""
+    series = patches.shipped()
+    assert {p.number: p.off_switch for p in series} == {
+        "0001": None, "0002": None, "0003": None, "0004": "DSPARK_COPY_ALL_SNAPSHOTS", "0005": "DSPARK_NO_DEFER",
+        "0006": "DSPARK_STOCK_MMVF", "0007": "DSPARK_STOCK_ARGMAX"}
+    for p in series:
+        added = "\n".join(line for fd in patches.parse(p) for h in fd.hunks for line in h.new if line not in h.old)
+        read = set(re.findall(r'getenv\("(DSPARK_[A-Z0-9_]+)"\)', added))
+        assert read == ({p.off_switch} if p.off_switch else set()), p.name
+    names = [p.name for p in series]
+    assert patches.switches_off(names, {}) == []
+    assert patches.switches_off(names, {"DSPARK_STOCK_MMVF": "1", "DSPARK_NO_DEFER": "1", "OTHER": "1"}) == [
+        "0005 (DSPARK_NO_DEFER=1)", "0006 (DSPARK_STOCK_MMVF=1)"]
+    assert patches.switches_off(names[:4], {"DSPARK_STOCK_MMVF": "1"}) == []  # a build without 0006
+
+
+def test_doctor_names_the_patches_the_environment_turns_off(monkeypatch):
+    from dsparkcli.doctor import patch_line
+
+    series = patches.shipped()
+    report = type("R", (), {"patches": tuple(p.name for p in series), "patch_hash": patches.series_hash(series)})()
+    monkeypatch.delenv("DSPARK_STOCK_ARGMAX", raising=False)
+    monkeypatch.delenv("DSPARK_STOCK_MMVF", raising=False)
+    assert "turned off" not in patch_line(report)
+    monkeypatch.setenv("DSPARK_STOCK_ARGMAX", "1")
+    assert patch_line(report).endswith("; turned off by the environment: 0007 (DSPARK_STOCK_ARGMAX=1)")

@@ -21,6 +21,7 @@ from dsparkcli.errors import EngineBuildError
 PATCH_DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
 MARKER = ".dspark-patches"  # in a patched copy: the series hash it was made with (written last)
 
+_SWITCH_RE = re.compile(r"\b(DSPARK_[A-Z0-9_]+)=1\b")
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -40,6 +41,24 @@ class Patch:
                     line += lines[i]
                 return re.sub(r"^Subject:\s*(\[PATCH[^\]]*\]\s*)?", "", line).strip()
         return self.text.splitlines()[0].strip() if self.text.strip() else self.name
+
+    @property
+    def description(self) -> str:
+        """The text before the first file header (format-patch's message)."""
+        head, _, _ = self.text.partition("\ndiff --git ")
+        return head.partition("\n--- ")[0]
+
+    @property
+    def off_switch(self) -> str | None:
+        """The environment variable that turns this patch's change off in a build that has it (its
+        description says ``NAME=1``), so one build measures it on and off; None: it has none."""
+        m = _SWITCH_RE.search(self.description)
+        return m.group(1) if m else None
+
+    @property
+    def number(self) -> str:
+        """The series position in the file name ("0006")."""
+        return self.name.split("-", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,15 @@ def shipped(directory: Path | None = None) -> tuple[Patch, ...]:
     if not directory.is_dir():
         return ()
     return tuple(Patch(p.name, p.read_text(encoding="utf-8")) for p in sorted(directory.glob("*.patch")))
+
+
+def switches_off(patch_names: tuple[str, ...] | list[str], environ: dict[str, str] | None = None) -> list[str]:
+    """Which of these shipped patches the environment turns off (``NUMBER (VAR=1)`` each): llama-server
+    inherits dspark's environment, so a switch set there is off in every server dspark starts."""
+    environ = os.environ if environ is None else environ
+    by_name = {p.name: p for p in shipped()}
+    return [f"{p.number} ({p.off_switch}=1)" for n in patch_names if (p := by_name.get(n)) is not None
+            and p.off_switch and environ.get(p.off_switch)]
 
 
 def series_hash(patches: tuple[Patch, ...]) -> str:
