@@ -18,19 +18,18 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
-from dsparkcli.bench.prompts import Prompt
+from dsparkcli.bench.prompts import FIXED_SYNTHETIC
 from dsparkcli.bench.records import ALL
 from dsparkcli.bench.run import new_pool, run_bench
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.server import split_server_args
-from dsparkcli.synth.full_width import write_full_width
+from dsparkcli.synth.full_width import measurement_pair
 
 COPY_ALL = "DSPARK_COPY_ALL_SNAPSHOTS"  # patch 0004's off switch
-PROMPT = Prompt("fixed", "synthetic", "Write a detailed, step-by-step explanation of how a hash map works.")
+PROMPT = FIXED_SYNTHETIC
 
 
 def main() -> int:
@@ -45,13 +44,8 @@ def main() -> int:
     ap.add_argument("--copy-all", action="store_true", help="also patch 0004 off (DSPARK_COPY_ALL_SNAPSHOTS=1)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.manifest:
-        m = json.loads(args.manifest.read_text())
-        target, draft = args.manifest.parent / m["target"]["file"], args.manifest.parent / m["draft"]["file"]
-    else:  # the generated pair (~70 MB) goes next to the temp files, never into the records folder
-        fw = write_full_width(Path(tempfile.gettempdir()) / "dspark-shared-step-cost-pair", scale=0.05,
-                              qtype="Q8_0", draft_qtype="Q8_0", target_arch="qwen35moe")
-        target, draft = fw.target, fw.draft
+    fw = measurement_pair(args.manifest)
+    target, draft = fw.target, fw.draft
     engine = engine_mod.describe(engine_mod.resolve_engine())
     if not engine_mod.capabilities(engine).request_draft_params:
         print(f"{engine.server} has no per-request draft settings: dspark engine build (patched)", file=sys.stderr)

@@ -10,7 +10,9 @@ environment):
 - with --lengths: budget --speedup-budget at SYNTHETIC per-position rates of each L (tune's "rates" mode,
   the seven upstream categories by default), patched and stock only: the speedup vs plain per category.
 Records (provenance, flags, sha256) go to OUT/step-switches.jsonl through bench; OUT/step-switches.json
-holds the medians, min-max and the ratios patched/stock.
+holds the medians, min-max and the ratios patched/stock. --rounds N alternates the switch sets N times
+(run ids end in -rN): one server against another varied by +-5 % on the H200, about what the patches
+save, so a claim needs several rounds.
 
   python scripts/step_switches.py --out DIR                                  # a 5 %-width qwen35moe pair, CPU
   python scripts/step_switches.py --manifest pair/manifest-*.json --out DIR --lengths -- -ngl 99 -ngld 99 -fa on
@@ -21,24 +23,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from dsparkcli.bench import tune
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
-from dsparkcli.bench.prompts import Prompt
+from dsparkcli.bench.prompts import FIXED_SYNTHETIC
 from dsparkcli.bench.records import ALL, PLAIN
 from dsparkcli.bench.run import run_bench
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import patches
 from dsparkcli.llama.server import split_server_args
-from dsparkcli.synth.full_width import write_full_width
+from dsparkcli.hub.registry import upstream_acceptance
+from dsparkcli.synth.full_width import measurement_pair
 
-# each patch's off switch (the patch files say what they change)
-SWITCHES = {"0006": "DSPARK_STOCK_MMVF", "0007": "DSPARK_STOCK_ARGMAX"}
-# mean acceptance lengths of the upstream pair's seven categories (seeds/minicpm-v-4.7), as tune_study uses
-UPSTREAM_L = (3.501, 5.098, 5.407, 5.479, 6.126, 6.687, 7.387)
-PROMPT = Prompt("fixed", "synthetic", "Write a detailed, step-by-step explanation of how a hash map works.")
+# the kernel patches' off switches, as their descriptions name them (llama.patches.Patch.off_switch)
+SWITCHES = {p.number: p.off_switch for p in patches.shipped() if p.number in ("0006", "0007") and p.off_switch}
+# mean acceptance lengths of the upstream pair's seven categories (the registry's), as tune_study uses
+UPSTREAM_L = tuple(upstream_acceptance().values())
+PROMPT = FIXED_SYNTHETIC
 
 
 def switch_sets(names: list[str]) -> dict[str, dict[str, str]]:
@@ -73,15 +77,12 @@ def main() -> int:
     ap.add_argument("--lengths", nargs="*", type=float, help=f"speedup per L (no values: {UPSTREAM_L})")
     ap.add_argument("--speedup-budget", type=int, default=5)
     ap.add_argument("--speedup-n-predict", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every switch set this many times, alternating (ratios per round and their median)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.manifest:
-        m = json.loads(args.manifest.read_text())
-        target, draft = args.manifest.parent / m["target"]["file"], args.manifest.parent / m["draft"]["file"]
-    else:  # the generated pair (~70 MB) goes next to the temp files, never into the records folder
-        fw = write_full_width(Path(tempfile.gettempdir()) / "dspark-shared-step-cost-pair", scale=0.05,
-                              qtype="Q8_0", draft_qtype="Q8_0", target_arch="qwen35moe")
-        target, draft = fw.target, fw.draft
+    fw = measurement_pair(args.manifest)
+    target, draft = fw.target, fw.draft
     engine = engine_mod.describe(engine_mod.resolve_engine())
     d = Draft("draft", draft)
     cost_arms = tuple(Arm(f"cost@{k}", d, k, p_min=0.0, synth_len=1.0) for k in sorted(args.budgets))
@@ -97,49 +98,63 @@ def main() -> int:
 
     jsonl = args.out / "step-switches.jsonl"
     sets = switch_sets(args.alone)
-    cost: dict[str, dict] = {}
-    speed: dict[str, dict] = {}
+    # round -> switch set -> config -> ms; the sets alternate within each round, so a drift of the machine
+    # or a slow server lands on both sides of a ratio instead of on one
+    cost: list[dict[str, dict]] = []
+    speed: list[dict[str, dict]] = []
     print(f"engine {engine.bin_dir.parent.parent.name}; ms per token, median (min-max) of {args.reps} reps")
     try:
-        for name, env in sets.items():
-            for var in SWITCHES.values():
-                os.environ.pop(var, None)
-            os.environ.update(env)  # llama-server inherits it
-            tag = name.replace(" ", "-")
-            cost[name] = medians_ms(run_bench(engine, plan(cost_arms, args.n_predict), out=jsonl, run_id=f"cost-{tag}"))
-            print(f"{name:>10}: " + "  ".join(f"{c} {v['median']:.3f} ({v['lo']:.3f}-{v['hi']:.3f})"
-                                             for c, v in cost[name].items()))
-            if speed_arms and name in ("patched", "stock"):
-                speed[name] = medians_ms(run_bench(engine, plan(speed_arms, args.speedup_n_predict), out=jsonl,
-                                                   run_id=f"speed-{tag}"))
+        for rnd in range(args.rounds):
+            cost.append({})
+            speed.append({})
+            suffix = f"-r{rnd + 1}" if args.rounds > 1 else ""
+            for name, env in sets.items():
+                for var in SWITCHES.values():
+                    os.environ.pop(var, None)
+                os.environ.update(env)  # llama-server inherits it
+                tag = name.replace(" ", "-") + suffix
+                cells = medians_ms(run_bench(engine, plan(cost_arms, args.n_predict), out=jsonl, run_id=f"cost-{tag}"))
+                cost[rnd][name] = cells
+                print(f"{name + suffix:>13}: " + "  ".join(f"{c} {v['median']:.3f} ({v['lo']:.3f}-{v['hi']:.3f})"
+                                                         for c, v in cells.items()))
+                if speed_arms and name in ("patched", "stock"):
+                    speed[rnd][name] = medians_ms(run_bench(engine, plan(speed_arms, args.speedup_n_predict),
+                                                            out=jsonl, run_id=f"speed-{tag}"))
     finally:
         for var in SWITCHES.values():
             os.environ.pop(var, None)
     rows = []
+    for rnd, by_set in enumerate(cost, 1):
+        for config in [PLAIN, *(a.name for a in cost_arms)]:
+            base = by_set.get("stock", {}).get(config)
+            for name in sets:
+                cell = by_set.get(name, {}).get(config)
+                if cell and base:
+                    rows.append({"table": "cost", "round": rnd, "config": config, "switches": name,
+                                 "ms": cell["median"], "ms_range": [cell["lo"], cell["hi"]],
+                                 "over_stock": cell["median"] / base["median"]})
+    for rnd, by_set in enumerate(speed, 1):
+        for name, cells in by_set.items():
+            plain = cells.get(PLAIN)
+            for arm, L in zip(speed_arms, lengths):
+                cell = cells.get(arm.name)
+                if cell and plain:
+                    rows.append({"table": "speedup", "round": rnd, "config": arm.name, "L": L, "switches": name,
+                                 "ms": cell["median"], "speedup_vs_plain": plain["median"] / cell["median"]})
     for config in [PLAIN, *(a.name for a in cost_arms)]:
-        base = cost.get("stock", {}).get(config)
-        for name in sets:
-            cell = cost.get(name, {}).get(config)
-            if cell and base:
-                rows.append({"table": "cost", "config": config, "switches": name, "ms": cell["median"],
-                             "ms_range": [cell["lo"], cell["hi"]], "over_stock": cell["median"] / base["median"]})
-    for name, cells in speed.items():
-        plain = cells.get(PLAIN)
-        for arm, L in zip(speed_arms, lengths):
-            cell = cells.get(arm.name)
-            if cell and plain:
-                rows.append({"table": "speedup", "config": arm.name, "L": L, "switches": name, "ms": cell["median"],
-                             "speedup_vs_plain": plain["median"] / cell["median"]})
+        ratios = [r["over_stock"] for r in rows if r["table"] == "cost" and r["switches"] == "patched"
+                  and r["config"] == config]
+        if ratios:
+            print(f"{config:>8}: patched/stock {' '.join(f'{x:.3f}' for x in ratios)}"
+                  + (f"  (median {statistics.median(ratios):.3f})" if len(ratios) > 1 else ""))
     for r in rows:
-        if r["table"] == "cost" and r["switches"] == "patched":
-            print(f"{r['config']:>8}: patched/stock {r['over_stock']:.3f}")
-        elif r["table"] == "speedup":
-            print(f"{r['config']:>10} {r['switches']:>8}: {r['speedup_vs_plain']:.3f}x plain")
+        if r["table"] == "speedup":
+            print(f"{r['config']:>10} {r['switches']:>8} r{r['round']}: {r['speedup_vs_plain']:.3f}x plain")
     (args.out / "step-switches.json").write_text(json.dumps({
         "kind": "step-switches", "engine": {"commit": engine.commit, "backend": engine.backend,
                                             "dir": engine.bin_dir.parent.parent.name},
         "target": str(target), "draft": str(draft), "reps": args.reps, "n_predict": args.n_predict,
-        "switch_sets": sets, "server_args": extra, "rows": rows}, indent=1) + "\n")
+        "rounds": args.rounds, "switch_sets": sets, "server_args": extra, "rows": rows}, indent=1) + "\n")
     return 0
 
 

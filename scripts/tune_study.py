@@ -36,23 +36,23 @@ from pathlib import Path
 
 from dsparkcli.bench import tune, tuning
 from dsparkcli.bench.plan import ADAPTIVE_LABEL, BenchPlan, Draft
-from dsparkcli.bench.prompts import Prompt
+from dsparkcli.bench.prompts import FIXED_SYNTHETIC
 from dsparkcli.bench.records import ALL, PLAIN
 from dsparkcli.bench.run import new_pool, run_bench
 from dsparkcli.bench.tune import Candidate
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.hub.registry import upstream_acceptance
 from dsparkcli.llama.server import split_server_args
+from dsparkcli.synth.full_width import read_manifest
 
-UPSTREAM = {"general": 3.501, "mmmu": 5.098, "ocr": 5.407, "charxiv": 5.479, "mathvista": 6.126, "math": 6.687,
-            "code": 7.387}
-PROMPT = Prompt("fixed", "synthetic", "Write a detailed, step-by-step explanation of how a hash map works.")
+UPSTREAM = upstream_acceptance()  # category -> upstream mean acceptance length, shortest first
+PROMPT = FIXED_SYNTHETIC
 
 
 def _pair(args: argparse.Namespace) -> tuple[Path, Path]:
     if args.manifest:
-        m = json.loads(Path(args.manifest).read_text())
-        base = Path(args.manifest).parent
-        return base / m["target"]["file"], base / m["draft"]["file"]
+        fw = read_manifest(args.manifest)
+        return fw.target, fw.draft
     return Path(args.target), Path(args.draft)
 
 

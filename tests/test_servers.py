@@ -208,3 +208,36 @@ def test_the_shared_step_cost_script_runs_here(engine, tmp_path):
     assert [(r["config"], r["copy_all_snapshots"]) for r in doc["rows"]] == [
         (c, off) for off in (False, True) for c in ("plain", "cost@1", "cost@3")]
     assert all(r["own_ms"] > 0 and r["shared_ms"] > 0 for r in doc["rows"])
+
+
+def test_the_step_switches_script_runs_every_switch_set_here(engine, tmp_path):
+    """scripts/step_switches.py, the H200 measurement of patches 0006/0007 on and off, on the CPU engine:
+    every switch set runs the same cost cells, the speedup leg runs patched and stock only, and each run's
+    records carry its switch set in the run id."""
+    import subprocess
+    import sys
+
+    from support.cli import REPO
+
+    out = tmp_path / "sw"
+    proc = subprocess.run([sys.executable, "scripts/step_switches.py", "--out", str(out), "--budgets", "1", "3",
+                           "--reps", "1", "--n-predict", "8", "--threads", "1", "--lengths", "3.5",
+                           "--speedup-n-predict", "8", "--rounds", "2"], cwd=REPO,
+                          env={**os.environ, "DSPARK_CACHE_DIR": str(tmp_path / "cache"), "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+                               "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((out / "step-switches.json").read_text())
+    assert doc["switch_sets"] == {"patched": {}, "stock": {"DSPARK_STOCK_MMVF": "1", "DSPARK_STOCK_ARGMAX": "1"},
+                                  "0006 off": {"DSPARK_STOCK_MMVF": "1"}, "0007 off": {"DSPARK_STOCK_ARGMAX": "1"}}
+    cost = [(r["round"], r["config"], r["switches"]) for r in doc["rows"] if r["table"] == "cost"]
+    assert cost == [(n, c, s) for n in (1, 2) for c in ("plain", "cost@1", "cost@3") for s in doc["switch_sets"]]
+    assert all(r["ms"] > 0 for r in doc["rows"])
+    assert [r["over_stock"] for r in doc["rows"] if r["table"] == "cost" and r["switches"] == "stock"] == [1.0] * 6
+    speed = [(r["round"], r["config"], r["switches"]) for r in doc["rows"] if r["table"] == "speedup"]
+    assert speed == [(n, "L3.5@5", s) for n in (1, 2) for s in ("patched", "stock")]
+    runs = {json.loads(line)["run_id"] for line in (out / "step-switches.jsonl").read_text().splitlines()
+            if json.loads(line).get("record") == "request"}
+    assert runs == {f"{kind}-{s}-r{n}" for n in (1, 2) for kind, sets in (
+        ("cost", ("patched", "stock", "0006-off", "0007-off")), ("speed", ("patched", "stock"))) for s in sets}
+    assert not any(v in os.environ for v in ("DSPARK_STOCK_MMVF", "DSPARK_STOCK_ARGMAX"))

@@ -50,6 +50,11 @@ class Prompt:
         return protocol.build_messages(self.text, [image_data_url(p) for p in self.images], self.system)
 
 
+# The one prompt of step-cost and stand-in measurements (cost cells, tune studies, patch switches): with
+# emulated acceptance the text matters only as a fixed length of prompt, the same in every run.
+FIXED_SYNTHETIC = Prompt("fixed", "synthetic", "Write a detailed, step-by-step explanation of how a hash map works.")
+
+
 def image_base64(path: Path) -> str:
     return protocol.image_base64(Path(path).read_bytes())
 

@@ -154,6 +154,13 @@ def load_registry(extra_paths: tuple[Path | str, ...] | list[Path | str] = ()) -
     return Registry(pairs=pairs, default=default, sources=tuple(paths))
 
 
+def upstream_acceptance(pair: str = "minicpm-v-4.7") -> dict[str, float]:
+    """The packaged registry's upstream acceptance length per category of ``pair``, shortest first (what the
+    stand-in studies emulate; a user's models.toml does not change the reference)."""
+    _, pairs = parse_models_file(packaged_models_path())
+    return dict(sorted(pairs[pair].acceptance.items(), key=lambda kv: kv[1]))
+
+
 def parse_models_file(path: Path, overrides: dict[str, ModelPair] | None = None) -> tuple[str | None, dict[str, ModelPair]]:
     """Read and validate one models.toml; errors name the file and the key. A table with only
     budget/p_min changes the pair of that name in ``overrides`` (the pairs read so far)."""

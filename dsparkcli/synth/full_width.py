@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +92,18 @@ class FullWidthPair:
     target: Path
     draft: Path
     manifest: Path
+
+
+def read_manifest(path: Path | str) -> FullWidthPair:
+    """A written pair's files, from its manifest (file names relative to the manifest's folder)."""
+    m, d = json.loads(Path(path).read_text(encoding="utf-8")), Path(path).parent
+    return FullWidthPair(target=d / m["target"]["file"], draft=d / m["draft"]["file"], manifest=Path(path))
+
+
+def measurement_pair(manifest: Path | str | None) -> FullWidthPair:
+    """``manifest``'s pair (the H200 stand-in), else a 5 %-width qwen35moe one (~70 MB) beside the temp files."""
+    return read_manifest(manifest) if manifest else write_full_width(Path(tempfile.gettempdir()) / "dspark-hybrid-step-pair",
+                                                                     scale=0.05, target_arch="qwen35moe")
 
 
 # The real pair's numbers (upstream_facts.md; Qwen3.5-35B-A3B text tower for the target).
