@@ -5,7 +5,8 @@
                                                       # checks BENCHMARKS.md holds exactly this)
 
 Inputs: the `dspark distill --json` report of the shipped draft and `dspark bench` JSONL runs of that
-draft against plain decoding (H200 CUDA engine: results/h200/real2/; CPU engine: results/real/), and, for
+draft against plain decoding (H200 CUDA engine: results/h200/real3/; CPU engine: results/real3/; the
+second draft's are in results/h200/real2/ and results/real/), and, for
 the first draft this pair shipped (results/h200/real/), the H200 `dspark bench --concurrency` run
 (scripts/load_to_md.py renders it) and the H200 `dspark tune` record (scripts/tune_to_md.py).
 """
@@ -24,10 +25,10 @@ from dsparkcli.bench.records import read_jsonl
 from dsparkcli.bench.tune import TuningRecord
 from scripts import load_to_md, tune_to_md
 
-DISTILL = ROOT / "results/h200/real2/distill-report.json"
+DISTILL = ROOT / "results/h200/real3/distill-report.json"
 LOAD = ROOT / "results/h200/real/load-real.jsonl"
 TUNE = ROOT / "results/h200/real/tune/tune.json"
-BENCHES = {"H200 (CUDA sm_90)": ROOT / "results/h200/real2/bench-h200.jsonl", "CPU (2 cores)": ROOT / "results/real/bench-cpu.jsonl"}
+BENCHES = {"H200 (CUDA sm_90)": ROOT / "results/h200/real3/bench-h200.jsonl", "CPU (2 cores)": ROOT / "results/real3/bench-cpu.jsonl"}
 FIRST_DRAFT = "the first draft, sha256 `28cbc2a667e537d1…`"
 
 
