@@ -236,6 +236,9 @@ def test_each_off_switch_is_the_variable_its_code_reads(tmp_path):
     assert patches.switches_off(names, {"DSPARK_STOCK_MMVF": "1", "DSPARK_NO_DEFER": "1", "OTHER": "1"}) == [
         "0005 (DSPARK_NO_DEFER=1)", "0006 (DSPARK_STOCK_MMVF=1)"]
     assert patches.switches_off(names[:4], {"DSPARK_STOCK_MMVF": "1"}) == []  # a build without 0006
+    # the engine reads getenv(...) != nullptr: any value, "0" and "" included, turns the patch off
+    assert patches.switches_off(names, {"DSPARK_STOCK_ARGMAX": "0", "DSPARK_COPY_ALL_SNAPSHOTS": ""}) == [
+        "0004 (DSPARK_COPY_ALL_SNAPSHOTS=)", "0007 (DSPARK_STOCK_ARGMAX=0)"]
 
 
 def test_doctor_names_the_patches_the_environment_turns_off(monkeypatch):

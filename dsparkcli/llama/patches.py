@@ -84,12 +84,13 @@ def shipped(directory: Path | None = None) -> tuple[Patch, ...]:
 
 
 def switches_off(patch_names: tuple[str, ...] | list[str], environ: dict[str, str] | None = None) -> list[str]:
-    """Which of these shipped patches the environment turns off (``NUMBER (VAR=1)`` each): llama-server
-    inherits dspark's environment, so a switch set there is off in every server dspark starts."""
+    """Which of these shipped patches the environment turns off (``NUMBER (VAR=value)`` each): llama-server
+    inherits dspark's environment, so a switch set there is off in every server dspark starts. The
+    engine tests only that the variable exists (``getenv(...) != nullptr``), so "0" or "" turn it off too."""
     environ = os.environ if environ is None else environ
     by_name = {p.name: p for p in shipped()}
-    return [f"{p.number} ({p.off_switch}=1)" for n in patch_names if (p := by_name.get(n)) is not None
-            and p.off_switch and environ.get(p.off_switch)]
+    return [f"{p.number} ({p.off_switch}={environ[p.off_switch]})" for n in patch_names
+            if (p := by_name.get(n)) is not None and p.off_switch and p.off_switch in environ]
 
 
 def series_hash(patches: tuple[Patch, ...]) -> str:
