@@ -75,3 +75,8 @@ def test_adaptive_section_is_its_records_rendered() -> None:
     generated = adaptive_to_md.render(ROOT / "results/h200/adaptive-real")
     assert h200.split("\n\n</details>", 1)[0] == generated.rstrip("\n")
     assert "GPU NVIDIA H200" in generated and "@adaptive | all |" in generated
+    third = doc.split("<summary>Generated tables (scripts/adaptive_to_md.py on results/cpu/adaptive-smollm2-135m-3, "
+                      "unedited)</summary>\n\n", 1)[1]
+    generated = adaptive_to_md.render(ROOT / "results/cpu/adaptive-smollm2-135m-3")
+    assert third.split("\n\n</details>", 1)[0] == generated.rstrip("\n")
+    assert "engine 0c1e570 cpu" in generated and "@adaptive | all |" in generated
