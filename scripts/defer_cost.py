@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,10 +18,8 @@ from dsparkcli.bench import prompts as kit
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
 from dsparkcli.bench.records import ALL
 from dsparkcli.bench.run import run_bench
-from dsparkcli.llama import budget, engine as engine_mod
+from dsparkcli.llama import budget, engine as engine_mod, patches
 from dsparkcli.llama.server import split_server_args
-
-NO_DEFER = "DSPARK_NO_DEFER"  # patch 0005's off switch
 
 
 def main() -> int:
@@ -51,17 +48,14 @@ def main() -> int:
     jsonl = args.out / "defer-cost.jsonl"
     rows = []
     for defer in (True, False):
-        os.environ.pop(NO_DEFER, None)
-        if not defer:
-            os.environ[NO_DEFER] = "1"  # llama-server inherits it
-        res = run_bench(engine, plan, out=jsonl, run_id="defer" if defer else "no-defer")
+        with patches.switched_off(() if defer else ("0005",)):  # 0005 off: a draft decode per step
+            res = run_bench(engine, plan, out=jsonl, run_id="defer" if defer else "no-defer")
         for s in res.summaries:
             if s["category"] == ALL:
                 rows.append({"defer": defer, "config": s["config"], "tok_s": s["tok_s"], "speedup": s.get("speedup"),
                              "identical": s.get("identical"), "drafted": s.get("drafted")})
                 print(f"{'deferred' if defer else 'per step':>9} {s['config']:>9}: {s['tok_s']['median']:.1f} tok/s "
                       f"({s['tok_s']['min']:.1f}-{s['tok_s']['max']:.1f})  speedup {s.get('speedup') or 1.0:.3f}")
-    os.environ.pop(NO_DEFER, None)
     (args.out / "defer-cost.json").write_text(json.dumps({
         "kind": "defer-cost", "engine": {"commit": engine.commit, "backend": engine.backend,
                                          "dir": engine.bin_dir.parent.parent.name},

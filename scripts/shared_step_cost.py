@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
 from dsparkcli.bench.prompts import FIXED_SYNTHETIC
-from dsparkcli.bench.records import ALL
 from dsparkcli.bench.run import new_pool, run_bench
-from dsparkcli.llama import engine as engine_mod
+from dsparkcli.bench.stats import ms_per_token
+from dsparkcli.llama import engine as engine_mod, patches
 from dsparkcli.llama.server import split_server_args
 from dsparkcli.synth.full_width import measurement_pair
 
-COPY_ALL = "DSPARK_COPY_ALL_SNAPSHOTS"  # patch 0004's off switch
 PROMPT = FIXED_SYNTHETIC
 
 
@@ -57,33 +55,26 @@ def main() -> int:
                      extra_args=tuple(extra), explicit_arms=arms)
     jsonl = args.out / "shared-step-cost.jsonl"
 
-    def ms(res) -> dict[str, dict[str, float]]:
-        return {s["config"]: {k: 1000.0 / v for k, v in s["tok_s"].items() if k in ("median", "min", "max") and v}
-                for s in res.summaries if s["category"] == ALL}
-
     rows = []
     print(f"engine {engine.bin_dir.parent.parent.name}; ms per token at --spec-synth-len 1 (median, min-max of "
           f"{args.reps} reps)")
     for copy_all in (False, True) if args.copy_all else (False,):
-        os.environ.pop(COPY_ALL, None)
-        if copy_all:
-            os.environ[COPY_ALL] = "1"  # llama-server inherits it (patch 0004 off)
         tag = "-copy-all" if copy_all else ""
-        a = ms(run_bench(engine, plan, out=jsonl, run_id=f"own{tag}"))
-        with new_pool(engine, share=True) as pool:
-            b = ms(run_bench(engine, plan, out=jsonl, run_id=f"shared{tag}", pool=pool))
+        with patches.switched_off(("0004",) if copy_all else ()):  # 0004 off: every snapshot copied
+            a = ms_per_token(run_bench(engine, plan, out=jsonl, run_id=f"own{tag}").summaries)
+            with new_pool(engine, share=True) as pool:
+                b = ms_per_token(run_bench(engine, plan, out=jsonl, run_id=f"shared{tag}", pool=pool).summaries)
         for name in ["plain", *(arm.name for arm in arms)]:
             ra, rb = a.get(name), b.get(name)
             if not ra or not rb:
                 continue
             row = {"config": name, "copy_all_snapshots": copy_all, "own_ms": ra["median"],
-                   "own_range": [ra["max"], ra["min"]], "shared_ms": rb["median"], "shared_range": [rb["max"], rb["min"]],
+                   "own_range": [ra["lo"], ra["hi"]], "shared_ms": rb["median"], "shared_range": [rb["lo"], rb["hi"]],
                    "shared_over_own": rb["median"] / ra["median"]}
             rows.append(row)
-            print(f"{name:>8}{' (0004 off)' if copy_all else ''}: own {ra['median']:.3f} ({ra['max']:.3f}-"
-                  f"{ra['min']:.3f})  shared {rb['median']:.3f} ({rb['max']:.3f}-{rb['min']:.3f})  shared/own "
+            print(f"{name:>8}{' (0004 off)' if copy_all else ''}: own {ra['median']:.3f} ({ra['lo']:.3f}-"
+                  f"{ra['hi']:.3f})  shared {rb['median']:.3f} ({rb['lo']:.3f}-{rb['hi']:.3f})  shared/own "
                   f"{row['shared_over_own']:.3f}")
-    os.environ.pop(COPY_ALL, None)
     (args.out / "shared-step-cost.json").write_text(json.dumps({
         "kind": "shared-step-cost", "engine": {"commit": engine.commit, "backend": engine.backend,
                                                "dir": engine.bin_dir.parent.parent.name},

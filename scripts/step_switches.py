@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -30,37 +29,28 @@ from pathlib import Path
 from dsparkcli.bench import tune
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
 from dsparkcli.bench.prompts import FIXED_SYNTHETIC
-from dsparkcli.bench.records import ALL, PLAIN
+from dsparkcli.bench.records import PLAIN
 from dsparkcli.bench.run import run_bench
+from dsparkcli.bench.stats import ms_per_token
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import patches
 from dsparkcli.llama.server import split_server_args
 from dsparkcli.hub.registry import upstream_acceptance
 from dsparkcli.synth.full_width import measurement_pair
 
-# the kernel patches' off switches, as their descriptions name them (llama.patches.Patch.off_switch)
-SWITCHES = {p.number: p.off_switch for p in patches.shipped() if p.number in ("0006", "0007") and p.off_switch}
+# the kernel patches measured, each with an off switch (llama.patches.Patch.off_switch)
+SWITCHES = tuple(p.number for p in patches.shipped() if p.number in ("0006", "0007") and p.off_switch)
 # mean acceptance lengths of the upstream pair's seven categories (the registry's), as tune_study uses
 UPSTREAM_L = tuple(upstream_acceptance().values())
 PROMPT = FIXED_SYNTHETIC
 
 
-def switch_sets(names: list[str]) -> dict[str, dict[str, str]]:
-    """name -> environment: patched (none set), stock (all set), and '<patch> off' for each patch alone."""
-    sets = {"patched": {}, "stock": {v: "1" for v in SWITCHES.values()}}
+def switch_sets(names: list[str]) -> dict[str, tuple[str, ...]]:
+    """name -> the patches it turns off: patched (none), stock (all), and '<patch> off' for each alone."""
+    sets = {"patched": (), "stock": tuple(SWITCHES)}
     for n in names:
-        sets[f"{n} off"] = {SWITCHES[n]: "1"}
+        sets[f"{n} off"] = (n,)
     return sets
-
-
-def medians_ms(res) -> dict[str, dict[str, float]]:
-    """config -> ms per token (median; lo/hi: fastest and slowest rep) from a bench result's overall summaries."""
-    out = {}
-    for s in res.summaries:
-        t = s["tok_s"]
-        if s["category"] == ALL and t.get("median") and t.get("min") and t.get("max"):
-            out[s["config"]] = {"median": 1000.0 / t["median"], "lo": 1000.0 / t["max"], "hi": 1000.0 / t["min"]}
-    return out
 
 
 def main() -> int:
@@ -103,26 +93,21 @@ def main() -> int:
     cost: list[dict[str, dict]] = []
     speed: list[dict[str, dict]] = []
     print(f"engine {engine.bin_dir.parent.parent.name}; ms per token, median (min-max) of {args.reps} reps")
-    try:
-        for rnd in range(args.rounds):
-            cost.append({})
-            speed.append({})
-            suffix = f"-r{rnd + 1}" if args.rounds > 1 else ""
-            for name, env in sets.items():
-                for var in SWITCHES.values():
-                    os.environ.pop(var, None)
-                os.environ.update(env)  # llama-server inherits it
-                tag = name.replace(" ", "-") + suffix
-                cells = medians_ms(run_bench(engine, plan(cost_arms, args.n_predict), out=jsonl, run_id=f"cost-{tag}"))
-                cost[rnd][name] = cells
-                print(f"{name + suffix:>13}: " + "  ".join(f"{c} {v['median']:.3f} ({v['lo']:.3f}-{v['hi']:.3f})"
-                                                         for c, v in cells.items()))
+    for rnd in range(args.rounds):
+        cost.append({})
+        speed.append({})
+        suffix = f"-r{rnd + 1}" if args.rounds > 1 else ""
+        for name, off in sets.items():
+            tag = name.replace(" ", "-") + suffix
+            with patches.switched_off(off):  # llama-server inherits the environment
+                cells = ms_per_token(run_bench(engine, plan(cost_arms, args.n_predict), out=jsonl,
+                                               run_id=f"cost-{tag}").summaries)
                 if speed_arms and name in ("patched", "stock"):
-                    speed[rnd][name] = medians_ms(run_bench(engine, plan(speed_arms, args.speedup_n_predict),
-                                                            out=jsonl, run_id=f"speed-{tag}"))
-    finally:
-        for var in SWITCHES.values():
-            os.environ.pop(var, None)
+                    speed[rnd][name] = ms_per_token(run_bench(engine, plan(speed_arms, args.speedup_n_predict),
+                                                              out=jsonl, run_id=f"speed-{tag}").summaries)
+            cost[rnd][name] = cells
+            print(f"{name + suffix:>13}: " + "  ".join(f"{c} {v['median']:.3f} ({v['lo']:.3f}-{v['hi']:.3f})"
+                                                     for c, v in cells.items()))
     rows = []
     for rnd, by_set in enumerate(cost, 1):
         for config in [PLAIN, *(a.name for a in cost_arms)]:
@@ -154,7 +139,8 @@ def main() -> int:
         "kind": "step-switches", "engine": {"commit": engine.commit, "backend": engine.backend,
                                             "dir": engine.bin_dir.parent.parent.name},
         "target": str(target), "draft": str(draft), "reps": args.reps, "n_predict": args.n_predict,
-        "rounds": args.rounds, "switch_sets": sets, "server_args": extra, "rows": rows}, indent=1) + "\n")
+        "rounds": args.rounds,
+        "switch_sets": {name: {patches.off_switch(n): "1" for n in off} for name, off in sets.items()}, "server_args": extra, "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -8,6 +8,7 @@ and ``llama.budget`` (the engine's choice, replayed in Python) behaves as its do
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -251,3 +252,18 @@ def test_doctor_names_the_patches_the_environment_turns_off(monkeypatch):
     assert "turned off" not in patch_line(report)
     monkeypatch.setenv("DSPARK_STOCK_ARGMAX", "1")
     assert patch_line(report).endswith("; turned off by the environment: 0007 (DSPARK_STOCK_ARGMAX=1)")
+
+
+def test_switched_off_sets_only_the_named_switches_and_restores_the_environment(monkeypatch):
+    monkeypatch.setenv("DSPARK_STOCK_MMVF", "keep")  # the user's own setting
+    monkeypatch.delenv("DSPARK_NO_DEFER", raising=False)
+    monkeypatch.delenv("DSPARK_STOCK_ARGMAX", raising=False)
+    with patches.switched_off(("0005", "0007")):
+        assert os.environ["DSPARK_NO_DEFER"] == "1" and os.environ["DSPARK_STOCK_ARGMAX"] == "1"
+        assert "DSPARK_STOCK_MMVF" not in os.environ  # another set is not this block's
+    assert os.environ["DSPARK_STOCK_MMVF"] == "keep"
+    assert "DSPARK_NO_DEFER" not in os.environ and "DSPARK_STOCK_ARGMAX" not in os.environ
+    with pytest.raises(KeyError, match="0001 has no off switch"):
+        with patches.switched_off(("0001",)):
+            pass
+    assert os.environ["DSPARK_STOCK_MMVF"] == "keep"

@@ -59,6 +59,17 @@ def speedup(value: float | None, baseline: float | None) -> float | None:
     return value / baseline
 
 
+def ms_per_token(summaries: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """config -> ms per token over all categories: ``median``, and ``lo`` / ``hi`` (the fastest and the
+    slowest rep), from bench summaries; the step cost of a --spec-synth-len 1 cell (one token a step)."""
+    out = {}
+    for s in summaries:
+        t = s["tok_s"]
+        if s["category"] == ALL and t.get("median") and t.get("min") and t.get("max"):
+            out[s["config"]] = {"median": 1000.0 / t["median"], "lo": 1000.0 / t["max"], "hi": 1000.0 / t["min"]}
+    return out
+
+
 def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | None:
     """Index of the first token where ``other`` leaves ``reference``; None when identical.
 

@@ -9,10 +9,12 @@ code); anything else fails in one line before a compiler starts. No ``patch`` or
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +93,36 @@ def switches_off(patch_names: tuple[str, ...] | list[str], environ: dict[str, st
     by_name = {p.name: p for p in shipped()}
     return [f"{p.number} ({p.off_switch}={environ[p.off_switch]})" for n in patch_names
             if (p := by_name.get(n)) is not None and p.off_switch and p.off_switch in environ]
+
+
+def off_switch(number: str) -> str:
+    """The off switch of the shipped patch ``number`` ("0004"); a patch without one is a caller's bug."""
+    sw = next((p.off_switch for p in shipped() if p.number == number), None)
+    if sw is None:
+        raise KeyError(f"shipped patch {number} has no off switch")
+    return sw
+
+
+@contextlib.contextmanager
+def switched_off(numbers: Iterable[str]) -> Iterator[None]:
+    """These shipped patches off in every llama-server started inside the block (they inherit dspark's
+    environment), and only these: the other switches are cleared for the block; all restored after."""
+    every = [p.off_switch for p in shipped() if p.off_switch]
+    want = {off_switch(n) for n in numbers}
+    saved = {v: os.environ.get(v) for v in every}
+    try:
+        for v in every:
+            if v in want:
+                os.environ[v] = "1"
+            else:
+                os.environ.pop(v, None)
+        yield
+    finally:
+        for v, old in saved.items():
+            if old is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = old
 
 
 def series_hash(patches: tuple[Patch, ...]) -> str:
