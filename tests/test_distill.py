@@ -388,3 +388,38 @@ def test_parity_holds_after_steps_that_did_not_draft(engine, tiny: Path, tmp_pat
     same, total = parity.decisive_agreement(sim, logged)
     assert total > 20 and same / total >= 0.99, (same, total)
     assert seen[True] == seen[False]  # deferred or injected per step: the same drafts, tokens and counts
+
+
+def test_replay_of_a_bench_run_gives_the_engines_counts(engine, tiny: Path, tmp_path: Path) -> None:
+    """distill.replay: a run's recorded draft requests, fed back through the torch draft, give the drafted and
+    accepted counts llama-server reported for each one (the check that told the shipped draft's kit gap
+    from an engine bug); a synthetic arm's requests are not replayed."""
+    from dsparkcli.bench.records import PromptRecord, RequestRecord
+    from dsparkcli.distill import replay
+
+    target, draft, out = _parity_pair(tiny, tmp_path)
+    budget, n_predict = 4, 40
+    records, ids = [], {}
+    cfg = ServerConfig(model=tiny / "target.gguf", draft=out, n_max=budget, ctx=512, threads=1)
+    with LlamaServer(engine, cfg) as srv:
+        for seed in range(3):
+            pid = f"p{seed}"
+            ids[pid] = [int(x) for x in np.random.default_rng(200 + seed).integers(0, VOCAB - 1, size=9)]
+            r = srv.client.completion({"prompt": ids[pid], "n_predict": n_predict, "temperature": 0,
+                                       "return_tokens": True})
+            records.append(PromptRecord(pid, "code", f"text of {pid}", (), "").to_record())
+            for synthetic in (False, True):
+                records.append(RequestRecord(
+                    config="d@4", category="code", prompt_id=pid, rep=0, n_predicted=len(r["tokens"]),
+                    predicted_ms=1.0, budget=budget, synthetic=synthetic, stop_type=r["stop_type"],
+                    draft_n=r["timings"]["draft_n"], draft_n_accepted=r["timings"]["draft_n_accepted"],
+                    tokens=tuple(r["tokens"])).to_record())
+    by_text = {f"text of {pid}": p for pid, p in ids.items()}
+    rows = replay.replay(records, target, draft, by_text.__getitem__)
+    assert [r.prompt_id for r in rows] == ["p0", "p1", "p2"]  # the synthetic copies were skipped
+    assert [(r.drafted, r.accepted) for r in rows] == [(r.engine_drafted, r.engine_accepted) for r in rows]
+    assert sum(r.accepted for r in rows) > 0 and all(r.steps > 5 for r in rows)
+    [code, every] = replay.summarise(rows)
+    assert (code.category, every.category, code.budget) == ("code", "all", budget)
+    assert code.accepted == every.accepted == sum(r.accepted for r in rows) and code.accepted_ratio == 1.0
+    assert code.mean_length == pytest.approx(1 + code.accepted / sum(r.steps for r in rows))
