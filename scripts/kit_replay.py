@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from dsparkcli import __version__
 from dsparkcli.bench.provenance import file_facts
 from dsparkcli.bench.records import read_jsonl
 from dsparkcli.distill import export, replay
+from dsparkcli.distill.data import write_json
 from dsparkcli.distill.target import load_target
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.server import LlamaServer, ServerConfig
@@ -67,11 +66,7 @@ def main() -> int:
         "summary": [s.to_record() for s in summary], "requests": [asdict(r) for r in rows],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=args.out.name + ".")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, doc, indent=1)
     return 0
 
 

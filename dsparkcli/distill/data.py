@@ -39,8 +39,9 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_json(path: Path, obj: object) -> None:
-    _atomic_write(path, lambda p: p.write_text(json.dumps(obj), encoding="utf-8"))
+def write_json(path: Path, obj: object, indent: int | None = None) -> None:
+    _atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=indent) + ("\n" if indent else ""),
+                                               encoding="utf-8"))
 
 
 @dataclass(frozen=True)
