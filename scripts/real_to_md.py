@@ -29,6 +29,8 @@ DISTILL = ROOT / "results/h200/real3/distill-report.json"
 LOAD = ROOT / "results/h200/real/load-real.jsonl"
 TUNE = ROOT / "results/h200/real/tune/tune.json"
 BENCHES = {"H200 (CUDA sm_90)": ROOT / "results/h200/real3/bench-h200.jsonl", "CPU (2 cores)": ROOT / "results/real3/bench-cpu.jsonl"}
+REPLAYS = {"H200 (CUDA sm_90)": ROOT / "results/h200/real3/replay-h200.json", "CPU (2 cores)": ROOT / "results/real3/replay-cpu.json"}
+TRANSFER = ROOT / "results/real3/transfer-code.json"
 FIRST_DRAFT = "the first draft, sha256 `28cbc2a667e537d1…`"
 
 
@@ -125,12 +127,46 @@ def bench_section(label: str, path: Path) -> list[str]:
     return lines
 
 
+def replay_section() -> list[str]:
+    """scripts/kit_replay.py's records: the engine's counts next to the torch draft's on the same tokens."""
+    lines = ["### The same runs replayed by the torch draft (scripts/kit_replay.py)", "",
+             "Mean acceptance length per cell: llama-server's (its counters) / the torch draft's in the server's "
+             "loop on the same output tokens (accepted tokens in brackets).", ""]
+    docs = {label: json.loads(path.read_text(encoding="utf-8")) for label, path in REPLAYS.items() if path.is_file()}
+    for label, doc in docs.items():
+        lines += [f"{label}: `{REPLAYS[label].relative_to(ROOT)}` (bench sha256 `{doc['bench']['sha256'][:12]}…`, "
+                  f"draft `{doc['draft']['sha256'][:12]}…`, torch {doc['torch']} on the CPU)", "",
+                  "| budget | " + " | ".join(c for c in ("math", "code", "general", "all")) + " |",
+                  "|---|---|---|---|---|"]
+        cells = {(r["category"], r["budget"]): r for r in doc["summary"]}
+        for budget in sorted({b for _, b in cells}):
+            row = []
+            for cat in ("math", "code", "general", "all"):
+                r = cells.get((cat, budget))
+                row.append("–" if r is None or r["engine_mean_length"] is None else
+                           f"{r['engine_mean_length']:.3f} / {r['mean_length']:.3f} "
+                           f"({r['engine_accepted']} / {r['accepted']})")
+            lines.append(f"| {budget} | " + " | ".join(row) + " |")
+        lines.append("")
+    if TRANSFER.is_file():
+        doc = json.loads(TRANSFER.read_text(encoding="utf-8"))
+        lines += [f"Transfer to unseen code tasks (`{TRANSFER.relative_to(ROOT)}`, scripts/draft_transfer.py; torch "
+                  f"replay at budget {doc['budget']}, {doc['n_predict']} greedy tokens per prompt):", "",
+                  "| prompt set | prompts | mean acceptance length | per prompt min-median-max |", "|---|---|---|---|"]
+        for r in doc["summary"]:
+            lines.append(f"| {r['set']} | {r['prompts']} | {r['mean_length']:.3f} | {r['per_prompt_min']:.2f}-"
+                         f"{r['per_prompt_median']:.2f}-{r['per_prompt_max']:.2f} |")
+        lines.append("")
+    return lines
+
+
 def render() -> str:
     rep = json.loads(DISTILL.read_text(encoding="utf-8"))
     out = distill_section(rep)
     for label, path in BENCHES.items():
         if path.is_file() and any(r["record"] == "overhead" for r in _records(path)):  # a finished run only
             out += bench_section(label, path)
+    out += replay_section()
     if LOAD.is_file():
         text = load_to_md.section(LOAD).replace(f"{ROOT}/", "")
         out += [f"### H200: many users at once (`dspark bench --concurrency`, REAL acceptance; {FIRST_DRAFT})", "",

@@ -65,6 +65,7 @@ def distill(
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak learning rate.")] = 1e-3,
     soft_weight: Annotated[float, typer.Option("--soft-weight", min=0.0, max=1.0, help="Share of the soft loss (the target's top-8 distribution) in the token loss.")] = 0.5,
     val_groups: Annotated[int, typer.Option("--val-groups", min=0, help="Prompt templates per category held out whole for validation (0: a random split).")] = 2,
+    val_subjects: Annotated[float, typer.Option("--val-subjects", min=0.0, max=0.5, help="Share of each category's template subjects (code tasks, topics) held out from training under every template (0: templates only).")] = 0.1,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda[:N].")] = "auto",
     outtype: Annotated[str, typer.Option("--outtype", help="Weights in the GGUF: q8_0, f16 or f32.")] = "q8_0",
     work: Annotated[Optional[Path], typer.Option("--work", help="Work folder (default: dspark cache).")] = None,
@@ -94,7 +95,7 @@ def distill(
         target=target, out=out_path, work=work or cache_dir() / "distill" / key,
         train=TrainOptions(layers=layers, block_size=block_size, taps=_taps(taps), markov_rank=markov_rank,
                            minutes=minutes, steps=steps, seed=seed, batch=batch, lr=lr, soft_weight=soft_weight,
-                           val_groups=val_groups),
+                           val_groups=val_groups, val_subjects=val_subjects),
         n_prompts=n_prompts, n_meta=n_questions, max_new=max_new, gen_batch=gen_batch, data_minutes=data_minutes, device=device,
         outtype=outtype, prompts_file=prompts, prepare_only=prepare_only)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dsparkcli.distill import corpus
 from dsparkcli.distill.data import Dataset
 from dsparkcli.distill.model import DraftConfig, DSparkDraft
 from dsparkcli.distill.target import Target, TargetTokenizer
@@ -57,6 +58,7 @@ class TrainOptions:
     max_len: int = 1024
     val_fraction: float = 0.03
     val_groups: int = 2  # prompt templates per category held out whole for validation (0: random split)
+    val_subjects: float = 0.1  # share of each category's template subjects (code tasks, topics) held out too
     soft_weight: float = 0.5  # share of the soft (top-k distribution) cross-entropy in the token loss
     soft_k: int = 8
     eval_every_s: float = 60.0
@@ -279,25 +281,42 @@ def evaluate(draft: DSparkDraft, fs: Features, idx: Sequence[int], categories: S
 
 def split_validation(ds: Dataset, opt: TrainOptions, rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """(validation, training) sequence indices. With ``val_groups``, that many prompt templates per
-    category are held out whole (none of their sequences is trained on) and up to ``val_fraction`` of the
-    data is drawn from them; categories with too few templates, and ungrouped data, fall back to a
-    random split."""
+    category are held out whole (none of their sequences is trained on), and with ``val_subjects`` that
+    share of each category's subjects too (corpus.group_name: a code task is held out from every
+    template); up to ``val_fraction`` of the data is drawn from held-out templates whose subject is held
+    out as well (or that have none). A sequence with only one of the two held out is neither trained on
+    nor validated: training on it would show the draft a held-out task or template. Categories with too
+    few templates, and ungrouped data, fall back to a random split."""
     n = len(ds)
     n_val = max(1, int(round(n * opt.val_fraction))) if n > 4 else 1
+    templates, subjects = zip(*(corpus.split_group(g) for g in ds.groups)) if n else ((), ())
     held: set[str] = set()
+    held_subjects: dict[str, set[str]] = {}  # per category; a category absent here holds no subject out
     if opt.val_groups > 0:
         by_cat: dict[str, set[str]] = {}
-        for c, g in zip(ds.categories, ds.groups):
+        subjects_by_cat: dict[str, set[str]] = {}
+        for c, g, s in zip(ds.categories, templates, subjects):
             if g:
                 by_cat.setdefault(c, set()).add(g)
+            if s:
+                subjects_by_cat.setdefault(c, set()).add(s)
         for c, gs in sorted(by_cat.items()):
             if len(gs) >= 4 * opt.val_groups:
                 pick = rng.permutation(sorted(gs))[: opt.val_groups]
                 held.update(str(g) for g in pick)
+                ss = sorted(subjects_by_cat.get(c, ()))
+                n_subjects = int(round(len(ss) * opt.val_subjects))
+                if n_subjects and len(ss) >= 4 * n_subjects:
+                    held_subjects[c] = {str(x) for x in rng.permutation(ss)[:n_subjects]}
+
+    def subject_held(i: int) -> bool:
+        return subjects[i] in held_subjects.get(ds.categories[i], ())
+
     if held:
-        pool = [i for i in range(n) if ds.groups[i] in held]
+        pool = [i for i in range(n) if templates[i] in held
+                and (not subjects[i] or ds.categories[i] not in held_subjects or subject_held(i))]
         val = sorted(int(pool[i]) for i in rng.permutation(len(pool))[:n_val])
-        train = [i for i in range(n) if ds.groups[i] not in held]
+        train = [i for i in range(n) if templates[i] not in held and not subject_held(i)]
         if val and train:
             return val, [int(i) for i in rng.permutation(train)]
     perm = rng.permutation(n)
