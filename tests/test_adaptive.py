@@ -222,6 +222,47 @@ def test_a_stock_server_is_refused_before_asking():
 # ------------------------------------------------------------------ dspark: --budget adaptive
 
 
+def test_best_case_says_when_no_acceptance_can_make_a_draft_pay():
+    """budget.best_case on the two committed tuning tables of the real pair: the CPU's (third draft) cannot
+    pay even with every token accepted, the H200's (second draft) can at k = 2; and the claim behind it:
+    an estimate of near-certain acceptance still makes the engine's choice k = 0 on the CPU table."""
+    cpu = budget.parse_cost_table((REPO / "results/cpu/adaptive-smollm2-135m-3/cost-table.txt").read_text())
+    h200 = budget.parse_cost_table((REPO / "results/h200/adaptive-real/cost-table.txt").read_text())
+    assert budget.best_case(cpu) == (3, pytest.approx(4 * 8.179788 / (41.032715 + 3 * 0.368702)))  # 0.78x
+    assert budget.best_case(cpu)[1] < 1.0
+    assert budget.best_case(h200) == (2, pytest.approx(3 * 1.349404 / (2.352667 + 2 * 0.515184)))  # 1.20x
+    sure = budget.Estimate(reach=(50.0,) * 8, acc=(50.0,) * 8)  # 50 of 50 accepted at every position
+    assert budget.choose(sure, cpu, cpu.max_k)[0] == 0
+    assert budget.choose(sure, h200, h200.max_k)[0] == 2
+    never = budget.CostTable.from_points(NEVER)
+    assert budget.best_case(never) == (8, pytest.approx(9 / 90))
+
+
+def test_adaptive_says_when_the_tuning_leaves_no_draft_worth_drafting(patched, pairs, tmp_path, monkeypatch):
+    from dsparkcli.bench import tune, tuned
+    from dsparkcli.bench.tune import CostModel, TuningRecord
+
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
+    pair = pairs["0.7"]
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=8, ctx=1024, threads=1)
+    key = tuned.key_for(patched, pair.target, pair.draft, cfg.argv(patched.server, 0))
+
+    def stored(cost: CostModel) -> str:
+        tuned.save(TuningRecord(key=key, cost=cost, acceptance=(), predictions=(), choices=(), verified=(),
+                                budgets=(1, 8), timings_s={}, created="2026-12-01T00:00:00+00:00", run_id="r",
+                                jsonl="x.jsonl"))
+        return tuned.adaptive_settings(patched, cfg, 0).message
+
+    # t1 and t_step(1) of the CPU's tuning of the real pair, and a k = 8 step: 2 / 21.24 and 9 / 82.96 tokens
+    # per ms against plain's 1 / 8.18, so k = 8 is the best length and it is still 0.89x plain
+    message = stored(CostModel(t1_ms=8.18, t_step_ms=((1, 20.87), (8, 80.0)), s_ms=0.37))
+    assert message.endswith("no draft can pay even with every token accepted (best: k = 8, 0.89x plain), so it "
+                            "will decode without drafting: --no-draft saves loading the draft"), message
+    message = stored(CostModel(t1_ms=8.18, t_step_ms=((1, 10.0), (8, 30.0)), s_ms=0.37))  # 2.0x at k = 8
+    assert message.startswith(f"adaptive budget: llama.cpp picks 0..8 per step from tuning {key.id}")
+    assert "no draft can pay" not in message
+
+
 def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp_path):
     """tune --adaptive measures llama.cpp's per-step budget next to its picks; run and bench use the
     stored cost table with --budget adaptive (one line saying which), outputs identical to plain."""

@@ -17,6 +17,7 @@ from dsparkcli.bench import provenance, tune
 from dsparkcli.bench.tune import TuningKey, TuningRecord
 from dsparkcli.errors import EngineCapabilityError, UsageError
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import budget as budget_mod
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.server import ServerConfig
@@ -147,8 +148,13 @@ def adaptive_settings(engine: Engine, cfg: ServerConfig, default_budget: int) ->
                           f"this pair, engine and flags (run `dspark tune` first); using budget {default_budget}")
     path = write_cost_table(rec)
     ks = [k for k, _ in rec.cost.t_step_ms]
-    return AutoChoice(None, None, False, f"adaptive budget: llama.cpp picks 0..{max(ks)} per step from tuning "
-                      f"{rec.key.id}'s step costs (measured at k = {', '.join(map(str, ks))})", rec, path)
+    message = (f"adaptive budget: llama.cpp picks 0..{max(ks)} per step from tuning {rec.key.id}'s step costs "
+               f"(measured at k = {', '.join(map(str, ks))})")
+    k, best = budget_mod.best_case(budget_mod.parse_cost_table(path.read_text(encoding="utf-8"), str(path)))
+    if best <= 1.0:  # the engine will choose k = 0 at every step, whatever the acceptance
+        message += (f"; on these step costs no draft can pay even with every token accepted (best: k = {k}, "
+                    f"{best:.2f}x plain), so it will decode without drafting: --no-draft saves loading the draft")
+    return AutoChoice(None, None, False, message, rec, path)
 
 
 def apply_auto(engine: Engine, cfg: ServerConfig, *, budget: bool, p_min: bool,

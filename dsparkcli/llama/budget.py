@@ -166,3 +166,21 @@ def margin(est: Estimate, table: CostTable, n_max: int) -> float:
         if v > bar:
             best = v
     return gap
+
+
+def best_case(table: CostTable) -> tuple[int, float]:
+    """(k, speedup over plain) of the table's best draft length if every drafted token were accepted:
+    (k + 1) · T[0] / (T[k] + s·k). value(k) only grows with the expected accepted count E_k ≤ k while a
+    step costs more than an accepted token (T[k] > s), so when this is at most 1.0 no estimate can make
+    ``choose`` draft: the adaptive budget decodes as plain does at every step, and the loaded draft is
+    only a cost (about 2 % a token on a 2-core CPU, BENCHMARKS.md)."""
+    best_k, best = 0, 1.0
+    for k in range(1, table.max_k + 1):
+        speedup = (k + 1) * table.step_ms[0] / (table.step_ms[k] + table.accept_ms * k)
+        if speedup > best:
+            best_k, best = k, speedup
+    if best_k == 0 and table.max_k >= 1:  # none pays: still name the least bad length
+        best_k = max(range(1, table.max_k + 1),
+                     key=lambda k: (k + 1) / (table.step_ms[k] + table.accept_ms * k))
+        best = (best_k + 1) * table.step_ms[0] / (table.step_ms[best_k] + table.accept_ms * best_k)
+    return best_k, best
