@@ -189,6 +189,43 @@ def test_a_draft_that_drafts_nothing_is_an_error(cli, engine, tmp_path):
     assert {r["config"] for r in records if r["record"] == "summary"} == {"plain"}
 
 
+def test_rounds_run_the_configurations_in_turn_and_count_every_rep(cli, engine, vpair, tmp_path):
+    """--rounds 2 --reps 1: plain, the draft, plain, the draft (a fresh server each time), rep numbers 0 and 1,
+    identity against the same round's plain, and summaries over both rounds with exact counts."""
+    out = tmp_path / "r.jsonl"
+    proc = cli("bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3",
+               "--category", "text", "--limit", "1", "--reps", "1", "--rounds", "2", "-n", "24", "-t", "1",
+               "--ctx", "1024", "--json", "--out", str(out), env=_env(engine), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    records = _records(out)
+    requests = [r for r in records if r["record"] == "request"]
+    blocks = []
+    for r in requests:
+        if not blocks or blocks[-1] != (r["config"], r["rep"]):
+            blocks.append((r["config"], r["rep"]))
+    assert blocks == [("plain", 0), ("draft-dspark@3", 0), ("plain", 1), ("draft-dspark@3", 1)]
+    drafts = [r for r in requests if r["config"] != "plain"]
+    assert all(r["identical_to_plain"] for r in drafts) and len(drafts) == 6
+    by_rep = {rep: [(r["prompt_id"], r["tokens"], r["draft_n"], r["draft_n_accepted"]) for r in drafts if r["rep"] == rep]
+              for rep in (0, 1)}
+    assert by_rep[0] == by_rep[1]  # a known-answer pair: the second round repeats the first exactly
+    rows = {(s["config"], s["category"]): s for s in json.loads(proc.stdout)["summaries"]}
+    row = rows[("draft-dspark@3", "all")]
+    assert (row["reps"], row["requests"], row["prompts"]) == (2, 6, 3)
+    assert row["timings_drafted"] == sum(r["draft_n"] for r in drafts)
+    counters = [r for r in records if r["record"] == "counters"]
+    assert sorted((c["rep"], c["category"]) for c in counters) == sorted((rep, c) for rep in (0, 1)
+                                                                          for c in ("math", "code", "general"))
+    assert row["drafted"] == sum(c["drafted"] for c in counters) == row["timings_drafted"]
+    assert rows[("plain", "all")]["requests"] == 6
+    assert {r["provenance"]["rounds"] for r in records if r.get("provenance")} == {2}
+    # one request at a time only: a --concurrency run has its own repeated passes
+    proc = cli("bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3",
+               "--rounds", "2", "--concurrency", "1", "2", "--out", str(tmp_path / "c.jsonl"), env=_env(engine))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "dspark: error: --rounds is for one request at a time: a --concurrency run repeats passes (--reps)")
+
+
 def test_n_min_above_budget_drafts_nothing(engine, tmp_path):
     """--spec-draft-n-min 8 with budget 3: every 3-token draft is discarded (core API, extra server args)."""
     pair = synth.write_pair(tmp_path / "p", vocab=128, seed=3)

@@ -66,6 +66,9 @@ class BenchPlan:
     prompts: tuple[Prompt, ...]
     mmproj: Path | None = None
     reps: int = 3
+    # the configurations run in turn this many times, ``reps`` each time (rep numbers continue), so a
+    # machine that drifts during the run slows every configuration alike instead of the later ones
+    rounds: int = 1
     warmup: int = 1
     n_predict: int = 256
     ctx: int | None = 4096
@@ -133,7 +136,7 @@ class BenchPlan:
         per_client = self.warmup + len(self.prompts) * self.reps
         if self.concurrency:  # every client asks the whole kit
             return len(self.arms()) * sum(self.concurrency) * per_client
-        return len(self.arms()) * per_client
+        return len(self.arms()) * per_client * self.rounds
 
     def validate(self) -> None:
         self.placement.validate()
@@ -156,6 +159,10 @@ class BenchPlan:
             raise UsageError("--concurrency values must be distinct")
         if self.reps < 1:
             raise UsageError("--reps must be at least 1")
+        if self.rounds < 1:
+            raise UsageError("--rounds must be at least 1")
+        if self.rounds > 1 and self.concurrency:
+            raise UsageError("--rounds is for one request at a time: a --concurrency run repeats passes (--reps)")
         if self.warmup < 0:
             raise UsageError("--warmup must be >= 0")
         if self.n_predict < 1:

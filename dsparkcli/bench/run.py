@@ -275,9 +275,10 @@ def _drafted_nothing(arm: Arm, requests: int, srv: LlamaServer) -> BenchError:
 
 def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Arm, writer: _Writer, state: _RunState,
              totals: _Totals, images_b64: dict[str, list[str]], image_sha: dict[str, list[str]], categories: list[str],
-             on_request: Callable[[str, str], None] | None) -> tuple[float, _ArmRecords]:
+             on_request: Callable[[str, str], None] | None, rep0: int = 0) -> tuple[float, _ArmRecords]:
     """One configuration: its server from the pool (started, or a loaded one that can serve it), warm up,
-    run every rep × category × prompt. Returns (load seconds, 0 on a reused server; its records)."""
+    run every rep × category × prompt (reps numbered from ``rep0``: a later round's). Returns (load
+    seconds, 0 on a reused server; its records)."""
     is_draft = arm.draft is not None
     mine = _ArmRecords()
     held, draft_fields = pool.acquire(_server_config(plan, arm), plan_host)
@@ -303,7 +304,7 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
     drafted = 0
     # counters only move while a request runs, so each block's "after" is the next one's "before"
     before = SpecCounters.from_metrics(client.metrics()) if is_draft else None
-    for rep in range(plan.reps):
+    for rep in range(rep0, rep0 + plan.reps):
         for category in categories:
             for p in (q for q in plan.prompts if q.category == category):
                 resp, request_ms = request(p)
@@ -323,7 +324,7 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
                 writer.write(block.to_record())
         # a whole pass without one draft: fail now, not in an hour (an adaptive budget may choose that)
         if is_draft and drafted == 0 and not arm.adaptive:
-            raise _drafted_nothing(arm, len(plan.prompts) * (rep + 1), srv)
+            raise _drafted_nothing(arm, len(plan.prompts) * (rep - rep0 + 1), srv)
     return load_s, mine
 
 
@@ -394,6 +395,13 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
     return load_s, mine
 
 
+def _joined(earlier: _ArmRecords | None, later: _ArmRecords) -> _ArmRecords:
+    if earlier is None:
+        return later
+    return _ArmRecords(earlier.requests + later.requests, earlier.counters + later.counters,
+                       earlier.passes + later.passes)
+
+
 def _summaries(arm: Arm, mine: _ArmRecords, categories: list[str], state: _RunState,
                upstream: dict[str, float], load_s: float) -> list[SummaryRecord]:
     """The configuration's summary rows, from its own records; the ``all`` row carries its load time."""
@@ -432,7 +440,7 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     hashing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-provenance")
     prov = hashing.submit(provenance.collect, engine, files, argv=argv, reps=plan.reps, extra={
         "run_id": run_id, "model": plan.model_name, "n_predict": plan.n_predict, "warmup": plan.warmup,
-        "seed": plan.seed, "ignore_eos": plan.ignore_eos, "p_min": plan.p_min, "synth_len": plan.synth_len,
+        "seed": plan.seed, "rounds": plan.rounds, "ignore_eos": plan.ignore_eos, "p_min": plan.p_min, "synth_len": plan.synth_len,
         "synthetic": plan.synthetic, "acceptance": plan.acceptance.label, "acceptance_why": plan.acceptance.why,
         "ctx": plan.ctx, **({"concurrency": list(plan.concurrency)} if plan.concurrency else {}),
     })
@@ -459,15 +467,22 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
             configs = [_server_config(plan, a) for a in single]
             mine_pool = pool or new_pool(engine, share=False)
             try:
-                for arm, host in zip(single, plan_hosts(configs) if mine_pool.share else configs):
-                    load_s, mine = _run_arm(mine_pool, host, plan, arm, writer, state, totals, images_b64, image_sha,
-                                            categories, on_request)
-                    for row in _summaries(arm, mine, categories, state, upstream, load_s):
-                        writer.write(row.to_record())
-                    if pool is None:
-                        t_stop0 = time.perf_counter()
-                        mine_pool.close()
-                        totals.stop_s += time.perf_counter() - t_stop0
+                kept: dict[str, _ArmRecords] = {}  # every round's records of a configuration
+                first_load: dict[str, float] = {}
+                for rnd in range(plan.rounds):
+                    for arm, host in zip(single, plan_hosts(configs) if mine_pool.share else configs):
+                        load_s, mine = _run_arm(mine_pool, host, plan, arm, writer, state, totals, images_b64,
+                                                image_sha, categories, on_request, rep0=rnd * plan.reps)
+                        mine = _joined(kept.get(arm.name), mine)
+                        kept[arm.name] = mine
+                        first_load.setdefault(arm.name, load_s)
+                        if rnd == plan.rounds - 1:  # plain's summary comes first: the drafts' speedups need it
+                            for row in _summaries(arm, mine, categories, state, upstream, first_load[arm.name]):
+                                writer.write(row.to_record())
+                        if pool is None:
+                            t_stop0 = time.perf_counter()
+                            mine_pool.close()
+                            totals.stop_s += time.perf_counter() - t_stop0
             finally:
                 if pool is None:
                     mine_pool.close()

@@ -67,6 +67,7 @@ Examples:
   dspark bench --budget 5 15                         # default pair, the built-in 84-prompt kit
   dspark bench --model minicpm-v-4.7 --draft q8_0 --draft q6_k --budget 5 15 --plot bench.png
   dspark bench --target t.gguf --draft d.gguf --category text --reps 5 --format md
+  dspark bench --model smollm2-135m --budget 1 2 --reps 1 --rounds 5   # interleaved: for a shared machine
   dspark bench --target t.gguf --draft q8=d-q8.gguf --draft q4=d-q4.gguf --budget 5 7
   dspark bench --target t.gguf --draft d.gguf --mmproj mm.gguf --prompts my.jsonl --out runs.jsonl
   dspark bench --budget 7 --synth-len 4 --ignore-eos   # llama.cpp's SYNTHETIC acceptance
@@ -165,6 +166,7 @@ def bench(
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision' name groups).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="At most N prompts per category.")] = None,
     reps: Annotated[int, typer.Option("--reps", min=1, help="Timed repetitions of every prompt.")] = 3,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Run the configurations in turn N times, --reps each time (a fresh server each time), so a machine that drifts slows them all alike.")] = 1,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed requests per configuration.")] = 1,
     n_predict: Annotated[int, typer.Option("--n-predict", "-n", min=1, help="Tokens to generate per request.")] = 256,
     ctx: Annotated[int, typer.Option("--ctx", "-c", min=64, help="Context size (-c).")] = 4096,
@@ -235,7 +237,7 @@ def bench(
     plan = bench_plan.BenchPlan(
         target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts,
         budgets=tuple(budgets or ([] if adaptive else [inputs.budget or DEFAULT_BUDGET])), prompts=selected,
-        reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_value, synth_len=synth_len,  # type: ignore[arg-type]
+        reps=reps, rounds=rounds, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_value, synth_len=synth_len,  # type: ignore[arg-type]
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=extra_args,
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
         concurrency=tuple(concurrency or ()),
