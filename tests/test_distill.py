@@ -478,3 +478,21 @@ def test_replay_of_a_bench_run_gives_the_engines_counts(engine, tiny: Path, tmp_
     assert code.accepted == every.accepted == sum(r.accepted for r in rows)
     assert code.engine_accepted == sum(r.engine_accepted for r in rows)
     assert code.mean_length == pytest.approx(1 + code.accepted / sum(r.steps for r in rows))
+
+
+def test_transfer_check_asks_for_tasks_the_trainer_never_draws() -> None:
+    """scripts/draft_transfer.py's two sets differ only in the task: same template and language per pair,
+    the new tasks in no list the trainer draws from, and none of its prompts a kit look-alike."""
+    from support.scripts import script
+
+    transfer = script("draft_transfer")
+    sets = transfer.prompt_sets(24, seed=7)
+    assert [len(sets[k]) for k in ("training tasks", "new tasks", "kit code")] == [24, 24, 12]
+    assert not set(transfer.NEW_TASKS) & set(corpus.CODE_TASKS + corpus.SQL_TASKS + corpus.CONCEPTS)
+    for seen, new, task in zip(sets["training tasks"], sets["new tasks"], transfer.NEW_TASKS):
+        assert task in new and new.replace(task, "") != new
+        assert not any(t in new for t in corpus.CODE_TASKS)
+        assert new.split(task)[0] == seen[: len(new.split(task)[0])]  # the same template and language before it
+    kit = [p.text for p in load_prompts()]
+    prompts = [corpus.TrainPrompt("code", t) for t in sets["training tasks"] + sets["new tasks"]]
+    assert corpus.held_out(prompts, kit) == prompts
