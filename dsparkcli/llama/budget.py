@@ -174,13 +174,7 @@ def best_case(table: CostTable) -> tuple[int, float]:
     step costs more than an accepted token (T[k] > s), so when this is at most 1.0 no estimate can make
     ``choose`` draft: the adaptive budget decodes as plain does at every step, and the loaded draft is
     only a cost (about 2 % a token on a 2-core CPU, BENCHMARKS.md)."""
-    best_k, best = 0, 1.0
-    for k in range(1, table.max_k + 1):
-        speedup = (k + 1) * table.step_ms[0] / (table.step_ms[k] + table.accept_ms * k)
-        if speedup > best:
-            best_k, best = k, speedup
-    if best_k == 0 and table.max_k >= 1:  # none pays: still name the least bad length
-        best_k = max(range(1, table.max_k + 1),
-                     key=lambda k: (k + 1) / (table.step_ms[k] + table.accept_ms * k))
-        best = (best_k + 1) * table.step_ms[0] / (table.step_ms[best_k] + table.accept_ms * best_k)
-    return best_k, best
+    speedups = {k: (k + 1) * table.step_ms[0] / (table.step_ms[k] + table.accept_ms * k)
+                for k in range(1, table.max_k + 1)}  # a table prices at least one draft length
+    k = max(speedups, key=speedups.__getitem__)
+    return k, speedups[k]
