@@ -496,3 +496,12 @@ def test_transfer_check_asks_for_tasks_the_trainer_never_draws() -> None:
     kit = [p.text for p in load_prompts()]
     prompts = [corpus.TrainPrompt("code", t) for t in sets["training tasks"] + sets["new tasks"]]
     assert corpus.held_out(prompts, kit) == prompts
+
+
+def test_the_target_is_asked_for_code_tasks_on_any_topic() -> None:
+    """Two of the code meta-prompts take a general topic, so the target's own questions bring tasks that no
+    list in the corpus holds (the transfer check: unseen tasks are where the draft loses)."""
+    code = [p for p in corpus.meta_prompts(600, seed=1) if p.category == "code"]
+    on_topics = [p for p in code if any(f"about {t}." in p.text or f"about {t};" in p.text for t in corpus.GENERAL_TOPICS)]
+    assert len({p.group for p in code}) == 5 and len(on_topics) > 40
+    assert len({p.text for p in on_topics}) == len(on_topics)  # all different: topic x language

@@ -195,7 +195,12 @@ GENERAL_FORMS = (
 META_FORMS = {
     "code": ("Write one short programming question about {concept} that a student might ask. Reply with the question only.",
              "Write one request a developer might make to get {lang} code for a task involving {concept}. Reply with the request only.",
-             "Write one coding exercise about {concept} in {lang}. Reply with the exercise only."),
+             "Write one coding exercise about {concept} in {lang}. Reply with the exercise only.",
+             # tasks from any topic, not from CODE_TASKS: the draft transfers poorly to tasks it has not seen
+             # (results/real3/transfer-code.json), and the target can write far more of them than a list holds
+             "Write one request a user might make for a small {lang} program about {topic}. Reply with the request only.",
+             "Write one task for a {lang} function that works on data about {topic}; name its inputs and its output. "
+             "Reply with the task only."),
     "math": ("Write one short math word problem about {topic} with numbers in it. Reply with the problem only.",
              "Write one algebra or geometry exercise with numbers in it. Reply with the exercise only.",
              "Write one probability or statistics question about {topic}. Reply with the question only."),
