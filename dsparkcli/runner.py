@@ -227,6 +227,11 @@ def answer(
                                  adaptive=knobs.adaptive_budget)
     if auto is not None and (on_notice or on_status):
         (on_notice or on_status)(auto.message)  # type: ignore[misc]
+    if auto is not None and auto.without_draft:
+        if compare:
+            raise UsageError("--compare --budget adaptive: this tuning leaves no draft worth loading (above); "
+                             "compare a fixed budget with --budget N")
+        files = replace(files, draft=None)
     n_max = cfg.n_max
     if on_status:
         on_status(f"loading {files.target.name}" + (f" + draft {files.draft.name} (budget {n_max})" if files.draft else ""))

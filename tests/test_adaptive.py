@@ -238,29 +238,82 @@ def test_best_case_says_when_no_acceptance_can_make_a_draft_pay():
     assert budget.best_case(never) == (8, pytest.approx(9 / 90))
 
 
-def test_adaptive_says_when_the_tuning_leaves_no_draft_worth_drafting(patched, pairs, tmp_path, monkeypatch):
-    from dsparkcli.bench import tune, tuned
-    from dsparkcli.bench.tune import CostModel, TuningRecord
+def _store_tuning(engine, pair, cost) -> str:
+    """A tuning record of ``cost`` for this pair as the CLI serves it with --threads 1 --ctx 1024."""
+    from dsparkcli.bench import tuned
+    from dsparkcli.bench.tune import TuningRecord
+
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=8, ctx=1024, threads=1)
+    key = tuned.key_for(engine, pair.target, pair.draft, cfg.argv(engine.server, 0))
+    tuned.save(TuningRecord(key=key, cost=cost, acceptance=(), predictions=(), choices=(), verified=(),
+                            budgets=(1, 8), timings_s={}, created="2026-12-01T00:00:00+00:00", run_id="r",
+                            jsonl="x.jsonl"))
+    return key.id
+
+
+# t1 and t_step(1) of the CPU's tuning of the real pair, and a k = 8 step: 2 / 21.24 and 9 / 82.96 tokens per
+# ms against plain's 1 / 8.18, so k = 8 is the best length and still 0.89x plain: no draft can pay
+HOPELESS = dict(t1_ms=8.18, t_step_ms=((1, 20.87), (8, 80.0)), s_ms=0.37)
+NO_DRAFT_NOTE = ("no draft can pay even with every token accepted (best: k = 8, 0.89x plain), so the draft is not "
+                 "loaded and every request decodes as plain does (--budget N keeps it)")
+
+
+def test_adaptive_leaves_out_a_draft_no_acceptance_can_pay_for(patched, pairs, tmp_path, monkeypatch):
+    from dsparkcli.bench import tuned
+    from dsparkcli.bench.tune import CostModel
 
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
     pair = pairs["0.7"]
     cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=8, ctx=1024, threads=1)
-    key = tuned.key_for(patched, pair.target, pair.draft, cfg.argv(patched.server, 0))
+    _store_tuning(patched, pair, CostModel(**HOPELESS))
+    served, choice = tuned.apply_auto(patched, cfg, budget=False, p_min=False, adaptive=True)
+    assert choice.message.endswith(NO_DRAFT_NOTE) and choice.without_draft and choice.plain
+    assert served == ServerConfig(model=pair.target, ctx=1024, threads=1)  # the draft and its settings gone
+    assert "-md" not in served.argv(patched.server, 0) and tuned.category_budgets(choice) == {}
+    key_id = _store_tuning(patched, pair, CostModel(t1_ms=8.18, t_step_ms=((1, 10.0), (8, 30.0)), s_ms=0.37))
+    served, choice = tuned.apply_auto(patched, cfg, budget=False, p_min=False, adaptive=True)  # 2.0x at k = 8
+    assert choice.message == (f"adaptive budget: llama.cpp picks 0..8 per step from tuning {key_id}'s step "
+                              "costs (measured at k = 1, 8)") and not choice.without_draft
+    assert served.draft == pair.draft and served.n_max == protocol.AUTO and served.cost_table == choice.cost_table
 
-    def stored(cost: CostModel) -> str:
-        tuned.save(TuningRecord(key=key, cost=cost, acceptance=(), predictions=(), choices=(), verified=(),
-                                budgets=(1, 8), timings_s={}, created="2026-12-01T00:00:00+00:00", run_id="r",
-                                jsonl="x.jsonl"))
-        return tuned.adaptive_settings(patched, cfg, 0).message
 
-    # t1 and t_step(1) of the CPU's tuning of the real pair, and a k = 8 step: 2 / 21.24 and 9 / 82.96 tokens
-    # per ms against plain's 1 / 8.18, so k = 8 is the best length and it is still 0.89x plain
-    message = stored(CostModel(t1_ms=8.18, t_step_ms=((1, 20.87), (8, 80.0)), s_ms=0.37))
-    assert message.endswith("no draft can pay even with every token accepted (best: k = 8, 0.89x plain), so it "
-                            "will decode without drafting: --no-draft saves loading the draft"), message
-    message = stored(CostModel(t1_ms=8.18, t_step_ms=((1, 10.0), (8, 30.0)), s_ms=0.37))  # 2.0x at k = 8
-    assert message.startswith(f"adaptive budget: llama.cpp picks 0..8 per step from tuning {key.id}")
-    assert "no draft can pay" not in message
+def test_run_serve_and_bench_adaptive_without_a_draft_worth_loading(patched, pairs, cli, tmp_path, monkeypatch):
+    """The CLI on a stored tuning where no draft can pay: run and serve start llama-server without -md and
+    say why; bench's adaptive arm runs without the draft too (identical to plain, nothing drafted), while
+    its fixed budget keeps it."""
+    from dsparkcli.bench.tune import CostModel
+
+    pair = pairs["0.7"]
+    env = {"DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+           "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    monkeypatch.setenv("DSPARK_CACHE_DIR", env["DSPARK_CACHE_DIR"])
+    _store_tuning(patched, pair, CostModel(**HOPELESS))
+    files = ["--target", str(pair.target), "--draft", str(pair.draft), "--threads", "1", "--ctx", "1024"]
+    proc = cli("run", *files, "hello there", "-n", "16", "--budget", "adaptive", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert NO_DRAFT_NOTE in proc.stderr
+    result = json.loads(proc.stdout)
+    assert "-md" not in result["server_argv"] and result["budget"] is None and "draft" not in result["files"]
+    proc = cli("serve", *files, "--budget", "adaptive", "--print", "--json", env=env)
+    assert proc.returncode == 0 and NO_DRAFT_NOTE in proc.stderr
+    assert "-md" not in json.loads(proc.stdout)["argv"]
+    proc = cli("run", *files, "hello there", "-n", "16", "--budget", "adaptive", "--compare", env=env)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+        "dspark: error: --compare --budget adaptive: this tuning leaves no draft worth loading")
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "a-{i}", "category": "alpha", "prompt": "question {i}"}}\n' for i in range(2)))
+    out = tmp_path / "b.jsonl"
+    proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "2", "adaptive", "--reps", "1", "-n", "16",
+               "--json", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert NO_DRAFT_NOTE in proc.stderr
+    rows = {(s["config"], s["category"]): s for s in json.loads(proc.stdout)["summaries"]}
+    adaptive = rows[("draft-dspark@adaptive", "all")]
+    assert adaptive["drafted"] == 0 and adaptive["identical"] == adaptive["prompts"] == 2
+    assert rows[("draft-dspark@2", "all")]["drafted"] > 0
+    argv = {r["config"]: r["server_argv"] for r in map(json.loads, out.read_text().splitlines()) if r["record"] == "request"}
+    assert "-md" not in argv["draft-dspark@adaptive"] and "-md" in argv["draft-dspark@2"]
 
 
 def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp_path):

@@ -38,6 +38,9 @@ class Arm:
     synth_rates: tuple[float, ...] | None = None  # per-position synthetic acceptance, ``budget`` values
     # --budget adaptive: llama.cpp picks 0..budget per step from this cost table (--spec-draft-n-max auto)
     cost_table: Path | None = None
+    # the adaptive arm of a table where no draft can pay (bench.tuned.AutoChoice.without_draft): its server
+    # runs without the draft, as `dspark run/serve --budget adaptive` then do
+    without_draft: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -89,6 +92,7 @@ class BenchPlan:
     # --budget adaptive: one more arm per draft, "<draft>@adaptive", on this cost table (its max k the cap)
     cost_table: Path | None = None
     adaptive_k: int = 0  # the cost table's largest k
+    adaptive_without_draft: bool = False  # the table leaves no draft worth loading (Arm.without_draft)
 
     def _validate_arms(self) -> None:
         names = [a.name for a in self.explicit_arms]
@@ -129,7 +133,8 @@ class BenchPlan:
         for d in self.drafts:
             arms += [Arm(f"{d.label}@{b}", d, b) for b in self.budgets]
             if self.cost_table is not None:
-                arms.append(Arm(f"{d.label}@{ADAPTIVE_LABEL}", d, self.adaptive_k, cost_table=self.cost_table))
+                arms.append(Arm(f"{d.label}@{ADAPTIVE_LABEL}", d, self.adaptive_k, cost_table=self.cost_table,
+                                without_draft=self.adaptive_without_draft))
         return arms
 
     def total_requests(self) -> int:

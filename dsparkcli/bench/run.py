@@ -222,6 +222,8 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
 
 def _server_config(plan: BenchPlan, arm: Arm, concurrency: int = 1) -> ServerConfig:
     p_min, synth_len, synth_rates = arm.settings(plan)  # the arm's own (tune's cells), else the plan's
+    if arm.without_draft:
+        return _server_config(plan, replace(arm, without_draft=False), concurrency).without_draft()
     return ServerConfig(
         model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj,
         n_max=AUTO if arm.adaptive else arm.budget, cost_table=arm.cost_table,
@@ -279,7 +281,7 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
     """One configuration: its server from the pool (started, or a loaded one that can serve it), warm up,
     run every rep × category × prompt (reps numbered from ``rep0``: a later round's). Returns (load
     seconds, 0 on a reused server; its records)."""
-    is_draft = arm.draft is not None
+    is_draft = arm.draft is not None and not arm.without_draft  # a server with a draft has counters to read
     mine = _ArmRecords()
     held, draft_fields = pool.acquire(_server_config(plan, arm), plan_host)
     srv = held.server
@@ -333,7 +335,7 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
                   on_request: Callable[[str, str], None] | None) -> tuple[float, _ArmRecords]:
     """One configuration at one concurrency: a server with -np N, a warm-up pass, then ``reps`` passes in
     which each of the N clients streams the whole kit (from its own starting prompt). Returns (load s, records)."""
-    is_draft = arm.draft is not None
+    is_draft = arm.draft is not None and not arm.without_draft  # a server with a draft has counters to read
     mine = _ArmRecords()
     srv = LlamaServer(engine, _server_config(plan, arm, concurrency), env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
     t_load0 = time.perf_counter()

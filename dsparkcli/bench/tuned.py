@@ -88,6 +88,10 @@ class AutoChoice:
     message: str  # one line for the user
     record: TuningRecord | None = None
     cost_table: Path | None = None  # --budget adaptive: the table llama.cpp chooses each step's budget from
+    # --budget adaptive on a table where no draft length can pay even with every drafted token accepted
+    # (llama.budget.best_case <= 1): the engine would choose k = 0 at every step of every request, and a
+    # fixed budget of the table's lengths would only be slower, so the server runs without the draft
+    without_draft: bool = False
 
 
 def auto_settings(engine: Engine, cfg: ServerConfig, category: str | None, default_budget: int) -> AutoChoice:
@@ -151,9 +155,11 @@ def adaptive_settings(engine: Engine, cfg: ServerConfig, default_budget: int) ->
     message = (f"adaptive budget: llama.cpp picks 0..{max(ks)} per step from tuning {rec.key.id}'s step costs "
                f"(measured at k = {', '.join(map(str, ks))})")
     k, best = budget_mod.best_case(budget_mod.parse_cost_table(path.read_text(encoding="utf-8"), str(path)))
-    if best <= 1.0:  # the engine will choose k = 0 at every step, whatever the acceptance
+    if best <= 1.0:  # the engine would choose k = 0 at every step, whatever the acceptance
         message += (f"; on these step costs no draft can pay even with every token accepted (best: k = {k}, "
-                    f"{best:.2f}x plain), so it will decode without drafting: --no-draft saves loading the draft")
+                    f"{best:.2f}x plain), so the draft is not loaded and every request decodes as plain does "
+                    "(--budget N keeps it)")
+        return AutoChoice(None, None, True, message, rec, path, without_draft=True)
     return AutoChoice(None, None, False, message, rec, path)
 
 
@@ -166,6 +172,8 @@ def apply_auto(engine: Engine, cfg: ServerConfig, *, budget: bool, p_min: bool,
         return cfg, None
     if adaptive:
         choice = adaptive_settings(engine, cfg, cfg.n_max if isinstance(cfg.n_max, int) else 0)
+        if choice.without_draft:
+            return cfg.without_draft(), choice
         if choice.cost_table is not None:
             cfg = replace(cfg, n_max=protocol.AUTO, cost_table=choice.cost_table)
         if p_min:
@@ -181,7 +189,7 @@ def apply_auto(engine: Engine, cfg: ServerConfig, *, budget: bool, p_min: bool,
 
 def category_budgets(choice: AutoChoice | None) -> dict[str, int]:
     """The tuning's pick per category ({category: budget}, 0 = plain decoding won), for per-request budgets."""
-    if choice is None or choice.record is None:
+    if choice is None or choice.record is None or choice.without_draft:  # no draft loaded: nothing to pick
         return {}
     return {c.category: c.candidate.budget if c.candidate else 0 for c in choice.record.choices}
 

@@ -207,7 +207,7 @@ def bench(
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes,
                                        engine=eng, on_notice=lambda m: err.print(m, markup=False))
     budgets, auto_budget, adaptive = _budgets(budget)
-    cost_table, adaptive_k = None, 0
+    cost_table, adaptive_k, adaptive_without_draft = None, 0, False
     if adaptive:  # the (first) draft's tuning: its step costs, llama.cpp's choice per step
         cfg = ServerConfig(model=inputs.target, draft=inputs.drafts[0].path, mmproj=inputs.mmproj,
                            n_max=inputs.budget or DEFAULT_BUDGET, ctx=ctx, threads=threads, extra_args=passthrough_args())
@@ -217,6 +217,7 @@ def bench(
                              "and flags: run `dspark tune` with the same pair and flags first")
         err.print(choice.message, markup=False)
         cost_table, adaptive_k = choice.cost_table, budget_mod.parse_cost_table(choice.cost_table.read_text()).max_k
+        adaptive_without_draft = choice.without_draft
     p_value, auto_p = parse_auto(p_min, "--p-min", float)
     if auto_budget or auto_p:  # the tuning of the (first) draft: for the one category benched, else overall
         cfg = ServerConfig(model=inputs.target, draft=inputs.drafts[0].path, mmproj=inputs.mmproj,
@@ -241,7 +242,7 @@ def bench(
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=extra_args,
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
         concurrency=tuple(concurrency or ()),
-        placement=placement, cost_table=cost_table, adaptive_k=adaptive_k,
+        placement=placement, cost_table=cost_table, adaptive_k=adaptive_k, adaptive_without_draft=adaptive_without_draft,
     )
     plan.validate()
     hazard = hazards.slot_hazard(eng, drafting=bool(plan.drafts), parallel=max(plan.concurrency or (1,)))

@@ -144,13 +144,13 @@ def serve(
                         placement=placement),
             Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
                       on_notice=lambda m: err.print(m, markup=False)), engine=eng)
-    hazard = hazards.slot_hazard(eng, drafting=files.draft is not None, parallel=cfg.n_parallel)
-    if hazard:
-        err.print(f"dspark: warning: {hazard}", markup=False)
     cfg, auto = tuned.apply_auto(eng, cfg, budget=kv["auto_budget"], p_min=kv["auto_p_min"],
                                  category=category, adaptive=kv["adaptive_budget"])
     if auto is not None:
         err.print(auto.message, markup=False)
+    hazard = hazards.slot_hazard(eng, drafting=cfg.draft is not None, parallel=cfg.n_parallel)
+    if hazard:
+        err.print(f"dspark: warning: {hazard}", markup=False)
     per_category = tuned.category_budgets(auto)
     if per_category and engine_mod.capabilities(eng).request_draft_params:
         most = max(per_category.values())
@@ -169,7 +169,7 @@ def serve(
         srv = sup.server
         assert srv is not None
         info = {"url": srv.url, "pid": srv.pid, "log": str(srv.log_path), "target": str(files.target),
-                "draft": str(files.draft) if files.draft else None, "mmproj": str(files.mmproj) if files.mmproj else None,
+                "draft": str(cfg.draft) if cfg.draft else None, "mmproj": str(files.mmproj) if files.mmproj else None,
                 "budget": cfg.n_max, "p_min": cfg.p_min, "parallel": cfg.n_parallel,
                 "tuning": auto.message if auto else None, "category_budgets": per_category or None,
                 "rpc": [str(e) for e in cfg.placement.rpc],

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,11 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         check_extra_args(self.extra_args)  # every caller (run, serve, bench, scripts) at once
+
+    def without_draft(self) -> ServerConfig:
+        """The same server with no draft and none of the draft's settings: plain decoding."""
+        return replace(self, draft=None, spec_type=None, n_max=None, n_min=None, p_min=None, synth_len=None,
+                       synth_rates=None, cost_table=None, ngld=None)
 
     def argv(self, server: Path, port: int) -> list[str]:
         args = [str(server), "--host", self.host, "--port", str(port), "-m", str(self.model), "-np", str(self.n_parallel)]
