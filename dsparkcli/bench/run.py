@@ -221,9 +221,9 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
 
 
 def _server_config(plan: BenchPlan, arm: Arm, concurrency: int = 1) -> ServerConfig:
-    p_min, synth_len, synth_rates = arm.settings(plan)  # the arm's own (tune's cells), else the plan's
     if arm.without_draft:
         return _server_config(plan, replace(arm, without_draft=False), concurrency).without_draft()
+    p_min, synth_len, synth_rates = arm.settings(plan)  # the arm's own (tune's cells), else the plan's
     return ServerConfig(
         model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj,
         n_max=AUTO if arm.adaptive else arm.budget, cost_table=arm.cost_table,
