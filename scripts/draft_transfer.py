@@ -15,20 +15,13 @@ kit's when the draft has learnt the answers to the training tasks rather than co
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from dsparkcli import __version__
 from dsparkcli.bench import prompts as kit
-from dsparkcli.bench.provenance import file_facts
-from dsparkcli.distill import corpus, export, parity
+from dsparkcli.distill import corpus, parity, replay
 from dsparkcli.distill.data import write_json
-from dsparkcli.distill.target import load_target
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.protocol import mean_acceptance_length
 from dsparkcli.llama.server import LlamaServer, ServerConfig
@@ -72,9 +65,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     assert not set(NEW_TASKS) & set(corpus.CODE_TASKS)
-    torch.set_num_threads(args.threads)
-    target, _ = load_target(args.target)
-    draft = export.read_gguf(args.draft).eval().float()
+    target, draft = replay.load_pair(args.target, args.draft, args.threads)
     engine = engine_mod.describe(engine_mod.resolve_engine())
     sets = prompt_sets(args.pairs, args.seed)
     rows = []
@@ -84,7 +75,7 @@ def main() -> int:
                 rendered = srv.client.apply_template([{"role": "user", "content": text}])
                 r = srv.client.completion({"prompt": rendered, "n_predict": args.n_predict, "temperature": 0,
                                            "return_tokens": True})
-                n_predict = args.n_predict if r["stop_type"] == "limit" else len(r["tokens"]) + args.budget + 2
+                n_predict = replay.n_predict_for(r["stop_type"], len(r["tokens"]), args.budget)
                 sim = parity.simulate(target, draft, srv.client.tokenize(rendered), r["tokens"], args.budget, n_predict)
                 rows.append({"set": name, "prompt": text, "tokens": len(r["tokens"]), "accepted": sim.accepted,
                              "drafted": sim.drafted, "steps": sim.steps})
@@ -100,9 +91,7 @@ def main() -> int:
                         "per_prompt_median": per[len(per) // 2], "per_prompt_max": per[-1]})
         print(f"{name:15} prompts {len(rs):3}  mean length @{args.budget} {summary[-1]['mean_length']:.3f}  "
               f"(per prompt {per[0]:.2f}-{per[-1]:.2f}, median {per[len(per) // 2]:.2f})")
-    doc = {"kind": "draft-transfer", "dspark_version": __version__, "torch": torch.__version__,
-           "engine": {"commit": engine.commit, "backend": engine.backend}, "target": asdict(file_facts(args.target)),
-           "draft": asdict(file_facts(args.draft)), "budget": args.budget, "n_predict": args.n_predict,
+    doc = {**replay.record_header("draft-transfer", engine, target=args.target, draft=args.draft), "budget": args.budget, "n_predict": args.n_predict,
            "seed": args.seed, "label": "REAL", "summary": summary, "requests": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, doc, indent=1)

@@ -18,14 +18,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from dsparkcli import __version__
-from dsparkcli.bench.provenance import file_facts
 from dsparkcli.bench.records import read_jsonl
-from dsparkcli.distill import export, replay
+from dsparkcli.distill import replay
 from dsparkcli.distill.data import write_json
-from dsparkcli.distill.target import load_target
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 
@@ -39,10 +34,8 @@ def main() -> int:
     ap.add_argument("--budget", type=int, nargs="*", help="only these budgets (default: every one in the run)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     records = read_jsonl(args.bench)
-    target, _ = load_target(args.target)
-    draft = export.read_gguf(args.draft).eval().float()
+    target, draft = replay.load_pair(args.target, args.draft, args.threads)
     engine = engine_mod.describe(engine_mod.resolve_engine())
     cfg = ServerConfig(model=args.target, draft=None, ctx=4096, threads=args.threads)
     with LlamaServer(engine, cfg) as srv:  # the engine's tokenizer, not a second one
@@ -58,13 +51,8 @@ def main() -> int:
         t = f"{s.mean_length:.3f}" if s.mean_length is not None else "-"
         print(f"{s.category:8} {s.budget:>2} {s.engine_accepted:>9}/{s.engine_drafted:<9} "
               f"{s.accepted:>8}/{s.drafted:<9} {e:>10} {t:>9}")
-    doc = {
-        "kind": "kit-replay", "dspark_version": __version__, "torch": torch.__version__,
-        "engine": {"commit": engine.commit, "backend": engine.backend},
-        "bench": asdict(file_facts(args.bench)), "target": asdict(file_facts(args.target)),
-        "draft": asdict(file_facts(args.draft)), "budgets": args.budget,
-        "summary": [s.to_record() for s in summary], "requests": [asdict(r) for r in rows],
-    }
+    doc = {**replay.record_header("kit-replay", engine, bench=args.bench, target=args.target, draft=args.draft),
+           "budgets": args.budget, "summary": [s.to_record() for s in summary], "requests": [asdict(r) for r in rows]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, doc, indent=1)
     return 0

@@ -15,12 +15,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+import torch
+
+from dsparkcli import __version__
+from dsparkcli.bench.provenance import file_facts
 from dsparkcli.bench.records import PromptRecord, RequestRecord, SummaryRecord
-from dsparkcli.distill import parity
+from dsparkcli.distill import export, parity
 from dsparkcli.distill.model import DSparkDraft
-from dsparkcli.distill.target import Target
+from dsparkcli.distill.target import Target, load_target
+from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import mean_acceptance_length
 
 
@@ -60,10 +66,24 @@ class ReplaySummary:
         return {**asdict(self), "accepted_ratio": self.accepted_ratio}
 
 
-def _n_predict(req: RequestRecord) -> int:
-    # A request that stopped at its limit had n_predict = n_predicted, and the server shortened its last
-    # drafts to fit; one that stopped at end-of-generation was never shortened, so any larger limit replays it.
-    return req.n_predicted if req.stop_type == "limit" else req.n_predicted + (req.budget or 0) + 2
+def n_predict_for(stop_type: str | None, n_predicted: int, budget: int) -> int:
+    """The n_predict to replay a finished request with. One that stopped at its limit had n_predict =
+    n_predicted, and the server shortened its last drafts to fit; one that stopped at end-of-generation
+    was never shortened, so any larger limit replays it."""
+    return n_predicted if stop_type == "limit" else n_predicted + budget + 2
+
+
+def load_pair(target: Path, draft: Path, threads: int) -> tuple[Target, DSparkDraft]:
+    """The target dequantised into torch and the draft read back from its GGUF, on the CPU."""
+    torch.set_num_threads(threads)
+    return load_target(target)[0], export.read_gguf(draft).eval().float()
+
+
+def record_header(kind: str, engine: Engine, **files: Path) -> dict[str, Any]:
+    """What a replay record says about where it came from: versions, the engine, each file's sha256."""
+    return {"kind": kind, "dspark_version": __version__, "torch": torch.__version__,
+            "engine": {"commit": engine.commit, "backend": engine.backend},
+            **{role: asdict(file_facts(path)) for role, path in files.items()}}
 
 
 def replay(records: Iterable[Mapping[str, Any]], target: Target, draft: DSparkDraft,
@@ -92,7 +112,8 @@ def replay(records: Iterable[Mapping[str, Any]], target: Target, draft: DSparkDr
             continue  # the torch target has no vision tower
         if req.prompt_id not in ids:
             ids[req.prompt_id] = tokenize(prompts[req.prompt_id].rendered)
-        sim = parity.simulate(target, draft, ids[req.prompt_id], req.tokens, req.budget, _n_predict(req))
+        sim = parity.simulate(target, draft, ids[req.prompt_id], req.tokens, req.budget,
+                              n_predict_for(req.stop_type, req.n_predicted, req.budget))
         row = ReplayedRequest(req.config, req.category, req.prompt_id, req.rep, req.budget, req.draft_n,
                               req.draft_n_accepted, sim.drafted, sim.accepted, sim.steps)
         out.append(row)
