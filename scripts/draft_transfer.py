@@ -19,7 +19,7 @@ import random
 import sys
 from pathlib import Path
 
-from dsparkcli.bench import prompts as kit
+from dsparkcli.bench import prompts as kit, stats
 from dsparkcli.distill import corpus, parity, replay
 from dsparkcli.distill.data import write_json
 from dsparkcli.llama import engine as engine_mod
@@ -85,12 +85,12 @@ def main() -> int:
     for name in sets:
         rs = [r for r in rows if r["set"] == name]
         acc, steps = sum(r["accepted"] for r in rs), sum(r["steps"] for r in rs)
-        per = sorted(mean_acceptance_length(r["accepted"], r["steps"]) or 1.0 for r in rs)
+        per = stats.spread([mean_acceptance_length(r["accepted"], r["steps"]) or 1.0 for r in rs])
         summary.append({"set": name, "prompts": len(rs), "accepted": acc, "steps": steps,
-                        "mean_length": mean_acceptance_length(acc, steps), "per_prompt_min": per[0],
-                        "per_prompt_median": per[len(per) // 2], "per_prompt_max": per[-1]})
+                        "mean_length": mean_acceptance_length(acc, steps), "per_prompt_min": per["min"],
+                        "per_prompt_median": per["median"], "per_prompt_max": per["max"]})
         print(f"{name:15} prompts {len(rs):3}  mean length @{args.budget} {summary[-1]['mean_length']:.3f}  "
-              f"(per prompt {per[0]:.2f}-{per[-1]:.2f}, median {per[len(per) // 2]:.2f})")
+              f"(per prompt {per['min']:.2f}-{per['max']:.2f}, median {per['median']:.2f})")
     doc = {**replay.record_header("draft-transfer", engine, target=args.target, draft=args.draft), "budget": args.budget, "n_predict": args.n_predict,
            "seed": args.seed, "label": "REAL", "summary": summary, "requests": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
