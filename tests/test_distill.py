@@ -296,6 +296,24 @@ def test_cli_distill_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.startswith("dspark: error: ") and r.stderr.count("\n") == 1
 
 
+def test_cli_distill_refuses_a_file_that_is_no_gguf_in_one_line(tiny: Path, tmp_path: Path) -> None:
+    """issue 28, item 1: a text file, an empty file and a truncated GGUF were gguf-py tracebacks (exit 1)."""
+    whole = (tiny / "target.gguf").read_bytes()
+    cases = {"notes.txt": (b"hello, not a model\n", "not a GGUF file (bad magic)"),
+             "empty.gguf": (b"", "not a GGUF file (bad magic)"),
+             "half.gguf": (whole[: len(whole) // 2], "truncated download?")}
+    for name, (content, says) in cases.items():
+        bad = tmp_path / name
+        bad.write_bytes(content)
+        out, work = tmp_path / f"{name}.draft.gguf", tmp_path / f"{name}.work"
+        r = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "distill", str(bad), str(out), "--steps", "1",
+                            "--work", str(work)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        line = r.stderr.strip()
+        assert line.startswith(f"dspark: error: {bad}: ") and "\n" not in line and says in line, r.stderr
+        assert not out.exists() and not work.exists()  # refused before anything was written
+
+
 def test_validation_holds_whole_templates_out() -> None:
     from dsparkcli.distill.train import split_validation
     n = 240

@@ -25,9 +25,10 @@ from dsparkcli import __version__
 from dsparkcli.bench.prompts import load_prompts
 from dsparkcli.distill import corpus, data, export, train
 from dsparkcli.distill.data import Dataset, PromptIds
-from dsparkcli.distill.target import load_target
+from dsparkcli.distill.target import check_arch, load_target
 from dsparkcli.distill.train import EOG_TEXTS, TrainOptions
 from dsparkcli.errors import UsageError
+from dsparkcli.gguf.reader import read_header
 from dsparkcli.hub.download import hash_file
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 
@@ -119,6 +120,9 @@ def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress
     """``engine`` is called only when stage 1 has to run (a work folder that has prompts.json needs none)."""
     if plan.outtype not in export.OUT_TYPES:
         raise UsageError(f"--outtype must be one of {', '.join(export.OUT_TYPES)}")
+    # dspark's bounded header reader first, before the work folder, the sha256 or gguf-py's reader (whose
+    # text file, empty file or truncated GGUF are a traceback): a GGUFError is one line, nothing written
+    check_arch(read_header(plan.target).arch)
     plan.work.mkdir(parents=True, exist_ok=True)
     dev = pick_device(plan.device)
     report = DistillReport(out=str(plan.out), target_sha256=hash_file(plan.target), device=dev)

@@ -67,12 +67,17 @@ def _field(reader, key: str, default=None):  # type: ignore[no-untyped-def]
     return f.contents()
 
 
-def read_config(reader) -> TargetConfig:  # type: ignore[no-untyped-def]
-    arch = _field(reader, "general.architecture")
+def check_arch(arch: object) -> str:
+    """The target's arch, if distill can train a draft for it (else one line naming the ones it can)."""
     if arch not in SUPPORTED_ARCHS:
         raise UsageError(
             f"distill supports targets of arch {', '.join(sorted(SUPPORTED_ARCHS))}; this one is {arch!r}"
         )
+    return str(arch)
+
+
+def read_config(reader) -> TargetConfig:  # type: ignore[no-untyped-def]
+    arch = check_arch(_field(reader, "general.architecture"))
     a = arch
     n_embd = int(_field(reader, f"{a}.embedding_length"))
     n_head = int(_field(reader, f"{a}.attention.head_count"))
