@@ -126,3 +126,35 @@ def test_duplicate_ids_empty_files_and_non_images(tmp_path):
         prompts.load_prompts(str(_write(tmp_path, bad)))
     with pytest.raises(UsageError, match=r"prompt file not found: nope.jsonl \(built-in kits: default\)"):
         prompts.load_prompts("nope.jsonl")
+
+
+EVAL = Path(__file__).resolve().parents[2] / "shared" / "eval"
+
+
+def test_public_question_files_read_as_they_are() -> None:
+    """MT-bench and Spec-Bench: the first turn, the category as given, the question_id as the id."""
+    spec = prompts.load_prompts(EVAL / "spec_bench_question.jsonl")
+    assert len(spec) == 480
+    counts = {c: sum(p.category == c for p in spec) for c in {p.category for p in spec}}
+    assert counts == {"writing": 10, "roleplay": 10, "reasoning": 10, "math": 10, "coding": 10, "extraction": 10,
+                      "stem": 10, "humanities": 10, "translation": 80, "summarization": 80, "qa": 80,
+                      "math_reasoning": 80, "rag": 80}
+    mt = prompts.load_prompts(EVAL / "mt_bench_question.jsonl")
+    first = json.loads((EVAL / "mt_bench_question.jsonl").read_text().splitlines()[0])
+    assert (mt[0].id, mt[0].category, mt[0].text) == ("81", "writing", first["turns"][0])
+    assert len(mt) == 80 and not any(p.images for p in mt)
+    assert len(prompts.select(mt, ["coding"], limit=3)) == 3
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"question_id": 1, "category": "qa", "turns": []}', "first turn is a non-empty string"),
+    ('{"question_id": 1, "category": "qa", "turns": ["hi"], "answer": "x"}', "unknown field(s) answer in a question"),
+    ('{"question_id": true, "category": "qa", "turns": ["hi"]}', "'question_id' must be a number"),
+    ('{"question_id": 1, "turns": ["hi"]}', "'category' must be a non-empty string"),
+])
+def test_a_bad_question_line_is_one_usage_error(tmp_path: Path, line: str, message: str) -> None:
+    f = tmp_path / "q.jsonl"
+    f.write_text(line + "\n")
+    with pytest.raises(UsageError) as e:
+        prompts.load_prompts(f)
+    assert message in e.value.message and e.value.message.startswith(f"{f}:1: ")

@@ -6,6 +6,10 @@ One JSON object per line (schema in docs/PROMPTS.md)::
 
 Image paths are relative to the JSONL file. Images are sent before the text of the same turn:
 llama-server asserts when a prompt ends with an image.
+
+The public question files of MT-bench and Spec-Bench (``{"question_id", "category", "turns": [...]}``,
+optionally ``reference``) are read as they are: the first turn is the prompt, the category is kept as given,
+the id is the ``question_id``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ DEFAULT_KIT = "default"
 
 _KEYS_REQUIRED = ("id", "category", "prompt")
 _KEYS_OPTIONAL = ("images", "system")
+_QUESTION_KEYS = ("question_id", "category", "turns")  # MT-bench / Spec-Bench question files
+_QUESTION_OPTIONAL = ("reference",)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,8 @@ def parse_record(obj: Any, *, where: str, base_dir: Path) -> Prompt:
     """Validate one decoded JSONL line. ``where`` is ``file:line`` for error messages."""
     if not isinstance(obj, dict):
         raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if "turns" in obj or "question_id" in obj:
+        return _question(obj, where=where)
     unknown = sorted(set(obj) - set(_KEYS_REQUIRED) - set(_KEYS_OPTIONAL))
     if unknown:
         raise UsageError(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: "
@@ -109,6 +117,23 @@ def parse_record(obj: Any, *, where: str, base_dir: Path) -> Prompt:
         images.append(path)
     return Prompt(id=obj["id"], category=obj["category"].strip().lower(), text=obj["prompt"],
                   images=tuple(images), system=system)
+
+
+def _question(obj: dict[str, Any], *, where: str) -> Prompt:
+    """An MT-bench / Spec-Bench question: its first turn (later turns answer the model's first reply, which
+    a single-turn benchmark does not have)."""
+    unknown = sorted(set(obj) - set(_QUESTION_KEYS) - set(_QUESTION_OPTIONAL))
+    if unknown:
+        raise UsageError(f"{where}: unknown field(s) {', '.join(unknown)} in a question (allowed: "
+                         f"{', '.join(_QUESTION_KEYS + _QUESTION_OPTIONAL)})")
+    qid, category, turns = obj.get("question_id"), obj.get("category"), obj.get("turns")
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)) or not str(qid).strip():
+        raise UsageError(f"{where}: field 'question_id' must be a number or a non-empty string")
+    if not isinstance(category, str) or not category.strip():
+        raise UsageError(f"{where}: field 'category' must be a non-empty string")
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
+        raise UsageError(f"{where}: field 'turns' must be a list whose first turn is a non-empty string")
+    return Prompt(id=str(qid), category=category.strip().lower(), text=turns[0])
 
 
 def load_prompts(source: str | Path | None = None) -> tuple[Prompt, ...]:
