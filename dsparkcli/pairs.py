@@ -22,7 +22,7 @@ from dsparkcli.hub.fetch import Check, Confirm, PlannedFile
 from dsparkcli.hub.range import read_gguf
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import placement as placement_mod
-from dsparkcli.llama.engine import Engine, list_devices
+from dsparkcli.llama.engine import Engine, list_devices, require_dspark
 from dsparkcli.llama.loads import engine_label, engine_tables
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
@@ -234,6 +234,10 @@ def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Do
     if engine is not None and downloads.engine is None:
         downloads = replace(downloads, engine=engine)
     knobs.validate()
+    if engine is not None and not spec.no_draft and (spec.target is None or spec.draft is not None):
+        # a draft to serve (a registry pair has one): an engine without draft-dspark would start and die on
+        # it (exit 4); refuse it first, before any download, as doctor and bench do (exit 3)
+        require_dspark(engine)
     files = resolve_files(spec, downloads)
     if need_vision and files.mmproj is None:
         raise UsageError("images given but no --mmproj (the model's vision projector) is known")

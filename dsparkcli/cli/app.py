@@ -155,11 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         code, reported = _errors.report(KeyboardInterrupt()), True
     except TyperException as e:  # click's usage errors: one line like every other error, exit 2
-        ctx = getattr(e, "ctx", None)
-        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        message = e.format_message() if hasattr(e, "format_message") else str(e)
-        print(f"dspark: error: {' '.join(message.split())}{where}", file=sys.stderr)
         code = getattr(e, "exit_code", 2)
+        # bare `dspark` (or `dspark engine`): the help itself, on stderr with exit 2 as click and `hf` show it,
+        # not folded into an error line (typer vendors click: the class is matched by name, as typer does)
+        if type(e).__name__ == "NoArgsIsHelpError" and hasattr(e, "show"):
+            e.show()
+        else:
+            ctx = getattr(e, "ctx", None)
+            where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            message = e.format_message() if hasattr(e, "format_message") else str(e)
+            print(f"dspark: error: {' '.join(message.split())}{where}", file=sys.stderr)
     except BaseException as e:  # noqa: BLE001 - the table decides what is expected; the rest re-raises
         if isinstance(e, SystemExit):
             raise
