@@ -164,6 +164,8 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
         pair = reg.get(spec.model) if spec.model else reg.get(reg.default)
         wanted = ({"target"} | ({"draft"} if spec.draft is None and not spec.no_draft else set())
                   | ({"mmproj"} if spec.mmproj is None else set()))
+        if "draft" in wanted:  # a pair without a DSpark draft (or an unknown key) fails here, before any download
+            pair.draft(spec.draft_key)
         instead, on_plan = None, None
         if spec.model is None:  # nobody asked for this pair: say which it is and what it costs, first
             small = reg.smallest(but=pair.name)

