@@ -210,6 +210,10 @@ def test_a_pair_without_a_dspark_draft_fetches_its_target_and_refuses_to_draft(t
     (user / "models.toml").write_text(path.read_text())
     with pytest.raises(UsageError, match="s has no DSpark draft"):  # before any download: nothing is listening
         resolve_files(PairSpec(model="s"))
+    from dsparkcli.bench.plan import resolve_inputs
+
+    with pytest.raises(UsageError, match="^s has no DSpark draft to bench; give a draft file with --draft$"):
+        resolve_inputs(model="s", target=None, drafts=[], mmproj=None)
 
 
 def test_classic_draft_must_name_another_pair(tmp_path: Path) -> None:

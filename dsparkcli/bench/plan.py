@@ -255,8 +255,8 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
     if name is None:
         raise UsageError("no --model given and the registry has no default pair; pass --target and --draft")
     pair = reg.get(name)
-    if not drafts:
-        pair.draft()  # a pair without a DSpark draft says so, in one line
+    if not drafts and not pair.drafts:
+        raise UsageError(f"{name} has no DSpark draft to bench; give a draft file with --draft")
     for spec in drafts or [pair.default_draft]:
         given, d = _split_label(spec)
         if d in pair.drafts:  # model None: the default pair, announced by resolve_files
