@@ -11,13 +11,30 @@ from dsparkcli.errors import UsageError
 
 
 def cache_dir() -> Path:
-    """User cache root (engine builds, sources, hash cache). ``DSPARK_CACHE_DIR`` overrides."""
+    """User cache root (models from PyPI, tunings, logs, hash cache; engine builds unless
+    ``DSPARK_ENGINE_DIR`` is set). ``DSPARK_CACHE_DIR`` overrides."""
     env = os.environ.get("DSPARK_CACHE_DIR")
     if env:
         return Path(env)
     import platformdirs  # deferred: the GPU scripts' torch-only python imports this module without it
 
     return Path(platformdirs.user_cache_dir("dspark"))
+
+
+def engine_dir() -> Path:
+    """Where llama.cpp builds live (``<dir>/<build key>``, their load tables in ``<dir>/tables``).
+    ``DSPARK_ENGINE_DIR`` overrides, so the model cache and the engine can be set apart: an empty model
+    cache (``DSPARK_CACHE_DIR``) with a built engine is what a new user's machine has after its first build."""
+    env = os.environ.get("DSPARK_ENGINE_DIR")
+    return Path(env) if env else cache_dir() / "engine"
+
+
+def engine_source_dir() -> Path:
+    """Where the pinned llama.cpp sources are unpacked: ``<DSPARK_ENGINE_DIR>/src`` when that is set, else
+    ``<cache>/src`` (the layout before the setting existed: builds record their source path, and a build
+    whose recorded source moved would be redone)."""
+    env = os.environ.get("DSPARK_ENGINE_DIR")
+    return Path(env) / "src" if env else cache_dir() / "src"
 
 
 def config_dir() -> Path:

@@ -225,7 +225,7 @@ def _as_server(path_text: str, source: str) -> Engine:
 
 
 def engine_root() -> Path:
-    return config.cache_dir() / "engine"
+    return config.engine_dir()
 
 
 CPU_ARCHES = ("x86-64-v3", "native")
@@ -312,7 +312,7 @@ ProgressFn = Callable[[float, str], None]
 
 
 def _sdist_dir() -> Path:
-    return config.cache_dir() / "src"
+    return config.engine_source_dir()
 
 
 def vendored_source_dir() -> Path:
@@ -396,6 +396,23 @@ def cmake_configure_args(source: Path, build_dir: Path, backend: str, cuda_arch:
     return args
 
 
+def _reuse_pinned(backend: str, cuda_arch: str, cpu_arch: str, rpc: bool) -> tuple[Engine, BuildRecord, bool] | None:
+    """A complete cached build of the pinned sdist with the shipped series, if there is one."""
+    patch_hash = patches_mod.series_hash(patches_mod.shipped())
+    root = engine_root() / build_key(PINNED_COMMIT, backend, cuda_arch, cpu_arch, rpc, patch_hash)
+    marker, bin_dir = root / "engine.json", root / "build" / "bin"
+    if not marker.is_file() or not all((bin_dir / t).is_file() for t in ("llama-server", *build_targets(rpc)[len(BUILD_TARGETS):])):
+        return None
+    try:
+        record = BuildRecord(**json.loads(marker.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    pinned = Path(record.source_dir).parts[-3:] == vendored_source_dir().parts[-3:]
+    if not pinned or record.patch_hash != patch_hash:
+        return None
+    return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=PINNED_COMMIT, backend=backend), record, True
+
+
 def build_engine(
     *,
     backend: str = "cpu",
@@ -425,6 +442,12 @@ def build_engine(
     if shutil.which("cmake") is None:
         raise EngineBuildError("cmake not found on PATH", hint="install cmake (apt-get install cmake or pip install cmake)")
     user_tree = source is not None
+    if not user_tree and not force and patches is not False:
+        # the pinned tree's build is found by its key alone: no sources needed to reuse it (a machine whose
+        # engine dir was set apart, DSPARK_ENGINE_DIR, may have its sources elsewhere or none)
+        reused = _reuse_pinned(backend, cuda_arch, cpu_arch, rpc)
+        if reused is not None:
+            return reused
     if source is not None:
         source = source.expanduser().resolve()
         if not (source / "CMakeLists.txt").is_file():
