@@ -6,25 +6,34 @@ BIN := $(VENV)/bin
 TORCH ?= 2.13.0
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install engine demo test clean
+.PHONY: install install-demo engine demo test clean
 
-install: $(VENV)/.installed
+# what the demo needs: dspark and its runtime dependencies (no torch, no test tools)
+install-demo: $(VENV)/.installed-base
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-base: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# what the tests need besides: the test tools and the training extra (torch, CPU build)
+install: $(VENV)/.installed
+
+$(VENV)/.installed: $(VENV)/.installed-base
 	$(BIN)/pip install -q -e '.[test,train]' 'torch==$(TORCH)'
 	touch $@
 
 # CPU llama.cpp build (with the RPC backend: the rpc tests need ggml-rpc-server), cached under the user
-# cache dir keyed by commit+backend+rpc (a rerun reuses it). One build serves every test.
-engine: install
+# cache dir (or DSPARK_ENGINE_DIR) keyed by commit+backend+rpc+patches (a rerun reuses it). One build serves
+# the demo and every test.
+engine: install-demo
 	$(BIN)/dspark engine build --backend cpu --jobs $(JOBS)
 
-demo: engine
-	DSPARK=$(BIN)/dspark scripts/demo.sh
+demo: install-demo engine
+	DSPARK=$(BIN)/dspark PYTHON=$(BIN)/python scripts/demo.sh
 
-test: engine
+test: install engine
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 clean:
