@@ -2,7 +2,7 @@
 
 The series applies to the pinned tree (checked on a copy of the files it touches), a stock build keeps
 its old cache key and is still found and reused, the applier is strict and leaves nothing half-written,
-and ``llama.budget`` (the engine's choice, replayed in Python) behaves as its docstring says, by hand.
+and ``budget.rule`` (the engine's choice, replayed in Python) behaves as its docstring says, by hand.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dsparkcli.bench.tune import CostModel, cost_table
+from dsparkcli.budget.model import CostModel, cost_table
 from dsparkcli.errors import EngineBuildError
-from dsparkcli.llama import budget, patches
+from dsparkcli.budget import rule as budget
+from dsparkcli.llama import patches
 from dsparkcli.llama import engine as engine_mod
 
 
@@ -39,7 +40,7 @@ def touched_copy(tmp_path: Path) -> Path:
 
 def test_the_shipped_series_applies_to_the_pinned_tree_in_order(tmp_path):
     series = patches.shipped()
-    assert [p.number for p in series] == ["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
+    assert [p.number for p in series] == ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]
     assert series[0].summary == "server: per-request speculative.n_max, n_min, p_min"
     assert series[1].summary.startswith("speculative: --spec-draft-n-max auto")
     assert series[2].summary == "speculative: a DFlash/DSpark draft's block follows the request's n_max"
@@ -227,11 +228,14 @@ def test_each_off_switch_is_the_variable_its_code_reads(tmp_path):
     series = patches.shipped()
     assert {p.number: p.off_switch for p in series} == {
         "0001": None, "0002": None, "0003": None, "0004": "DSPARK_COPY_ALL_SNAPSHOTS", "0005": "DSPARK_NO_DEFER",
-        "0006": "DSPARK_STOCK_MMVF", "0007": "DSPARK_STOCK_ARGMAX"}
+        "0006": "DSPARK_STOCK_MMVF", "0007": "DSPARK_STOCK_ARGMAX", "0008": "DSPARK_STOCK_GRAPH_KEY"}
+    diagnostics = {"0008": {"DSPARK_CUDA_GRAPH_STATS"}}  # variables that only log, named in the description
     for p in series:
         added = "\n".join(line for fd in patches.parse(p) for h in fd.hunks for line in h.new if line not in h.old)
         read = set(re.findall(r'getenv\("(DSPARK_[A-Z0-9_]+)"\)', added))
-        assert read == ({p.off_switch} if p.off_switch else set()), p.name
+        logs_only = diagnostics.get(p.number, set())
+        assert all(f"{v}=1" in p.description for v in logs_only), p.name
+        assert read == ({p.off_switch} if p.off_switch else set()) | logs_only, p.name
     names = [p.name for p in series]
     assert patches.switches_off(names, {}) == []
     assert patches.switches_off(names, {"DSPARK_STOCK_MMVF": "1", "DSPARK_NO_DEFER": "1", "OTHER": "1"}) == [
