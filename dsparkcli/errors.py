@@ -56,7 +56,7 @@ class ServerError(DsparkError):
     def __init__(self, message: str, *, hint: str | None = None, log_tail: str = "", kind: str = "error") -> None:
         super().__init__(message, hint=hint)
         self.log_tail = log_tail
-        self.kind = kind  # missing-file | bad-gguf | out-of-memory | unsupported-arch | port | crash | http | timeout | error
+        self.kind = kind  # usage | missing-file | bad-gguf | out-of-memory | unsupported-arch | port | crash | http | timeout | error
 
 
 class GGUFError(DsparkError):

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support.cli import REPO
 
 from dsparkcli.synth import known_answer as synth
 
@@ -67,3 +67,52 @@ def test_run_and_serve_refuse_an_engine_without_draft_dspark_before_starting_it(
     assert f"{server} has no 'draft-dspark' in --spec-type (found: none,draft-simple,draft-eagle3,ngram-simple)" in line
     assert "dspark engine build" in line
     assert not started.exists()  # refused up front: never launched with the pair
+
+
+# ------------------------------------------------------------------ item 4: llama-server refuses an argument
+
+
+@pytest.mark.parametrize(("extra", "cause"), [("-ngl", 'error while handling argument "-ngl": expected value'),
+                                              ("--no-such-flag", "error: invalid argument: --no-such-flag")])
+def test_an_argument_llama_server_refuses_is_named(cli, engine, pair, extra, cause):
+    proc = cli("run", "hi", "--target", str(pair.target), "--no-draft", "-t", "1", "--ctx", "256",
+               "--llama-bin", str(engine.server), "--", extra, timeout=120)
+    assert proc.returncode == 4, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    # the log's first line, not the "to show complete usage, run with -h" the usage it prints ends with
+    assert line.startswith("dspark: error: llama-server failed during start (exit code 1): llama-server refused "
+                           f"an argument: {cause}"), proc.stderr
+    assert "to show complete usage" not in proc.stderr
+
+
+# ------------------------------------------------------------------ item 6: a reader that quits
+
+
+def _processes_with(text: str) -> list[str]:
+    """Command lines of the running processes that mention ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and text in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_run_into_a_pipe_whose_reader_quit_ends_quietly_with_141(engine, pair):
+    """`dspark run ... | head -1`: the answer is streamed into a pipe nobody reads any more. The pipe is real
+    (its read end closed before the first token, so the write that fails is the answer's, every time)."""
+    read, write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "run", "List ten fruits", "--target",
+                             str(pair.target), "--draft", str(pair.draft), "-t", "1", "--ctx", "256", "-n", "64",
+                             "--llama-bin", str(engine.server)],
+                            stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    os.close(read)  # the reader quits
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 141, stderr  # as a tool killed by SIGPIPE (README); it was a silent 1
+    said = stderr.strip().splitlines()  # the status line, and nothing else: no error, no traceback
+    assert len(said) == 1 and said[0].startswith("loading target-llama.gguf + draft draft-dspark.gguf"), stderr
+    assert _processes_with(str(pair.target)) == []  # its llama-server was stopped: no orphan

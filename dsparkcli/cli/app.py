@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
@@ -123,6 +124,23 @@ def _stdout_gone() -> int:
     return EXIT_PIPE
 
 
+def _reader_quit(exc: SystemExit) -> bool:
+    """Whether this exit is typer's for a write to a closed pipe (its `except OSError` turns EPIPE into exit
+    1, the OSError as the exit's context) and the pipe is stdout's: a pipe's write end polls POLLERR once its
+    reader has gone, so a socket's EPIPE (a server that died) stays an error."""
+    cause = exc.__context__
+    if not (isinstance(cause, OSError) and cause.errno == errno.EPIPE):
+        return False
+    import select  # a builtin: here, not at start-up
+
+    try:
+        poller = select.poll()
+        poller.register(1, 0)  # POLLERR is reported whatever is asked for
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point. Returns the exit code (also via SystemExit)."""
     for name in ("stdout", "stderr"):  # started with `>&-`: Python has no stream at all; write to nowhere
@@ -165,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
             where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             message = e.format_message() if hasattr(e, "format_message") else str(e)
             print(f"dspark: error: {' '.join(message.split())}{where}", file=sys.stderr)
-    except BaseException as e:  # noqa: BLE001 - the table decides what is expected; the rest re-raises
-        if isinstance(e, SystemExit):
+    except SystemExit as e:  # a reader that quit while the command streamed (`run ... | head -1`): as above
+        if not _reader_quit(e):
             raise
+        code, reported = _stdout_gone(), True
+    except BaseException as e:  # noqa: BLE001 - the table decides what is expected; the rest re-raises
         code, reported = _errors.report(e), True
     if _INTERRUPTED and code == _errors.EXIT_INTERRUPTED and not reported:
         _errors.report(KeyboardInterrupt())  # typer turned the interrupt into exit 130 and said nothing

@@ -8,8 +8,13 @@ from pathlib import Path
 
 _RPC_FAILURE = r"Remote RPC server crashed|Failed to connect to \S+:\d+|RPC handshake failed|RPC server version mismatch"
 
+# common/arg.cpp's refusal of an argument (e.g. one given after `--`): the log's first line; the usage it
+# prints next ends in "to show complete usage, run with -h", which says nothing about the cause
+_ARGUMENT = r"error while handling argument|error: invalid argument"
+
 # First match wins: the specific causes before the generic "crash".
 _LOAD_FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("usage", re.compile(_ARGUMENT), "llama-server refused an argument"),
     ("unsupported-arch", re.compile(r"unknown model architecture|layer input tensor is null|target_layer_ids|"
                                     r"dflash requires ctx_other to be set(?!.*normal)"),
      "the model architecture is not supported for this use"),
@@ -47,7 +52,7 @@ def key_line(text: str) -> str:
     """The most telling log line: an assert, an error, or the last line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # ggml_abort's "file.cpp:LINE: message" says more than the gdb backtrace printed after it
-    for pattern in (_RPC_FAILURE, r"\.(?:c|cpp|cu):\d+: \S",
+    for pattern in (_ARGUMENT, _RPC_FAILURE, r"\.(?:c|cpp|cu):\d+: \S",
                     r"GGML_ASSERT|error:|failed to open GGUF|invalid magic|exception|couldn't bind"):
         for ln in lines:
             if re.search(pattern, ln) and "this warning is normal" not in ln:
