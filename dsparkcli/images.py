@@ -8,6 +8,7 @@ in one line, not inside llama-server mid-run) and is a format llama.cpp's mtmd r
 from __future__ import annotations
 
 import io
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,11 @@ def load_image(path: Path | str) -> ImageInput:
         raise UsageError(f"image too large: {path} is {size / 2**20:.1f} MiB (limit {MAX_IMAGE_BYTES // 2**20} MiB)")
     raw = path.read_bytes()
     try:
-        with Image.open(io.BytesIO(raw)) as img:
+        # Pillow warns (two lines on stderr) above its own pixel limit; ours is lower and says it in one line
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(raw))
+        with img:
             fmt = img.format or ""
             width, height = img.size
             if width * height > MAX_IMAGE_PIXELS:

@@ -31,8 +31,24 @@ def _kind(mode: int) -> str:
 def _writable_folder(folder: Path, what: str, path: Path) -> None:
     if not folder.is_dir():
         raise UsageError(f"{what} {path}: folder {folder} does not exist")
+    _not_kernel_files(folder, f"{what} {path}: {folder}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"{what} {path}: folder {folder} is not writable")
+
+
+def _not_kernel_files(folder: Path, named: str) -> None:
+    if _kernel_files(folder):
+        raise UsageError(f"{named} is a kernel filesystem (like /proc, /sys): nothing written there is kept")
+
+
+def _kernel_files(folder: Path) -> bool:
+    """A filesystem with neither blocks nor inodes (proc, sysfs) keeps nothing written to it; root's
+    access() still says yes there, and the write fails later ("Invalid argument") or changes the kernel."""
+    try:
+        fs = os.statvfs(folder)
+    except OSError:
+        return False
+    return fs.f_blocks == 0 and fs.f_files == 0
 
 
 def check_output_file(path: str | os.PathLike[str], *, what: str = "output", inputs: Iterable[str | os.PathLike[str] | None] = (),
@@ -49,6 +65,8 @@ def check_output_file(path: str | os.PathLike[str], *, what: str = "output", inp
         raise UsageError(f"{what} {p}: {e.strerror or e}") from None
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise UsageError(f"{what} {p} is {_kind(st.st_mode)}: give a regular file or a new path")
+    if p.resolve().parent.is_dir():  # before access(), which says no to a user and yes to root there
+        _not_kernel_files(p.resolve().parent, f"{what} {p}: {p.resolve().parent}")
     for src in inputs:
         if src is None:
             continue
@@ -60,6 +78,12 @@ def check_output_file(path: str | os.PathLike[str], *, what: str = "output", inp
     if st is not None and not os.access(p, os.W_OK):
         raise UsageError(f"{what} {p} is not writable")
     _writable_folder(p.resolve().parent, what, p)
+    if st is not None:
+        try:  # opened as the writers open it, nothing written: what access() cannot know (root, odd files)
+            with open(p, "ab"):
+                pass
+        except OSError as e:
+            raise UsageError(f"{what} {p} cannot be written: {e.strerror or e}") from None
     return p
 
 
@@ -78,6 +102,7 @@ def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder
         raise UsageError(f"{what} {p}: {e.strerror or e}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{what} {p} is {'a file' if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)}: give a folder or a new path")
+    _not_kernel_files(p, f"{what} {p}")
     if not os.access(p, os.W_OK | os.X_OK):
         raise UsageError(f"{what} {p} is not writable")
     return p

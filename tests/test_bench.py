@@ -340,6 +340,43 @@ def test_ctrl_c_prints_the_table_of_what_was_measured(engine, vpair, tmp_path):
     assert shown[(b3, "all")]["speedup"] is not None  # against plain of the same run
 
 
+def test_ctrl_c_inside_a_block_counts_its_drafts_and_md_says_interrupted(engine, vpair, tmp_path):
+    """issue 28 item 2: interrupted inside a (rep, category) block, before its /metrics read, the table said
+    "drafted 0, accepted 0" for requests whose records hold their drafts, and --format md lost the
+    INTERRUPTED title. The known-answer pair gives each finished request's drafts exactly."""
+    out, b3 = tmp_path / "r.jsonl", "draft-dspark@3"
+    rc, stdout, stderr, _ = interrupt_when(
+        ["bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3", "--category", "math",
+         "--reps", "1", "--warmup", "0", "-n", "128", "-t", "1", "--ctx", "512", "--out", str(out), "--format", "md"],
+        lambda: _requests_in(out, after_a_summary=True, but="plain") >= 2, env=_env(engine), timeout=120)
+    assert rc == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("dspark: error: interrupted: the table above is what was "
+                                                      "measured (2 of 2 configurations begun)"), stderr
+    records = _records(out)
+    finished = [r for r in records if r["record"] == "request" and r["config"] == b3]
+    # the case at hand: cut inside budget 3's one block of 12 math prompts, so no counters record covers them
+    assert 2 <= len(finished) < 12 and not any(r["record"] == "counters" for r in records)
+    man = synth.load_manifest(vpair.manifest)
+    kit = {p.id: p for p in prompts.select(prompts.load_prompts(), ["math"], None)}
+    with LlamaServer(engine, ServerConfig(model=vpair.target, threads=1, ctx=1024)) as srv:
+        preds = [expected_chat(srv.client, man, kit[r["prompt_id"]].messages(), n_max=3, n_predict=128)
+                 for r in finished]
+    assert [(r["draft_n"], r["draft_n_accepted"]) for r in finished] == [(p.draft_n, p.draft_n_accepted) for p in preds]
+    drafted, accepted = sum(p.draft_n for p in preds), sum(p.draft_n_accepted for p in preds)
+    assert drafted > accepted > 0
+
+    lines = stdout.splitlines()
+    assert lines[0].startswith("**INTERRUPTED, what was measured so far: dspark bench: plain vs draft budgets"), stdout
+    cells = {tuple(c.strip() for c in ln.strip("|").split("|"))[:2]: [c.strip() for c in ln.strip("|").split("|")]
+             for ln in lines if ln.startswith("| ")}
+    col = {name: i for i, name in enumerate(cells[("config", "category")])}
+    for category in ("math", "all"):
+        row = cells[(b3, category)]
+        assert (row[col["drafted"]], row[col["accepted"]]) == (str(drafted), str(accepted)), row
+        assert row[col["rate"]] == f"{100 * accepted / drafted:.1f}%"
+        assert row[col["mean len"]] == "-"  # no /metrics read after these requests: their steps are unknown
+
+
 def _servers_of(model: Path) -> list[int]:
     pids = []
     for d in Path("/proc").iterdir():

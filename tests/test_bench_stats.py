@@ -210,3 +210,40 @@ def test_draft_labels():
     taken = {"d"}
     assert _label("/x/d.gguf", taken) == "d-2"
     assert _label("/x/other.gguf", taken) == "other"
+
+
+def test_an_interrupted_block_counts_the_drafts_its_requests_hold():
+    """issue 28 item 2: Ctrl-C inside a (rep, category) block leaves requests that /metrics was never read
+    after; their drafted / accepted come from their own timings (the table said "drafted 0"), while steps,
+    mean length and per-position shares stay those of the blocks /metrics covered."""
+    d = {"draft": "d", "budget": 5}
+
+    def drafted(rec, n, accepted):
+        return {**rec, "draft_n": n, "draft_n_accepted": accepted}
+
+    recs = [req("plain", "code", "c1", 0, 100, 1000.0), req("plain", "code", "c2", 0, 100, 1000.0),
+            drafted(req("d@5", "code", "c1", 0, 100, 250.0, **d), 60, 40),
+            drafted(req("d@5", "code", "c2", 0, 100, 250.0, **d), 40, 20),
+            ctr("d@5", "code", 0, 100, 60, 20, [18, 15, 12, 9, 6]),
+            # rep 1 interrupted after c1: no counters record for its block
+            drafted(req("d@5", "code", "c1", 1, 100, 250.0, **d), 27, 19),
+            # a second draft configuration that had not finished one block
+            drafted(req("e@3", "code", "c1", 0, 100, 300.0, draft="e", budget=3), 27, 19),
+            drafted(req("e@3", "code", "c2", 0, 100, 300.0, draft="e", budget=3), 11, 5)]
+    rows = {(r["config"], r["category"]): r for r in stats.summarize(recs)}
+    for cat in ("code", "all"):
+        row = rows[("d@5", cat)]
+        assert (row["drafted"], row["accepted"], row["steps"]) == (127, 79, 20)
+        assert row["acceptance_rate"] == 79 / 127
+        assert row["mean_length"] == 4.0 and row["acceptance_per_pos"] == [0.9, 0.75, 0.6, 0.45, 0.3]
+        assert (row["uncounted_requests"], row["uncounted_drafted"], row["uncounted_accepted"]) == (1, 27, 19)
+        assert (row["timings_drafted"], row["timings_accepted"]) == (127, 79)
+    e = rows[("e@3", "all")]
+    assert (e["drafted"], e["accepted"], e["steps"], e["mean_length"]) == (38, 24, 0, None)
+    assert e["acceptance_rate"] == 24 / 38
+    from dsparkcli.bench.records import SummaryRecord  # the JSONL row reads back to the same figures
+    for row in rows.values():
+        assert SummaryRecord.from_record(row).to_record() == {k: v for k, v in row.items() if k != "load_s"}
+    # a finished run's rows carry no uncounted figures
+    done = {(r["config"], r["category"]): r for r in stats.summarize(recs[:5])}
+    assert "uncounted_requests" not in done[("d@5", "all")] and done[("d@5", "all")]["drafted"] == 100

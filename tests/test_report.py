@@ -86,3 +86,15 @@ def test_plot_writes_a_png(tmp_path):
         assert im.format == "PNG" and im.size == (700, 750)
         # the two panels are drawn: far more than a blank canvas's handful of colours
         assert len(im.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 20
+
+
+def test_an_interrupted_run_is_titled_so_in_markdown_and_json():
+    """issue 28 item 2: `--format md` of an interrupted bench dropped the INTERRUPTED title the table had."""
+    md = report.to_markdown(ROWS, partial=True).splitlines()
+    assert md[0] == f"**INTERRUPTED, what was measured so far: {report.title(ROWS)}**"
+    assert md[2:] == report.to_markdown(ROWS).splitlines()[2:]  # the same rows
+    assert report.title(ROWS, partial=True) == f"INTERRUPTED, what was measured so far: {report.title(ROWS)}"
+    doc = report.to_json_doc(ROWS, run_id="r1", out=Path("x"), overhead={}, partial=True)
+    assert doc["partial"] is True and doc["title"].startswith("INTERRUPTED, what was measured so far: ")
+    whole = report.to_json_doc(ROWS, run_id="r1", out=Path("x"), overhead={})
+    assert "partial" not in whole and "title" not in whole and not report.to_markdown(ROWS).startswith("**INTERRUPTED")

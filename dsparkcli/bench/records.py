@@ -212,6 +212,11 @@ class DraftSummary:
     identical: int
     prompts: int
     divergent: tuple[Divergence, ...]
+    # Requests that drafted after the last /metrics read (a run interrupted inside a block): their drafted /
+    # accepted come from their own timings; steps and positions are unknown, so mean length and the
+    # per-position shares cover the counted blocks only.
+    uncounted: SpecCounters = SpecCounters()
+    uncounted_requests: int = 0
 
     @property
     def identical_pct(self) -> float | None:
@@ -223,20 +228,31 @@ class DraftSummary:
         return [v / steps for v in self.counters.accepted_per_pos] if steps else []
 
     def to_record(self) -> dict[str, Any]:
-        c = self.counters
-        return {"drafted": c.drafted, "accepted": c.accepted, "steps": c.steps, "acceptance_rate": c.acceptance_rate,
-                "mean_length": c.mean_length, "accepted_per_pos": list(c.accepted_per_pos),
-                "acceptance_per_pos": self.acceptance_per_pos, "timings_drafted": self.timings_drafted,
-                "timings_accepted": self.timings_accepted, "identical": self.identical, "prompts": self.prompts,
-                "identical_pct": self.identical_pct, "divergent": [d.to_record() for d in self.divergent]}
+        c, all_ = self.counters, self.counters.plus(self.uncounted)
+        rec = {"drafted": all_.drafted, "accepted": all_.accepted, "steps": c.steps,
+               "acceptance_rate": all_.acceptance_rate, "mean_length": c.mean_length,
+               "accepted_per_pos": list(c.accepted_per_pos), "acceptance_per_pos": self.acceptance_per_pos,
+               "timings_drafted": self.timings_drafted, "timings_accepted": self.timings_accepted,
+               "identical": self.identical, "prompts": self.prompts, "identical_pct": self.identical_pct,
+               "divergent": [d.to_record() for d in self.divergent]}
+        if self.uncounted_requests:
+            rec.update({"uncounted_requests": self.uncounted_requests, "uncounted_drafted": self.uncounted.drafted,
+                        "uncounted_accepted": self.uncounted.accepted})
+        return rec
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> DraftSummary:
         """From a summary row (rate, mean length and per-position shares are derived, not read)."""
-        return cls(counters=SpecCounters.from_record(rec), timings_drafted=rec.get("timings_drafted", 0),
+        uncounted = SpecCounters(drafted=int(rec.get("uncounted_drafted", 0)),
+                                 accepted=int(rec.get("uncounted_accepted", 0)))
+        counted = SpecCounters.from_record(rec)
+        counted = SpecCounters(drafted=counted.drafted - uncounted.drafted, accepted=counted.accepted - uncounted.accepted,
+                               steps=counted.steps, accepted_per_pos=counted.accepted_per_pos)
+        return cls(counters=counted, timings_drafted=rec.get("timings_drafted", 0),
                    timings_accepted=rec.get("timings_accepted", 0), identical=rec.get("identical", 0),
                    prompts=rec.get("prompts", 0),
-                   divergent=tuple(Divergence.from_record(d) for d in rec.get("divergent") or ()))
+                   divergent=tuple(Divergence.from_record(d) for d in rec.get("divergent") or ()),
+                   uncounted=uncounted, uncounted_requests=int(rec.get("uncounted_requests", 0)))
 
 
 @dataclass(frozen=True)

@@ -63,12 +63,16 @@ def synthetic_note(summaries: Sequence[dict[str, Any]]) -> str | None:
     return SYNTHETIC_LABEL.format(L=f"{synth_len_of(summaries):g}")
 
 
-def title(summaries: Sequence[dict[str, Any]]) -> str:
+INTERRUPTED_LABEL = "INTERRUPTED, what was measured so far"
+
+
+def title(summaries: Sequence[dict[str, Any]], *, partial: bool = False) -> str:
+    """The table's title; ``partial``: an interrupted run's rows, which every format says first."""
     base = "dspark bench: plain vs draft budgets (greedy; median over reps, min-max)"
     if is_load(summaries):
         base = ("dspark bench --concurrency: N clients in flight on llama-server -np N (greedy, streamed; "
                 "aggregate tok/s median over passes, min-max; speedup vs plain at the same N)")
-    return f"{base}. {synthetic_note(summaries) or REAL_LABEL}"
+    return (f"{INTERRUPTED_LABEL}: " if partial else "") + f"{base}. {synthetic_note(summaries) or REAL_LABEL}"
 
 
 def _num(v: Any, digits: int = 2) -> str:
@@ -189,10 +193,10 @@ def to_csv(summaries: Sequence[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def to_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+def to_markdown(summaries: Sequence[dict[str, Any]], *, partial: bool = False) -> str:
     load = is_load(summaries)
     columns = LOAD_COLUMNS if load else COLUMNS
-    lines = [f"**{title(summaries)}**", "", "| " + " | ".join(columns) + " |",
+    lines = [f"**{title(summaries, partial=partial)}**", "", "| " + " | ".join(columns) + " |",
              "|" + "|".join("---" for _ in columns) + "|"]
     for row in load_table_rows(summaries) if load else table_rows(summaries):
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
@@ -201,8 +205,10 @@ def to_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_json_doc(summaries: Sequence[dict[str, Any]], *, run_id: str, out: Path, overhead: dict[str, Any]) -> dict[str, Any]:
-    """The --json document: summaries without their (repeated) provenance, which is given once."""
+def to_json_doc(summaries: Sequence[dict[str, Any]], *, run_id: str, out: Path, overhead: dict[str, Any],
+                partial: bool = False) -> dict[str, Any]:
+    """The --json document: summaries without their (repeated) provenance, which is given once;
+    ``partial`` (an interrupted run) adds ``"partial": true`` and the table's INTERRUPTED title."""
     clean = [{k: v for k, v in s.items() if k not in ("provenance", "run_id")} for s in summaries]
     prov = summaries[0].get("provenance") if summaries else None
     synth = is_synthetic(summaries)
@@ -211,6 +217,8 @@ def to_json_doc(summaries: Sequence[dict[str, Any]], *, run_id: str, out: Path, 
            "overhead": overhead, "summaries": clean, "provenance": prov}
     if is_load(summaries):
         doc["crossover"] = crossover(summaries)
+    if partial:
+        doc.update(partial=True, title=title(summaries, partial=True))
     return doc
 
 

@@ -46,13 +46,17 @@ class DownloadBars:
     own; so it lives only while bytes arrive, and `run` finishes it before the answer streams."""
 
     def __init__(self, disable: bool) -> None:
-        self.disable = disable
+        # off a terminal a bar is no use, and rich's live display still ends with a newline there (stderr
+        # of `dspark run ... 2>log` began with an empty line)
+        self.disable = disable or not err.is_terminal
         self._progress: Any = None
         self._tasks: dict[str, int] = {}
 
     def __call__(self, event: DownloadProgress) -> None:
         if self.disable:
             return
+        if event.kind == "done" and event.role not in self._tasks:
+            return  # present and verified before: nothing was fetched or hashed, so no bar
         if self._progress is None:
             # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
             from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,

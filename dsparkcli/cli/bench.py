@@ -129,9 +129,9 @@ def _is_int(text: str) -> bool:
     return (text.lstrip("-").isdigit() and not text.startswith("--")) or text.lower() in ("auto", tuned.ADAPTIVE)
 
 
-def render_table(summaries: list[dict[str, Any]]) -> Table:
+def render_table(summaries: list[dict[str, Any]], *, partial: bool = False) -> Table:
     synthetic = report.is_synthetic(summaries)
-    table = Table(title=report.title(summaries), title_style="bold red" if synthetic else "bold")
+    table = Table(title=report.title(summaries, partial=partial), title_style="bold red" if synthetic else "bold")
     if report.is_load(summaries):
         for col in report.LOAD_COLUMNS:
             table.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
@@ -278,29 +278,29 @@ def bench(
     summaries = list(result.summaries)
     ov = result.overhead
     overhead = ov.figures()
-    if plot is not None:
-        report.plot(summaries, plot)
+    # the table and the records' line first, the plot last: a plot that cannot be written (a full disk)
+    # fails the command after what was measured is shown, not instead of it
     _emit(summaries, fmt, run_id=result.run_id, jsonl=result.out, overhead=overhead)
     err.print(f"records: {result.out} (run {result.run_id}); wall {ov.ratio:.3f}x of generation + load "
-              f"({ov.provenance_s:.1f} s of it hashing files)" + (f"; plot: {plot}" if plot else ""), markup=False)
+              f"({ov.provenance_s:.1f} s of it hashing files)", markup=False)
+    if plot is not None:
+        report.plot(summaries, plot)
+        err.print(f"plot: {plot}", markup=False)
 
 
 def _emit(summaries: list[dict[str, Any]], fmt: str, *, run_id: str, jsonl: Path, overhead: dict[str, Any] | None,
           partial: bool = False) -> None:
-    """The summary rows on stdout in ``fmt``; ``partial``: an interrupted run's (says so in the table title
-    and the --json document)."""
+    """The summary rows on stdout in ``fmt``; ``partial``: an interrupted run's (its title says so in the
+    table and Markdown, the --json document has ``partial`` and that title; CSV has no title, the error
+    line on stderr says it)."""
     if fmt == "json":
-        print_json({**report.to_json_doc(summaries, run_id=run_id, out=jsonl, overhead=overhead or {}),
-                    **({"partial": True} if partial else {})})
+        print_json(report.to_json_doc(summaries, run_id=run_id, out=jsonl, overhead=overhead or {}, partial=partial))
     elif fmt == "csv":
         sys.stdout.write(report.to_csv(summaries))
     elif fmt == "md":
-        sys.stdout.write(report.to_markdown(summaries))
+        sys.stdout.write(report.to_markdown(summaries, partial=partial))
     else:
-        table = render_table(summaries)
-        if partial:
-            table.title = f"INTERRUPTED, what was measured so far: {table.title}"
-        out.print(table)
+        out.print(render_table(summaries, partial=partial))
 
 
 def register(app: typer.Typer) -> None:

@@ -39,7 +39,7 @@ def build(
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), TextColumn("{task.fields[line]}"), console=err, transient=True,
-                  disable=json_out) as progress:
+                  disable=json_out or not err.is_terminal) as progress:  # off a terminal: no bar, no stray newline
         task = progress.add_task(f"building llama.cpp ({backend})", total=100, line="")
 
         def on_progress(pct: float, line: str) -> None:

@@ -167,9 +167,16 @@ class ServerClient:
     def _request(self, method: str, path: str, **kw: Any) -> Any:
         try:
             return self._http.request(method, path, **kw)
+        except (self._httpx.ConnectError, self._httpx.ConnectTimeout) as e:
+            raise self._no_connection(e) from e
         except self._httpx.TransportError as e:
             raise ServerError(f"cannot reach llama-server at {self.base_url}{path}: {e.__class__.__name__}: {e}",
                               kind="crash") from e
+
+    def _no_connection(self, e: Exception) -> ServerError:
+        """Nothing accepted the connection: no request was sent, so nothing was "lost during generation"."""
+        return ServerError(f"could not connect to {self.base_url}: {e.__class__.__name__}: {e}", kind="crash",
+                           hint="is a llama-server running there? `dspark serve` starts one")
 
     def health(self) -> int:
         return self._request("GET", "/health").status_code
@@ -216,6 +223,8 @@ class ServerClient:
                     if "error" in chunk:
                         raise ServerError(f"llama-server error: {chunk['error']}", kind="http")
                     yield chunk
+        except (self._httpx.ConnectError, self._httpx.ConnectTimeout) as e:
+            raise self._no_connection(e) from e
         except self._httpx.TransportError as e:
             raise ServerError(f"connection to llama-server lost during generation: {e.__class__.__name__}",
                               kind="crash") from e
