@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from dsparkcli.bench import tuned
+from dsparkcli.budget.choice import Want, chosen_server
+from dsparkcli.budget.limits import ADAPTIVE, AUTO
 from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.gguf.pairing import acceptance_kind
 from dsparkcli.hub.fetch import Confirm
@@ -158,6 +159,24 @@ def require_request_drafts(client: ServerClient) -> None:
                          "it with them, or serve it with dspark's patched engine (dspark engine build)")
 
 
+def request_budget(client: ServerClient, budget: int | None, *, adaptive: bool = False) -> int | str | None:
+    """The budget a request to a running server drafts with: its own ``budget`` when the server allows it,
+    else the server's (AUTO when it chooses per step); None when the server says nothing (a stock engine, or
+    no draft). A budget above the server's is refused in one line before anything is sent: dspark's
+    patched llama-server would cap it at its own and echo the one asked for (patch 0001)."""
+    served = protocol.ServedBudget.from_settings(client.completion(dict(protocol.SETTINGS_PROBE))
+                                                 .get("generation_settings") or {})
+    if served is None:
+        return budget
+    if budget is not None and budget > served.n_max:
+        raise UsageError(f"--budget {budget} is above this server's budget {served.n_max} (its --spec-draft-n-max): "
+                         f"llama-server would draft at most {served.n_max}; ask for at most {served.n_max}, or "
+                         f"serve with --budget {budget}")
+    if adaptive:
+        return protocol.AUTO
+    return budget if budget is not None else protocol.AUTO if served.auto else served.n_max
+
+
 @dataclass(frozen=True)
 class Question:
     """What is asked: the prompt, its images (validated) and the sampling settings."""
@@ -216,21 +235,22 @@ def answer(
         try:
             if draft:
                 require_request_drafts(client)
+            budget = None if pair.no_draft else request_budget(client, knobs.budget, adaptive=knobs.adaptive_budget)
             return ask(client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp, seed=q.seed,
-                       drafting=None, budget=None, on_text=on_text, draft=draft)
+                       drafting=None, budget=budget, on_text=on_text, draft=draft)
         finally:
             client.close()
 
     eng = engine or engine_mod.resolve_engine(llama_bin, rpc=bool(knobs.placement.rpc))
     cfg, files = prepare_server(pair, knobs, downloads, need_vision=bool(q.images), engine=eng)
-    cfg, auto = tuned.apply_auto(eng, cfg, budget=knobs.auto_budget, p_min=knobs.auto_p_min, category=knobs.category,
-                                 adaptive=knobs.adaptive_budget)
+    cfg, auto = chosen_server(eng, cfg, Want(budget=knobs.auto_budget, p_min=knobs.auto_p_min,
+                                             adaptive=knobs.adaptive_budget, category=knobs.category))
     if auto is not None and (on_notice or on_status):
         (on_notice or on_status)(auto.message)  # type: ignore[misc]
     if auto is not None and auto.without_draft:
         if compare:
-            raise UsageError("--compare --budget adaptive: this tuning leaves no draft worth loading (above); "
-                             "compare a fixed budget with --budget N")
+            raise UsageError(f"--compare --budget {ADAPTIVE if knobs.adaptive_budget else AUTO}: this tuning leaves "
+                             "no draft worth loading (above); compare a fixed budget with --budget N")
         files = replace(files, draft=None)
     n_max = cfg.n_max
     if on_status:
@@ -318,11 +338,11 @@ def run(
     return answer(
         question,
         PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
-        ServerKnobs(budget=None if budget in ("auto", tuned.ADAPTIVE) else budget,  # type: ignore[arg-type]
-                    p_min=None if p_min == "auto" else p_min,  # type: ignore[arg-type]
-                    adaptive_budget=budget == tuned.ADAPTIVE,
+        ServerKnobs(budget=None if budget in (AUTO, ADAPTIVE) else budget,  # type: ignore[arg-type]
+                    p_min=None if p_min == AUTO else p_min,  # type: ignore[arg-type]
+                    adaptive_budget=budget == ADAPTIVE,
                     ctx=ctx, threads=threads, ngl=ngl, extra_args=tuple(extra_args), api_key=api_key,
-                    auto_budget=budget == "auto", auto_p_min=p_min == "auto", category=category,
+                    auto_budget=budget == AUTO, auto_p_min=p_min == AUTO, category=category,
                     placement=placement),
         Downloads(yes=yes, confirm=confirm, on_progress=on_progress),
         server_url=server_url, engine=engine, llama_bin=llama_bin, on_text=on_text, on_status=on_status,

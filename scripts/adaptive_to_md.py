@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts.tune_
 
 from dsparkcli.bench import report, stats  # noqa: E402
 from dsparkcli.bench.records import read_jsonl  # noqa: E402
-from dsparkcli.bench.tune import TuningRecord  # noqa: E402
+from dsparkcli.budget.record import TuningRecord  # noqa: E402
 from scripts import tune_to_md  # noqa: E402
 
 

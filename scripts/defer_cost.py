@@ -22,7 +22,8 @@ from dsparkcli.bench import prompts as kit, stats
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
 from dsparkcli.bench.records import ALL
 from dsparkcli.bench.run import run_bench
-from dsparkcli.llama import budget, engine as engine_mod, patches
+from dsparkcli.budget import rule as budget
+from dsparkcli.llama import engine as engine_mod, patches
 from dsparkcli.llama.server import split_server_args
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from dsparkcli.bench import report, stats
 from dsparkcli.bench.records import read_jsonl
-from dsparkcli.bench.tune import TuningRecord
+from dsparkcli.budget.record import TuningRecord
 from scripts import load_to_md, tune_to_md
 
 DISTILL = ROOT / "results/h200/real3/distill-report.json"

@@ -26,7 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from dsparkcli.bench import tune
+from dsparkcli.budget import model as tune
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
 from dsparkcli.bench.prompts import FIXED_SYNTHETIC
 from dsparkcli.bench.records import PLAIN

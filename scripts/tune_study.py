@@ -34,12 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-from dsparkcli.bench import tune, tuning
+from dsparkcli.bench import tuning
+from dsparkcli.budget import model as tune
 from dsparkcli.bench.plan import ADAPTIVE_LABEL, BenchPlan, Draft
 from dsparkcli.bench.prompts import FIXED_SYNTHETIC
 from dsparkcli.bench.records import ALL, PLAIN
 from dsparkcli.bench.run import new_pool, run_bench
-from dsparkcli.bench.tune import Candidate
+from dsparkcli.budget.model import Candidate
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.hub.registry import upstream_acceptance
 from dsparkcli.llama.server import split_server_args

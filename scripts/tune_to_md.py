@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from dsparkcli.bench.tune import TuningRecord, ranked
+from dsparkcli.budget.model import ranked
+from dsparkcli.budget.record import TuningRecord
 
 
 def record_md(rec: TuningRecord, source: str) -> str:

@@ -2,7 +2,7 @@
 
 Per-request ``speculative.n_max`` / ``n_min`` / ``p_min`` and ``--spec-draft-n-max auto``: on known-answer
 pairs the engine's sequence of chosen draft lengths, its drafted/accepted counts, its timings and its
-/metrics equal ``llama.budget`` + ``synth.known_answer``'s replay exactly. One server per case, -t 1.
+/metrics equal ``budget.rule`` + ``synth.known_answer``'s replay exactly. One server per case, -t 1.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from support.cli import REPO, interrupt_when
 
 from dsparkcli import runner
 from dsparkcli.errors import ServerError, UsageError
-from dsparkcli.llama import budget, protocol
+from dsparkcli.budget import rule as budget
+from dsparkcli.llama import protocol
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
 from dsparkcli.synth import known_answer as synth
@@ -240,12 +241,12 @@ def test_best_case_says_when_no_acceptance_can_make_a_draft_pay():
 
 def _store_tuning(engine, pair, cost) -> str:
     """A tuning record of ``cost`` for this pair as the CLI serves it with --threads 1 --ctx 1024."""
-    from dsparkcli.bench import tuned
-    from dsparkcli.bench.tune import TuningRecord
+    from dsparkcli.budget import store
+    from dsparkcli.budget.record import TuningRecord
 
     cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=8, ctx=1024, threads=1)
-    key = tuned.key_for(engine, pair.target, pair.draft, cfg.argv(engine.server, 0))
-    tuned.save(TuningRecord(key=key, cost=cost, acceptance=(), predictions=(), choices=(), verified=(),
+    key = store.key_for(engine, cfg)
+    store.save(TuningRecord(key=key, cost=cost, acceptance=(), predictions=(), choices=(), verified=(),
                             budgets=(1, 8), timings_s={}, created="2026-12-01T00:00:00+00:00", run_id="r",
                             jsonl="x.jsonl"))
     return key.id
@@ -259,19 +260,19 @@ NO_DRAFT_NOTE = ("no draft can pay even with every token accepted (best: k = 8, 
 
 
 def test_adaptive_leaves_out_a_draft_no_acceptance_can_pay_for(patched, pairs, tmp_path, monkeypatch):
-    from dsparkcli.bench import tuned
-    from dsparkcli.bench.tune import CostModel
+    from dsparkcli.budget.choice import Want, category_budgets, chosen_server
+    from dsparkcli.budget.model import CostModel
 
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
     pair = pairs["0.7"]
     cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=8, ctx=1024, threads=1)
     _store_tuning(patched, pair, CostModel(**HOPELESS))
-    served, choice = tuned.apply_auto(patched, cfg, budget=False, p_min=False, adaptive=True)
+    served, choice = chosen_server(patched, cfg, Want(adaptive=True))
     assert choice.message.endswith(NO_DRAFT_NOTE) and choice.without_draft and choice.plain
     assert served == ServerConfig(model=pair.target, ctx=1024, threads=1)  # the draft and its settings gone
-    assert "-md" not in served.argv(patched.server, 0) and tuned.category_budgets(choice) == {}
+    assert "-md" not in served.argv(patched.server, 0) and category_budgets(choice) == {}
     key_id = _store_tuning(patched, pair, CostModel(t1_ms=8.18, t_step_ms=((1, 10.0), (8, 30.0)), s_ms=0.37))
-    served, choice = tuned.apply_auto(patched, cfg, budget=False, p_min=False, adaptive=True)  # 2.0x at k = 8
+    served, choice = chosen_server(patched, cfg, Want(adaptive=True))  # 2.0x at k = 8
     assert choice.message == (f"adaptive budget: llama.cpp picks 0..8 per step from tuning {key_id}'s step "
                               "costs (measured at k = 1, 8)") and not choice.without_draft
     assert served.draft == pair.draft and served.n_max == protocol.AUTO and served.cost_table == choice.cost_table
@@ -281,7 +282,7 @@ def test_run_serve_and_bench_adaptive_without_a_draft_worth_loading(patched, pai
     """The CLI on a stored tuning where no draft can pay: run and serve start llama-server without -md and
     say why; bench's adaptive arm runs without the draft too (identical to plain, nothing drafted), while
     its fixed budget keeps it."""
-    from dsparkcli.bench.tune import CostModel
+    from dsparkcli.budget.model import CostModel
 
     pair = pairs["0.7"]
     env = {"DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
@@ -342,10 +343,11 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
     assert f"adaptive budget: llama.cpp picks 0..8 per step from tuning {doc['key_id']}'s step costs" in proc.stderr
     result = json.loads(proc.stdout)
     assert result["budget"] == protocol.AUTO and result["timings"]["draft_budget_steps"] > 0
-    proc = cli("run", *files, "hello there", "-n", "8", "--threads", "1", "--ctx", "2048", "--budget", "adaptive",
-               "--json", env=env)  # another -c: no cost table for it, so the default budget, said so
+    proc = cli("run", *files, "hello there", "-n", "8", "--threads", "2", "--ctx", "1024", "--budget", "adaptive",
+               "--json", env=env)  # another -t: no cost table for it, so the default budget, the setting named
     assert proc.returncode == 0 and json.loads(proc.stdout)["budget"] == 5
-    assert "no tuning matches this pair, engine and flags (run `dspark tune` first); using budget 5" in proc.stderr
+    assert ("--budget adaptive: no tuning matches this pair, engine and settings: it was tuned with --threads 1 "
+            "(here 2); using budget 5") in proc.stderr
 
     out = tmp_path / "b.jsonl"
     proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "2", "adaptive", "--reps", "1", "-n", "24",

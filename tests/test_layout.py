@@ -83,9 +83,12 @@ def test_floors_have_no_loops_and_the_core_never_imports_the_cli():
 
 
 def test_light_modules_need_only_the_standard_library():
-    """`import dsparkcli` (every --version), the protocol/records/stats trio and tune's model import nothing heavy."""
+    """`import dsparkcli` (every --version), the protocol/records/stats trio and the budget's pure modules import
+    nothing heavy (and budget.limits, which cli._common parses --budget with, nothing but the standard library)."""
     code = ("import sys, json; import dsparkcli, dsparkcli.llama.protocol, dsparkcli.bench.records, "
-            "dsparkcli.bench.stats, dsparkcli.bench.tune; print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))")
+            "dsparkcli.bench.stats, dsparkcli.budget.model, dsparkcli.budget.rule, dsparkcli.budget.key, "
+            "dsparkcli.budget.record, dsparkcli.budget.limits; "
+            "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))")
     loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                            check=True, cwd=REPO).stdout))
     assert not loaded & {"httpx", "httpx2", "huggingface_hub", "numpy", "platformdirs", "typer", "rich", "gguf",

@@ -22,7 +22,7 @@ from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import measured, read_jsonl
 from dsparkcli.bench.run import new_pool, run_bench
 from dsparkcli.bench.servers import can_serve, effective_rates, plan_hosts, request_fields
-from dsparkcli.bench.tune import synth_rates
+from dsparkcli.budget.model import synth_rates
 from dsparkcli.distill.parity import logged_proposals
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.server import LlamaServer, ServerConfig

@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 from support.cli import REPO, interrupt_when
 
-from dsparkcli.bench import tune, tuned, tuning
+from dsparkcli.bench import tuning
+from dsparkcli.budget import model as tune
+from dsparkcli.budget import store
 from dsparkcli.bench.plan import BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import ALL, PLAIN, PromptRecord, read_jsonl
@@ -93,7 +95,7 @@ def test_measured_per_position_acceptance_is_the_synthetic_prediction(engine, mi
     assert a5.counters.drafted / a5.counters.steps < a0.counters.drafted / a0.counters.steps
     assert a5.plain_rounds > 0
     # and the record a later --budget auto reads is on disk
-    assert tuning.find(rec.key) == rec
+    assert store.find(rec.key) == rec
 
 
 N, REPS = 64, 3
@@ -158,25 +160,32 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
     assert [row[0] for row in table] == ["s", "0", "1", "8"]
     assert float(table[1][1]) == pytest.approx(doc["cost"]["t1_ms"], rel=1e-5)
 
-    ask = ("run", *files, "hello there", "-n", "8", "--threads", "1", "--json")
-    proc = cli(*ask, "--budget", "auto", "--ctx", "1024", env=env)
+    ask = ("run", *files, "hello there", "-n", "8", "--json")
+    proc = cli(*ask, "--budget", "auto", "--threads", "1", "--ctx", "2048", env=env)  # -c is not in the key
     assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
     if chosen is not None:
-        assert json.loads(proc.stdout)["budget"] == chosen
+        assert result["budget"] == chosen
         assert f"tuning {doc['key_id']}: budget {chosen} (" in proc.stderr
-    else:
-        assert json.loads(proc.stdout)["budget"] == 5
-        assert f"tuning {doc['key_id']}: no budget beat plain decoding (consider --no-draft); using budget 5" \
-            in proc.stderr
-    proc = cli(*ask, "--budget", "auto", "--ctx", "2048", env=env)  # -c changes the cost: no match
+    else:  # plain decoding won: no draft at all, said so (never a fixed budget tune measured slower)
+        assert result["budget"] is None and "-md" not in result["server_argv"]
+        assert f"tuning {doc['key_id']}: plain decoding beat every budget" in proc.stderr
+        assert "so the draft is not loaded and every request decodes as plain does" in proc.stderr
+    proc = cli(*ask, "--budget", "auto", "--threads", "2", env=env)  # -t changes the speed: no match, named
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["budget"] == 5
-    assert "no tuning matches this pair, engine and flags (tuned with other settings: ctx 1024 (here 2048)); " \
-           "using budget 5" in proc.stderr
+    assert ("--budget auto: no tuning matches this pair, engine and settings: it was tuned with --threads 1 "
+            "(here 2); using budget 5") in proc.stderr
     proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "auto", "2", "--reps", "1", "-n", "16",
                "--threads", "1", "--ctx", "1024", "--json", "--out", str(tmp_path / "b.jsonl"), env=env)
     assert proc.returncode == 0, proc.stderr
-    assert {s["budget"] for s in json.loads(proc.stdout)["summaries"]} == {None, 2, chosen or 5}
+    rows = json.loads(proc.stdout)["summaries"]
+    if chosen is not None:
+        assert {s["budget"] for s in rows} == {None, 2, chosen}
+    else:  # the auto arm runs as run --budget auto does: without the draft
+        label = right.draft.name.removesuffix(".gguf")
+        assert {s["config"] for s in rows} == {"plain", f"{label}@2", f"{label}@auto"}
+        assert {s["drafted"] for s in rows if s["config"] == f"{label}@auto"} == {0}
     proc = cli(*ask, "--budget", "eight", env=env)
     assert proc.returncode == 2 and proc.stderr.strip() == "dspark: error: --budget must be a number, 'auto' or 'adaptive' (got 'eight')"
 
@@ -260,4 +269,4 @@ def test_max_minutes_stops_and_keeps_what_was_measured(engine, right, tmp_path):
         tuning.run_tune(engine, _plan(right, budgets=(1, 8), n_predict=16, deadline=time.monotonic()), out=out)
     assert any(r["record"] == "prompt" for r in read_jsonl(out))  # what the first server wrote is kept
     assert json.loads(out.with_suffix(".partial.json").read_text())["complete"] is False
-    assert tuned.stored() == []  # nothing --budget auto would read
+    assert store.stored() == []  # nothing --budget auto would read

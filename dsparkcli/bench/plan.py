@@ -4,7 +4,7 @@ and the files it runs on (resolved through ``pairs``, every draft checked agains
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsparkcli.bench.prompts import Prompt
@@ -14,6 +14,8 @@ from dsparkcli.gguf.pairing import AcceptanceKind, acceptance_kind
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.protocol import AUTO
+from dsparkcli.llama.server import ServerConfig
 from dsparkcli.pairs import Downloads, PairSpec, check_pairing, resolve_files
 
 
@@ -24,6 +26,7 @@ class Draft:
 
 
 ADAPTIVE_LABEL = "adaptive"  # the adaptive arm's config name: "<draft>@adaptive"
+AUTO_LABEL = "auto"  # --budget auto's arm when the tuning picked plain decoding: "<draft>@auto", no draft
 
 @dataclass(frozen=True)
 class Arm:
@@ -38,8 +41,8 @@ class Arm:
     synth_rates: tuple[float, ...] | None = None  # per-position synthetic acceptance, ``budget`` values
     # --budget adaptive: llama.cpp picks 0..budget per step from this cost table (--spec-draft-n-max auto)
     cost_table: Path | None = None
-    # the adaptive arm of a table where no draft can pay (bench.tuned.AutoChoice.without_draft): its server
-    # runs without the draft, as `dspark run/serve --budget adaptive` then do
+    # an arm whose server runs without the draft, as `dspark run/serve` then do: the adaptive arm of a table
+    # where no draft can pay, the auto arm of a tuning where plain decoding won (budget.choice.AutoChoice)
     without_draft: bool = False
 
     @property
@@ -93,6 +96,9 @@ class BenchPlan:
     cost_table: Path | None = None
     adaptive_k: int = 0  # the cost table's largest k
     adaptive_without_draft: bool = False  # the table leaves no draft worth loading (Arm.without_draft)
+    # --budget auto where the tuning found plain decoding fastest: the first draft's "<draft>@auto" arm runs
+    # without it, as `dspark run --budget auto` then does
+    auto_without_draft: bool = False
 
     def _validate_arms(self) -> None:
         names = [a.name for a in self.explicit_arms]
@@ -135,7 +141,23 @@ class BenchPlan:
             if self.cost_table is not None:
                 arms.append(Arm(f"{d.label}@{ADAPTIVE_LABEL}", d, self.adaptive_k, cost_table=self.cost_table,
                                 without_draft=self.adaptive_without_draft))
+            if self.auto_without_draft and d == self.drafts[0]:
+                arms.append(Arm(f"{d.label}@{AUTO_LABEL}", d, None, without_draft=True))
         return arms
+
+    def server_config(self, arm: Arm, concurrency: int = 1) -> ServerConfig:
+        """The llama-server configuration of one arm (the tuning key of tune and bench comes from it too)."""
+        if arm.without_draft:
+            return self.server_config(replace(arm, without_draft=False), concurrency).without_draft()
+        p_min, synth_len, synth_rates = arm.settings(self)  # the arm's own (tune's cells), else the plan's
+        return ServerConfig(
+            model=self.target, draft=arm.draft.path if arm.draft else None, mmproj=self.mmproj,
+            n_max=AUTO if arm.adaptive else arm.budget, cost_table=arm.cost_table,
+            p_min=p_min, synth_len=synth_len, synth_rates=synth_rates,
+            # llama-server splits -c over its slots: every client gets plan.ctx
+            ctx=self.ctx * concurrency if self.ctx else None, n_parallel=concurrency,
+            threads=self.threads, placement=self.placement, extra_args=self.extra_args,
+        )
 
     def total_requests(self) -> int:
         per_client = self.warmup + len(self.prompts) * self.reps
@@ -149,7 +171,7 @@ class BenchPlan:
             self._validate_arms()
         elif not self.drafts:
             raise UsageError("bench needs at least one draft (--draft or --model)")
-        elif not self.budgets and self.cost_table is None:
+        elif not self.budgets and self.cost_table is None and not self.auto_without_draft:
             raise UsageError("bench needs at least one --budget")
         if any(b < 1 for b in self.budgets):
             raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")

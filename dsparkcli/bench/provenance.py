@@ -1,96 +1,20 @@
-"""Where a benchmark figure came from: dspark and engine versions, GPU, argv, and the files' sha256.
-
-Hashing a 20 GB target takes minutes, so digests are cached in ``<cache>/hashes.json`` keyed by the
-resolved path and invalidated when the file's mtime or size changes.
-"""
+"""Where a benchmark figure came from: dspark and engine versions, GPU, argv, and the files' sha256
+(cached, ``dsparkcli.facts``)."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dsparkcli import __version__, config
-from dsparkcli.gguf.analysis import hash_file
+from dsparkcli import __version__
+from dsparkcli.facts import FileFacts, build_record, file_facts, gpu_names, hash_cache_path, query_gpus
 from dsparkcli.llama.engine import Engine
 
-HASH_CACHE_NAME = "hashes.json"
-
-
-@dataclass(frozen=True)
-class FileFacts:
-    path: str
-    size: int
-    sha256: str
-
-
-def hash_cache_path() -> Path:
-    return config.cache_dir() / HASH_CACHE_NAME
-
-
-def _load_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # a missing or damaged cache only costs a re-hash
-
-
-def _save_cache(path: Path, data: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".hashes.", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)  # atomic: concurrent dspark runs never read half a file
-    except OSError:
-        pass  # read-only cache dir: hashing still works, it is just not remembered
-
-
-def file_facts(path: Path, *, cache_path: Path | None = None) -> FileFacts:
-    """Size and sha256 of ``path``; the digest comes from the cache when path, mtime and size match."""
-    resolved = Path(path).expanduser().resolve()
-    st = resolved.stat()
-    cache_path = cache_path or hash_cache_path()
-    cache = _load_cache(cache_path)
-    key = str(resolved)
-    hit = cache.get(key)
-    if isinstance(hit, dict) and hit.get("mtime_ns") == st.st_mtime_ns and hit.get("size") == st.st_size \
-            and isinstance(hit.get("sha256"), str):
-        return FileFacts(path=key, size=st.st_size, sha256=hit["sha256"])
-    digest = hash_file(resolved).file_sha256
-    cache = _load_cache(cache_path)  # re-read: another process may have added entries meanwhile
-    cache[key] = {"mtime_ns": st.st_mtime_ns, "size": st.st_size, "sha256": digest}
-    _save_cache(cache_path, cache)
-    return FileFacts(path=key, size=st.st_size, sha256=digest)
-
-
-def _query_gpus(fields: tuple[str, ...], timeout: float = 15) -> list[str] | None:
-    """nvidia-smi's CSV lines for ``--query-gpu=FIELDS`` (one per GPU); None without nvidia-smi or on failure."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        proc = subprocess.run([smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
-
-
-def gpu_names() -> list[str]:
-    """GPU names from nvidia-smi; empty when there is none (CPU runs say so through this)."""
-    return _query_gpus(("name",)) or []
-
+__all__ = ["FileFacts", "build_record", "collect", "file_facts", "gpu_facts", "gpu_names", "hash_cache_path"]
 
 GPU_FACT_FIELDS = (("name", "name"), ("memory_total", "memory.total"), ("driver", "driver_version"),
                    ("mem_clock_max", "clocks.max.memory"))
@@ -103,24 +27,10 @@ def gpu_facts() -> dict[str, Any]:
         return {"name": "none (CPU)"}
     for n_fields in (len(GPU_FACT_FIELDS), 1):
         keys, fields = zip(*GPU_FACT_FIELDS[:n_fields])
-        lines = _query_gpus(fields, timeout=20)
+        lines = query_gpus(fields, timeout=20)
         if lines:
             return dict(zip(keys, lines[0].split(", "))) | {"count": len(lines)}
     return {"name": "unknown"}
-
-
-def build_record(engine: Engine) -> dict[str, Any] | None:
-    """The ``engine.json`` that ``dspark engine build`` left next to this binary, if any.
-
-    A build from a source tarball has no git metadata, so ``llama-server --version`` shows no commit;
-    the build record still names the source (commit or source hash), CUDA arch and build time.
-    """
-    marker = engine.bin_dir.parent.parent / "engine.json"  # <cache>/engine/<key>/build/bin
-    try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def collect(engine: Engine, files: dict[str, Path | None], *, argv: list[str] | None = None,

@@ -65,7 +65,7 @@ from dsparkcli.bench.stats import (
 )
 from dsparkcli.errors import BenchError, ServerError
 from dsparkcli.llama.engine import Engine
-from dsparkcli.llama.protocol import AUTO, COMPLETION_FIELDS, SPEC_N_MAX, SpecCounters, completion_payload, timings_drafts
+from dsparkcli.llama.protocol import COMPLETION_FIELDS, SPEC_N_MAX, SpecCounters, completion_payload, timings_drafts
 from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
 from dsparkcli.outputs import check_output_dir, check_output_file
 
@@ -221,17 +221,7 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
 
 
 def _server_config(plan: BenchPlan, arm: Arm, concurrency: int = 1) -> ServerConfig:
-    if arm.without_draft:
-        return _server_config(plan, replace(arm, without_draft=False), concurrency).without_draft()
-    p_min, synth_len, synth_rates = arm.settings(plan)  # the arm's own (tune's cells), else the plan's
-    return ServerConfig(
-        model=plan.target, draft=arm.draft.path if arm.draft else None, mmproj=plan.mmproj,
-        n_max=AUTO if arm.adaptive else arm.budget, cost_table=arm.cost_table,
-        p_min=p_min, synth_len=synth_len, synth_rates=synth_rates,
-        # llama-server splits -c over its slots: every client gets plan.ctx
-        ctx=plan.ctx * concurrency if plan.ctx else None, n_parallel=concurrency,
-        threads=plan.threads, placement=plan.placement, extra_args=plan.extra_args,
-    )
+    return plan.server_config(arm, concurrency)
 
 
 def _render_once(client: ServerClient, plan: BenchPlan, state: _RunState, writer: _Writer,

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dsparkcli.bench.tune import synth_rates
+from dsparkcli.budget.model import synth_rates
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import SPEC_N_MAX
 from dsparkcli.llama.server import LlamaServer, ServerConfig

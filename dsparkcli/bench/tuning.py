@@ -6,12 +6,17 @@ Three bench runs, one JSONL (run ids ``<id>-cost``, ``<id>-acceptance``, ``<id>-
 
 1. cost: plain decoding (t1) and, per candidate budget k, an all-rejected ``--spec-synth-len 1`` cell
    (t_step(k)) on a few prompts; skipped when a stored tuning for the same key already holds these budgets.
-2. acceptance: the largest budget, once per p_min, on every prompt: per-position acceptance per category
-   from /metrics; s (ms per accepted token) is fitted on these cells.
+2. acceptance: the largest budget, once per p_min (p 0 always), on every prompt: per-position acceptance
+   per category from /metrics; s (ms per accepted token) is fitted on the p 0 cells, each threshold's own
+   cost on its cells (``budget.model.fit``).
 3. verify: plain and each category's best predicted candidates, measured in the same run (with
-   ``adaptive``, also llama.cpp's per-step budget on this cost model: ``--spec-draft-n-max auto``).
+   ``adaptive``, also llama.cpp's per-step budget on this cost model: ``--spec-draft-n-max auto``). When a
+   verified cell is more than 10 % off its prediction, the model's ranking is not to be trusted: the
+   remaining candidates are measured too (``<id>-verify-rest``), so the pick is the best measured cell of
+   the whole grid, not the model's.
 
-The model and the pick are pure (``bench.tune``); this module runs the cells and keeps the records.
+The model and the pick are pure (``budget.model``), the key and the store are ``budget.store``'s; this
+module runs the cells and keeps the records.
 """
 
 from __future__ import annotations
@@ -24,20 +29,21 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli import config
-from dsparkcli.bench import tune
-from dsparkcli.bench.tuned import find, key_for, save
 from dsparkcli.bench.plan import ADAPTIVE_LABEL, Arm, BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import ALL, PLAIN, measured, read_jsonl
 from dsparkcli.bench.run import new_pool, new_run_id, run_bench
 from dsparkcli.bench.servers import ServerPool
-from dsparkcli.bench.tune import Acceptance, Candidate, CostModel, TuningRecord
+from dsparkcli.budget import model, store
+from dsparkcli.budget.limits import DraftLimit
+from dsparkcli.budget.model import Acceptance, Candidate, CostModel
+from dsparkcli.budget.record import TuningRecord
 from dsparkcli.errors import BenchError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure
 from dsparkcli.gguf.pairing import open_header
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import SpecCounters
-from dsparkcli.llama.server import ServerConfig
+from dsparkcli.pairs import draft_limit
 
 DEFAULT_BUDGETS = (1, 2, 3, 5, 7, 10, 15)  # every budget of the H200 study
 SYNTH_MODES = ("rates", "length")
@@ -79,6 +85,11 @@ class TunePlan:
         return max(self.budgets)
 
     @property
+    def thresholds(self) -> tuple[float, ...]:
+        """The p_mins measured: p 0 always (s is fitted on its cells, and the adaptive budget drafts at p 0)."""
+        return tuple(dict.fromkeys((0.0, *self.p_mins)))
+
+    @property
     def synthetic(self) -> bool:
         return self.synth_len is not None or self.scripted is not None
 
@@ -103,12 +114,10 @@ class TunePlan:
             raise UsageError("no prompts selected")
 
 
-def draft_limits(draft: Path) -> tuple[int | None, bool]:
-    """(largest budget llama.cpp does not clamp, has a confidence head) from the draft's header."""
+def draft_limits(draft: Path) -> tuple[DraftLimit, bool]:
+    """(the budgets the draft can honour, has a confidence head) from the draft's header."""
     s = dspark_structure(open_header(draft))
-    if s is None:
-        return None, False
-    return s.max_spec_draft_n, bool(s.confidence_head)
+    return draft_limit(draft), bool(s is not None and s.confidence_head)
 
 
 # ------------------------------------------------------------------ measuring
@@ -178,8 +187,11 @@ def _cost_arms(tp: TunePlan, budgets: Sequence[int]) -> list[Arm]:
 
 def _acceptance_arms(tp: TunePlan) -> list[Arm]:
     d = Draft("draft", tp.draft)
-    return [Arm(f"acc@{tp.k_max}" + (f",p{p:g}" if p else ""), d, tp.k_max, p_min=p, synth_len=tp.synth_len)
-            for p in tp.p_mins]
+    return [Arm(_acceptance_name(tp.k_max, p), d, tp.k_max, p_min=p, synth_len=tp.synth_len) for p in tp.thresholds]
+
+
+def _acceptance_name(k: int, p_min: float) -> str:
+    return f"acc@{k}" + (f",p{p_min:g}" if p_min else "")
 
 
 def candidate_arm(tp: TunePlan, c: Candidate) -> Arm:
@@ -188,7 +200,7 @@ def candidate_arm(tp: TunePlan, c: Candidate) -> Arm:
     if tp.synth_len is None:
         return Arm(name, d, c.budget, p_min=c.p_min)
     if tp.synth_mode == "rates" and c.budget < tp.k_max:
-        return Arm(name, d, c.budget, p_min=0.0, synth_rates=tune.synth_rates(tp.synth_len, tp.k_max)[:c.budget])
+        return Arm(name, d, c.budget, p_min=0.0, synth_rates=model.synth_rates(tp.synth_len, tp.k_max)[:c.budget])
     return Arm(name, d, c.budget, p_min=0.0, synth_len=tp.synth_len)
 
 
@@ -198,7 +210,7 @@ def adaptive_arm(tp: TunePlan, table: Path) -> Arm:
     if tp.synth_len is None:
         return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, cost_table=table)
     if tp.synth_mode == "rates":
-        return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, synth_rates=tune.synth_rates(tp.synth_len, tp.k_max),
+        return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, synth_rates=model.synth_rates(tp.synth_len, tp.k_max),
                    cost_table=table)
     return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, synth_len=tp.synth_len, cost_table=table)
 
@@ -213,11 +225,34 @@ def _acceptance(records: list[dict[str, Any]], arm: Arm, p_min: float, categorie
     return out
 
 
+def _cells(rows: list[dict[str, Any]], arms: Sequence[Arm], categories: Sequence[str]) -> list[model.Cell]:
+    """The acceptance phase's cells: per arm (one p_min each) and category, the acceptance and ms per token."""
+    cells = []
+    for arm in arms:
+        assert arm.p_min is not None
+        cells += [(a, _ms_per_token(rows, arm.name, a.category)) for a in _acceptance(rows, arm, arm.p_min, categories)]
+    return cells
+
+
+def refit(rec: TuningRecord, jsonl: Path) -> CostModel:
+    """A stored tuning's cost model fitted again from its own bench records (``rec.jsonl``): t1 and the
+    step costs as measured, every other term by ``budget.model.fit`` (a version 1 record's s was fitted
+    over the p_min cells too)."""
+    rows = read_jsonl(jsonl, f"{rec.run_id}-acceptance")
+    k_max = max(a.budget for a in rec.acceptance)
+    d = Draft("draft", Path("draft.gguf"))
+    arms = [Arm(_acceptance_name(k_max, p), d, k_max, p_min=p) for p in dict.fromkeys(a.p_min for a in rec.acceptance)]
+    return model.fit(CostModel(rec.cost.t1_ms, rec.cost.t_step_ms),
+                     _cells(rows, arms, list(dict.fromkeys(a.category for a in rec.acceptance))))
+
+
 def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: str | None = None,
              argv: list[str] | None = None, on_progress: Callable[[Progress], None] | None = None,
              on_phase: Callable[[str, float], None] | None = None, pool: ServerPool | None = None) -> TuningRecord:
-    """Measure, predict, verify; return (and store) the tuning record. Ctrl-C stores what was measured
-    as an incomplete record (``--budget auto`` ignores it) and re-raises.
+    """Measure, predict, verify; return the tuning record this run measured, and store it (joined with the
+    stored tuning of the same key: categories this run did not tune are kept, ``budget.record.merged``).
+    Ctrl-C keeps what was measured as an incomplete record next to the bench records (``--budget auto``
+    never reads it) and re-raises.
 
     Servers come from ``pool`` (kept by the caller across several tunes of one pair) or from one of
     this run's own: a plain and a draft server stay loaded between phases and serve every later cell of
@@ -235,39 +270,53 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
     out = Path(out) if out is not None else config.cache_dir() / "tuning" / "runs" / f"tune-{run_id}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     categories = list(dict.fromkeys(p.category for p in tp.prompts))
+    workloads_of = [*categories, model.OVERALL]
     budgets = sorted(b for b in tp.budgets if tp.runnable(b))
     if not budgets:
         raise UsageError(f"no candidate budget can hold --synth-len {tp.synth_len} with --synth-mode length")
-    probe = _base_plan(tp, tp.prompts, _acceptance_arms(tp)).arms()[1]
-    probe_cfg = ServerConfig(model=tp.target, draft=tp.draft, n_max=probe.budget, ctx=tp.ctx, threads=tp.threads,
-                             extra_args=tp.extra_args)
-    key = key_for(engine, tp.target, tp.draft, probe_cfg.argv(engine.server, 0))
+    # the key of the servers this tune measures, as bench and run serve the same settings (budget.store)
+    key_plan = _base_plan(tp, tp.prompts, _acceptance_arms(tp))
+    key = store.key_for(engine, key_plan.server_config(key_plan.explicit_arms[0]))
     timings: dict[str, float] = {}
     cost: CostModel | None = None
     acceptance: list[Acceptance] = []
-    predictions: list[tune.Prediction] = []
+    predictions: list[model.Prediction] = []
     verified: list[tuple[str, str, float]] = []
-    choices: list[tune.Choice] = []
+    choices: list[model.Choice] = []
 
     def record(complete: bool) -> TuningRecord:
         return TuningRecord(
             key=key, cost=cost or CostModel(0.0, ()), acceptance=tuple(acceptance), predictions=tuple(predictions),
-            choices=tuple(choices), verified=tuple(verified), budgets=tuple(budgets), p_mins=tuple(tp.p_mins),
+            choices=tuple(choices), verified=tuple(verified), budgets=tuple(budgets), p_mins=tp.thresholds,
             synthetic=tp.synthetic, synth_len=tp.synth_len, timings_s=dict(timings),
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_id=run_id,
-            jsonl=str(out), complete=complete)
+            jsonl=str(out), complete=complete, overall_of=tuple(categories))
 
     def phase_done(name: str, started: float) -> None:
         timings[name] = time.monotonic() - started
         if on_phase:
             on_phase(name, timings[name])
 
+    def verify(candidates: list[Candidate], extra: list[Arm], suffix: str) -> None:
+        """Measure candidates (and extra arms) next to plain; their speedups join ``verified``."""
+        by_arm = {candidate_arm(tp, c).name: c for c in candidates}
+        plan = _base_plan(tp, tp.prompts, [candidate_arm(tp, c) for c in candidates] + extra)
+        try:
+            rows = _bench(engine, plan, out, f"{run_id}-{suffix}", "verify", tp.deadline, on_progress, argv, pool)
+        except _OutOfTime:
+            rows = read_jsonl(out, f"{run_id}-{suffix}")  # keep the predictions' choices, say so
+            timings["verify_cut"] = 1.0
+        for (name, cat), speedup in _speedups(rows).items():
+            if name in by_arm or name == ADAPTIVE_LABEL:
+                verified.append((model.OVERALL if cat == ALL else cat,
+                                 by_arm[name].label if name in by_arm else name, speedup))
+
     try:
         # 1. cost model
         started = time.monotonic()
-        previous = find(key) if tp.reuse_cost else None
+        previous = store.find(key) if tp.reuse_cost else None
         if previous is not None and previous.cost.t1_ms > 0 and set(budgets) <= {k for k, _ in previous.cost.t_step_ms}:
-            cost = replace(previous.cost, t_step_ms=tuple((k, v) for k, v in previous.cost.t_step_ms if k in budgets))
+            cost = CostModel(previous.cost.t1_ms, tuple((k, v) for k, v in previous.cost.t_step_ms if k in budgets))
             timings["cost_reused"] = 1.0
         else:
             few = _first_per_category(tp.prompts, COST_PROMPTS)
@@ -277,57 +326,50 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
             cost = CostModel(t1_ms=_ms_per_token(rows, PLAIN),
                              t_step_ms=tuple((k, _ms_per_token(rows, f"cost@{k}")) for k in budgets))
         phase_done("cost", started)
-        # 2. acceptance at the largest budget, per p_min; s from the same cells
+        # 2. acceptance at the largest budget, per p_min; s from the p 0 cells, each p_min's cost from its own
         started = time.monotonic()
         arms = _acceptance_arms(tp)
         acc_plan = replace(_base_plan(tp, tp.prompts, arms), with_plain=False)
         rows = _bench(engine, acc_plan, out, f"{run_id}-acceptance", "acceptance", tp.deadline, on_progress, argv, pool)
-        cells = []
-        for arm in arms:
-            assert arm.p_min is not None
-            mine = _acceptance(rows, arm, arm.p_min, categories)
-            acceptance.extend(mine)
-            cells += [(a, _ms_per_token(rows, arm.name, a.category)) for a in mine]
-        cost = replace(cost, s_ms=tune.fit_s(cost, cells))
-        workloads = acceptance + [tune.pooled([a for a in acceptance if a.p_min == p]) for p in tp.p_mins]
-        predictions = tune.predict_all(cost, workloads, budgets)
-        choices = [tune.choose(predictions, cat) for cat in [*categories, tune.OVERALL]]
+        cells = _cells(rows, arms, categories)
+        acceptance.extend(a for a, _ in cells)
+        cost = model.fit(cost, cells)
+        workloads = acceptance + [model.pooled([a for a in acceptance if a.p_min == p]) for p in tp.thresholds]
+        predictions = model.predict_all(cost, workloads, budgets)
+        choices = [model.choose(predictions, cat) for cat in workloads_of]
         phase_done("acceptance", started)
-        # 3. verification: plain and the best predicted candidates, side by side
+        # 3. verification: plain and the best predicted candidates, side by side; the whole grid when the
+        # model missed a verified cell by more than 10 %
         started = time.monotonic()
-        short = tune.shortlist(predictions, [*categories, tune.OVERALL], tp.top)
+        short = model.shortlist(predictions, workloads_of, tp.top)
         extra = []
         if tp.adaptive:  # the same cost model, as the table llama.cpp reads
             table = out.with_suffix(".cost.txt")
-            table.write_text(tune.cost_table(cost), encoding="utf-8")
+            table.write_text(model.cost_table(cost), encoding="utf-8")
             extra = [adaptive_arm(tp, table)]
         if short or extra:
-            by_arm = {candidate_arm(tp, c).name: c for c in short}
-            ver_plan = _base_plan(tp, tp.prompts, [candidate_arm(tp, c) for c in short] + extra)
-            try:
-                rows = _bench(engine, ver_plan, out, f"{run_id}-verify", "verify", tp.deadline, on_progress, argv, pool)
-            except _OutOfTime:
-                rows = read_jsonl(out, f"{run_id}-verify")  # keep the predictions' choices, say so
-                timings["verify_cut"] = 1.0
-            speed = _speedups(rows)
-            verified = [(cat, by_arm[name].label if name in by_arm else name, s) for (name, cat), s in speed.items()
-                        if name in by_arm or name == ADAPTIVE_LABEL]
-            if "verify_cut" not in timings:
-                choices = [tune.choose(predictions, cat, {by_arm[n]: s for (n, c), s in speed.items()
-                                                          if c == (ALL if cat == tune.OVERALL else cat)
-                                                          and n in by_arm})
-                           for cat in [*categories, tune.OVERALL]]
+            verify(short, extra, "verify")
+        grid = {p.candidate.label: p.candidate for p in predictions}
+        if "verify_cut" not in timings and model.misses(predictions, verified):
+            rest = [c for c in grid.values() if c not in short]
+            if rest:
+                timings["verify_rest"] = float(len(rest))
+                verify(rest, [], "verify-rest")
+        if "verify_cut" not in timings and verified:  # the best measured cell wins (plain: 1.0)
+            choices = [model.choose(predictions, cat, {grid[label]: speedup for c, label, speedup in verified
+                                                       if c == cat and label in grid})
+                       for cat in workloads_of]
         phase_done("verify", started)
     except (KeyboardInterrupt, _OutOfTime) as exc:
         timings["total"] = time.monotonic() - t0
-        save(record(complete=False), out.with_suffix(".partial.json"))
+        store.write(record(complete=False), out.with_suffix(".partial.json"))
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise BenchError(f"tune ran out of time in its {exc.args[0]} phase (--max-minutes); what was measured is "
                          f"in {out}") from None
     timings["total"] = time.monotonic() - t0
     rec = record(complete=True)
-    save(rec)
+    store.save(rec)
     return rec
 
 

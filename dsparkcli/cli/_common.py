@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli.bench.tuned import ADAPTIVE, parse_auto
+from dsparkcli.budget.limits import ADAPTIVE, parse_auto  # standard library only: light at start-up
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.server import check_extra_args
 from dsparkcli.llama.placement import Placement, parse_endpoints, parse_tensor_split

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -17,9 +18,10 @@ from dsparkcli.bench import plan as bench_plan
 from dsparkcli.bench import prompts as kit
 from dsparkcli.bench import report
 from dsparkcli.bench import run as core
-from dsparkcli.bench import tuned
 from dsparkcli.bench.records import ALL
-from dsparkcli.bench.tuned import parse_auto
+from dsparkcli.budget import rule
+from dsparkcli.budget.choice import Want, chosen_server
+from dsparkcli.budget.limits import ADAPTIVE, parse_auto
 from dsparkcli.cli._common import (
     AutoPMinOpt,
     DraftDeviceOpt,
@@ -39,13 +41,11 @@ from dsparkcli.cli._common import (
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import Interrupted, UsageError
 from dsparkcli.outputs import check_output_file
-from dsparkcli.llama import budget as budget_mod
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import hazards
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
-from dsparkcli.llama.server import ServerConfig
-from dsparkcli.pairs import place_draft
+from dsparkcli.pairs import draft_limit, place_draft
 
 HELP = """Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit.
 
@@ -96,11 +96,49 @@ def _budgets(values: list[str] | None) -> tuple[list[int], bool, bool]:
     for v in values or []:
         parsed, is_auto = parse_auto(v, "--budget", int, adaptive=True)
         auto = auto or is_auto
-        if parsed == tuned.ADAPTIVE:
+        if parsed == ADAPTIVE:
             adaptive = True
         elif parsed is not None:
             ints.append(int(parsed))  # type: ignore[call-overload]
     return ints, auto, adaptive
+
+
+def _chosen_budgets(eng: engine_mod.Engine, plan: bench_plan.BenchPlan, want: Want, *,
+                    default: int) -> bench_plan.BenchPlan:
+    """The plan's budgets checked against every draft (``budget.limits``: given ones refused when out of
+    range, the default clamped and said), then --budget auto / adaptive / --p-min auto from the first
+    draft's tuning (``budget.choice``, strict: bench measures what it was asked, or refuses in one line)."""
+    limits = [draft_limit(d.path) for d in plan.drafts]
+    for b in plan.budgets:
+        for limit in limits:
+            limit.check(b)
+    if not plan.budgets and not want.budget and not want.adaptive:
+        fitted = [limit.fit_default(default) for limit in limits]
+        for _, note in fitted[:1]:
+            if note:
+                err.print(note, markup=False)
+        plan = replace(plan, budgets=(min(b for b, _ in fitted),))
+    if not want.any:
+        return plan
+    # the configuration bench serves the first draft with: its tuning key is the one tune stored
+    key_cfg = plan.server_config(bench_plan.Arm("tuned", plan.drafts[0], 1))
+    if want.adaptive:
+        _, choice = chosen_server(eng, key_cfg, Want(adaptive=True), strict=True)
+        assert choice is not None and choice.cost_table is not None
+        err.print(choice.message, markup=False)
+        plan = replace(plan, cost_table=choice.cost_table, adaptive_without_draft=choice.without_draft,
+                       adaptive_k=rule.parse_cost_table(choice.cost_table.read_text(encoding="utf-8")).max_k)
+    if want.budget or want.p_min:
+        cfg, auto = chosen_server(eng, key_cfg, replace(want, adaptive=False), strict=True)
+        assert auto is not None
+        err.print(auto.message, markup=False)
+        if auto.without_draft:  # plain decoding won: the auto arm runs without the draft (<draft>@auto)
+            plan = replace(plan, auto_without_draft=True)
+        elif want.budget and auto.budget not in plan.budgets:
+            plan = replace(plan, budgets=(*plan.budgets, auto.budget))  # type: ignore[arg-type]
+        if want.p_min and not auto.without_draft:
+            plan = replace(plan, p_min=cfg.p_min)
+    return plan
 
 
 def expand_multi_values(args: list[str], flags: tuple[str, ...], is_value: Callable[[str], bool] | None = None) -> list[str]:
@@ -126,7 +164,7 @@ def expand_multi_values(args: list[str], flags: tuple[str, ...], is_value: Calla
 
 
 def _is_int(text: str) -> bool:
-    return (text.lstrip("-").isdigit() and not text.startswith("--")) or text.lower() in ("auto", tuned.ADAPTIVE)
+    return (text.lstrip("-").isdigit() and not text.startswith("--")) or text.lower() in ("auto", ADAPTIVE)
 
 
 def render_table(summaries: list[dict[str, Any]], *, partial: bool = False) -> Table:
@@ -207,43 +245,22 @@ def bench(
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes,
                                        engine=eng, on_notice=lambda m: err.print(m, markup=False))
     budgets, auto_budget, adaptive = _budgets(budget)
-    cost_table, adaptive_k, adaptive_without_draft = None, 0, False
-    if adaptive:  # the (first) draft's tuning: its step costs, llama.cpp's choice per step
-        cfg = ServerConfig(model=inputs.target, draft=inputs.drafts[0].path, mmproj=inputs.mmproj,
-                           n_max=inputs.budget or DEFAULT_BUDGET, ctx=ctx, threads=threads, extra_args=passthrough_args())
-        choice = tuned.adaptive_settings(eng, cfg, 0)
-        if choice.cost_table is None:
-            raise UsageError("--budget adaptive needs the pair's cost table and no tuning matches this pair, engine "
-                             "and flags: run `dspark tune` with the same pair and flags first")
-        err.print(choice.message, markup=False)
-        cost_table, adaptive_k = choice.cost_table, budget_mod.parse_cost_table(choice.cost_table.read_text()).max_k
-        adaptive_without_draft = choice.without_draft
     p_value, auto_p = parse_auto(p_min, "--p-min", float)
-    if auto_budget or auto_p:  # the tuning of the (first) draft: for the one category benched, else overall
-        cfg = ServerConfig(model=inputs.target, draft=inputs.drafts[0].path, mmproj=inputs.mmproj,
-                           n_max=inputs.budget or DEFAULT_BUDGET, ctx=ctx, threads=threads, extra_args=passthrough_args())
-        cats = {p.category for p in selected}
-        cfg, auto = tuned.apply_auto(eng, cfg, budget=auto_budget, p_min=auto_p,
-                                     category=next(iter(cats)) if len(cats) == 1 else None)
-        assert auto is not None
-        err.print(auto.message, markup=False)
-        if auto_budget and cfg.n_max not in budgets:
-            budgets.append(cfg.n_max)  # type: ignore[arg-type]
-        if auto_p:
-            p_value = cfg.p_min
     for d in inputs.drafts:  # the first picks the draft's device, the others must agree with it
         placement = place_draft(placement, eng, d.path)
     if placement.rpc:
         err.print(placement_describe(placement), markup=False)
     plan = bench_plan.BenchPlan(
-        target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts,
-        budgets=tuple(budgets or ([] if adaptive else [inputs.budget or DEFAULT_BUDGET])), prompts=selected,
+        target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts, budgets=tuple(budgets), prompts=selected,
         reps=reps, rounds=rounds, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_value, synth_len=synth_len,  # type: ignore[arg-type]
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=extra_args,
         upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
-        concurrency=tuple(concurrency or ()),
-        placement=placement, cost_table=cost_table, adaptive_k=adaptive_k, adaptive_without_draft=adaptive_without_draft,
+        concurrency=tuple(concurrency or ()), placement=placement,
     )
+    cats = {p.category for p in selected}  # the tuning of the one category benched, else the overall one
+    plan = _chosen_budgets(eng, plan, Want(budget=auto_budget, p_min=auto_p, adaptive=adaptive,
+                                           category=next(iter(cats)) if len(cats) == 1 else None),
+                           default=inputs.budget or DEFAULT_BUDGET)
     plan.validate()
     hazard = hazards.slot_hazard(eng, drafting=bool(plan.drafts), parallel=max(plan.concurrency or (1,)))
     if hazard:

@@ -77,7 +77,7 @@ def format_stats(result: runner.RunResult) -> str:
         rate = f"{100 * acc.rate:.1f} %" if acc.rate is not None else "n/a"
         mean = f"{acc.mean_len:.2f}" if acc.mean_len is not None else "n/a (server without --metrics)"
         chosen = protocol.BudgetTimings.from_timings(result.timings)
-        # a --server's budget is in its command line only: llama-server reports no n_max (/props, /slots)
+        # a --server's budget: the one the request drafted with (runner.request_budget asks the server first)
         budget = (f"budget adaptive (mean {chosen.mean:.2f}, {chosen.zero} of {chosen.steps} steps without a draft)"
                   if chosen.mean is not None else f"budget {result.budget}" if result.budget else "budget set by the server")
         parts += [budget, f"drafted {acc.drafted}",

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from dsparkcli import vllm
-from dsparkcli.bench import tuned
+from dsparkcli.budget.choice import Want, category_budgets, chosen_server
 from dsparkcli.cli._common import (
     ApiKeyFileOpt,
     ApiKeyOpt,
@@ -144,14 +144,14 @@ def serve(
                         placement=placement),
             Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
                       on_notice=lambda m: err.print(m, markup=False)), engine=eng)
-    cfg, auto = tuned.apply_auto(eng, cfg, budget=kv["auto_budget"], p_min=kv["auto_p_min"],
-                                 category=category, adaptive=kv["adaptive_budget"])
+    cfg, auto = chosen_server(eng, cfg, Want(budget=kv["auto_budget"], p_min=kv["auto_p_min"],
+                                             adaptive=kv["adaptive_budget"], category=category))
     if auto is not None:
         err.print(auto.message, markup=False)
     hazard = hazards.slot_hazard(eng, drafting=cfg.draft is not None, parallel=cfg.n_parallel)
     if hazard:
         err.print(f"dspark: warning: {hazard}", markup=False)
-    per_category = tuned.category_budgets(auto)
+    per_category = category_budgets(auto)
     if per_category and engine_mod.capabilities(eng).request_draft_params:
         most = max(per_category.values())
         err.print("per-request budgets by category (a request's speculative.n_max, or dspark run --server URL "

@@ -14,8 +14,12 @@ from typer.core import TyperCommand
 
 from dsparkcli.bench import plan as bench_plan
 from dsparkcli.bench import prompts as kit
-from dsparkcli.bench import tune, tuned, tuning
-from dsparkcli.bench.tune import TuningRecord
+from dsparkcli.bench import tuning
+from dsparkcli.budget import model as cost_model
+from dsparkcli.budget import store
+from dsparkcli.budget.apply import apply_to_models
+from dsparkcli.budget.choice import require_adaptive
+from dsparkcli.budget.record import TuningRecord
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, ModelOpt, TargetOpt, ThreadsOpt, YesOpt, passthrough_args
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.cli.bench import expand_multi_values
@@ -27,10 +31,14 @@ HELP = """Choose --budget (and --p-min) for a pair on this machine from a measur
 Measures plain decoding (t1) and, per candidate budget k, a draft step with nothing accepted
 (--spec-synth-len 1 cells: t_step(k)); then the pair's per-position acceptance at the largest budget
 on your prompts, per category (and per --p-min when the draft has a confidence head); predicts the
-speedup of every (k, p-min) as tau*t1/(t_step(k) + (tau-1)*s), and measures the best candidates next
-to plain decoding in the same run. The choice is stored for this target and draft (sha256), engine
-commit, backend, GPU and the flags that change cost (-ngl -ngld -fa -c -ctk -ctv -np -t): `run`, `serve`
-and `bench` use it with --budget auto. Arguments after `--` go to llama-server (and into the key).
+speedup of every (k, p-min) as tau*t1/(t_step(k) + (tau-1)*s) (s fitted on the p-min 0 cells; each
+p-min's own cost fitted on its cells), and measures the best candidates next to plain decoding in the
+same run, predicted vs measured per cell: when any is more than 10 % off, the rest of the grid is
+measured too and the pick is the best measured cell. The choice is stored per category for this
+target and draft (sha256), engine commit, backend, GPU and the settings that change speed (--threads,
+--parallel, placement, -ngl -ngld -fa -ctk -ctv -b -ub after --; not --ctx): `run`, `serve` and `bench`
+use it with --budget auto or adaptive. Tuning another --category keeps the stored ones. Arguments after
+`--` go to llama-server (and into the key).
 
 \b
 Examples:
@@ -71,28 +79,30 @@ def _phase_line(rec: TuningRecord) -> str:
 def render(rec: TuningRecord) -> Table:
     table = Table(title=("SYNTHETIC acceptance: " if rec.synthetic else "") + f"tuning {rec.key.id}",
                   title_style="bold red" if rec.synthetic else "bold")
-    for col in ("category", "mean len @k_max", "best predicted", "candidate", "predicted", "measured", "choice"):
+    for col in ("category", "mean len @k_max", "best predicted", "candidate", "predicted", "measured", "off",
+                "choice"):
         table.add_column(col, justify="left" if col in ("category", "candidate", "choice", "best predicted") else "right")
     acc = {(a.category, a.p_min): a for a in rec.acceptance}
     verified = {(c, lb): s for c, lb, s in rec.verified}
     preds = {(p.category, p.candidate.label): p.speedup for p in rec.predictions}
     for choice in rec.choices:
         cat = choice.category
-        if cat == tune.OVERALL and rec.acceptance:
+        if cat == cost_model.OVERALL and rec.acceptance:
             p0 = min(a.p_min for a in rec.acceptance)
-            a = tune.pooled([x for x in rec.acceptance if x.p_min == p0])
+            a = cost_model.pooled([x for x in rec.acceptance if x.p_min == p0])
         else:
             a = acc.get((cat, 0.0)) or next((v for (c, _), v in acc.items() if c == cat), None)
         mean = f"{a.counters.mean_length:.2f}" if a and a.counters.mean_length else "–"
-        best = tune.ranked(rec.predictions, cat)
+        best = cost_model.ranked(rec.predictions, cat)
         best_txt = f"{best[0].candidate.label} {best[0].speedup:.2f}x" if best else "–"
         labels = [lb for c, lb in verified if c == cat] or [best_txt.split()[0]]
         pick = choice.candidate.label if choice.candidate else "plain (no draft)"
         for i, lb in enumerate(labels):
             p, m = preds.get((cat, lb)), verified.get((cat, lb))
+            off = f"{100 * (m / p - 1):+.0f} %" if p and m is not None else "–"
             table.add_row(cat if i == 0 else "", mean if i == 0 else "", best_txt if i == 0 else "", lb,
-                          f"{p:.2f}x" if p is not None else "–", f"{m:.2f}x" if m is not None else "–",
-                          pick if i == 0 else "", style="bold" if cat == tune.OVERALL else None)
+                          f"{p:.2f}x" if p is not None else "–", f"{m:.2f}x" if m is not None else "–", off,
+                          pick if i == 0 else "", style="bold" if cat == cost_model.OVERALL else None)
         table.add_section()
     return table
 
@@ -135,12 +145,14 @@ def tune_cmd(
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
     engine_mod.require_dspark(eng)
     if adaptive:
-        tuned.require_adaptive(eng)
+        require_adaptive(eng)
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=[draft] if draft else [], mmproj=mmproj,
                                        yes=yes, engine=eng, on_notice=lambda m: err.print(m, markup=False))
     draft_path = inputs.drafts[0].path
-    max_n, has_conf = tuning.draft_limits(draft_path)
-    cands = tuple(budgets or [b for b in tuning.DEFAULT_BUDGETS if max_n is None or b <= max_n])
+    limit, has_conf = tuning.draft_limits(draft_path)
+    for b in budgets or ():  # budget.limits: the one check, as run, serve and bench make it
+        limit.check(b, "--budgets")
+    cands = tuple(budgets or [b for b in tuning.DEFAULT_BUDGETS if limit.most is None or b <= limit.most])
     p_mins = tuple(p_min if p_min is not None else ([0.0, 0.3, 0.6] if has_conf and synth_len is None else [0.0]))
     if any(p > 0 for p in p_mins) and not has_conf:
         raise UsageError("--p-min > 0 needs a draft with a confidence head (this one has none)")
@@ -176,33 +188,48 @@ def tune_cmd(
         except KeyboardInterrupt:
             raise Interrupted("interrupted: what was measured is kept (bench records and a partial tuning record "
                               "next to them, under the dspark cache or --out)") from None
-    saved = tuned.store_dir() / f"{rec.key.id}.json"
+    saved = store.store_dir() / f"{rec.key.id}.json"
+    kept = [c for c in (store.find(rec.key) or rec).tuned_categories if c not in rec.tuned_categories]
     if record_path is not None:
-        tuned.save(rec, record_path)
+        store.write(rec, record_path)
     if cost_table is not None:
-        cost_table.write_text(tune.cost_table(rec.cost), encoding="utf-8")
+        cost_table.write_text(cost_model.cost_table(rec.cost), encoding="utf-8")
     applied = None
     overall = rec.choice()
     if apply:
         assert model is not None and overall is not None
-        applied = tuned.apply_to_models(model, overall, rec.key.id)
+        applied = apply_to_models(model, overall, rec.key.id)
+    missed = cost_model.misses(rec.predictions, rec.verified)
     if json_out:
-        print_json({**rec.to_record(), "stored": str(saved), "applied": str(applied) if applied else None})
+        print_json({**rec.to_record(), "stored": str(saved), "applied": str(applied) if applied else None,
+                    "kept_categories": kept, "off": [{"category": m.category, "candidate": m.label,
+                                                      "predicted": m.predicted, "measured": m.measured}
+                                                     for m in missed]})
         return
     out.print(render(rec))
     c = rec.cost
     steps = ", ".join(f"k={k} {ms:.3g}" for k, ms in c.t_step_ms)
-    err.print(f"cost model: t1 {c.t1_ms:.3g} ms/token; t_step(k) ms: {steps}; s {c.s_ms:.3g} ms per accepted token",
-              markup=False)
+    extra = "".join(f"; p-min {p:g} +{ms:.3g} ms per block position a round" if ms >= 0 else
+                    f"; p-min {p:g} {ms:.3g} ms per block position a round" for p, ms in c.p_min_ms)
+    err.print(f"cost model: t1 {c.t1_ms:.3g} ms/token; t_step(k) ms: {steps}; s {c.s_ms:.3g} ms per accepted token"
+              f"{extra}", markup=False)
+    if missed:
+        w = missed[0]
+        rest = int(rec.timings_s.get("verify_rest", 0))
+        err.print(f"the model is more than 10 % off on {len(missed)} verified cell{'s' if len(missed) > 1 else ''} "
+                  f"(worst: {w.category} {w.label}, predicted {w.predicted:.2f}x, measured {w.measured:.2f}x): the "
+                  "pick is the best measured cell" + (f", with the {rest} other candidates measured too" if rest else ""),
+                  markup=False)
     err.print(_phase_line(rec), markup=False)
     if overall is not None and overall.candidate is None:
-        err.print("nothing beat plain decoding on this machine and workload: run without the draft (--no-draft)",
+        err.print("nothing beat plain decoding on this machine and workload: --budget auto runs without the draft",
                   markup=False)
     elif overall is not None and overall.candidate is not None:
         err.print(f"overall choice: budget {overall.candidate.budget}"
                   + (f", p-min {overall.candidate.p_min:g}" if overall.candidate.p_min else "")
                   + f"; use it with --budget auto" + (" --p-min auto" if overall.candidate.p_min else ""), markup=False)
-    err.print(f"stored: {saved}; records: {rec.jsonl}" + (f"; applied to {applied}" if applied else ""), markup=False)
+    err.print(f"stored: {saved}" + (f" (kept its tuning of {', '.join(kept)})" if kept else "") + f"; records: {rec.jsonl}"
+              + (f"; applied to {applied}" if applied else ""), markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,6 +30,13 @@ SPEC_N_MAX = "speculative.n_max"
 SPEC_N_MIN = "speculative.n_min"
 SPEC_P_MIN = "speculative.p_min"
 AUTO = "auto"  # --spec-draft-n-max auto; speculative.n_max = "auto"
+SPEC_N_MAX_AUTO = "speculative.n_max_auto"  # generation_settings: the budget is chosen per step
+SPEC_TYPES = "speculative.types"
+# An empty request (nothing evaluated, answered at once) whose generation_settings are the server's own: the
+# patched llama-server reports its --spec-draft-n-max nowhere else (/props shows the defaults of an empty
+# configuration, /slots the last request's settings). A request's own n_max above it is capped silently
+# (patch 0001) and echoed as sent, so a client that wants to know must ask first.
+SETTINGS_PROBE = {"prompt": "", "n_predict": 0}
 
 # /completion fields bench keeps (llama-server otherwise returns the whole generation state)
 COMPLETION_FIELDS = ["content", "tokens", "timings", "stop_type", "tokens_evaluated", "truncated"]
@@ -154,6 +161,22 @@ def budget_chosen(metrics: Mapping[str, float] | str) -> dict[int, int]:
     values = parse_metrics(metrics) if isinstance(metrics, str) else metrics
     return {int(key[len(M_BUDGET_CHOSEN):].split('"', 1)[0]): int(v)
             for key, v in values.items() if key.startswith(M_BUDGET_CHOSEN)}
+
+
+@dataclass(frozen=True)
+class ServedBudget:
+    """A server's own draft budget: at most ``n_max`` drafts a step, chosen per step when ``auto``."""
+
+    n_max: int
+    auto: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> ServedBudget | None:
+        """From ``generation_settings`` of a request that set no draft field; None: the server has no draft
+        (or is a stock llama-server, which reports no budget)."""
+        if SPEC_N_MAX not in settings or "draft" not in str(settings.get(SPEC_TYPES, "draft")):
+            return None
+        return cls(int(settings[SPEC_N_MAX]), bool(settings.get(SPEC_N_MAX_AUTO)))
 
 
 def draft_settings(n_max: int | str | None = None, n_min: int | None = None,

@@ -36,7 +36,7 @@ from typing import Any
 
 from dsparkcli.errors import UsageError, VerificationError
 from dsparkcli.gguf.analysis import hash_file
-from dsparkcli.llama import budget as budget_mod
+from dsparkcli.budget import rule as budget_mod
 from dsparkcli.outputs import check_output_dir, check_output_file
 
 MANIFEST_NAME = "manifest.json"
@@ -121,7 +121,7 @@ class Prediction:
     blocks: tuple[tuple[int, int], ...]  # per verification step: (drafted, accepted)
     n_max: int  # effective draft size after the block-size clamp
     budgets: tuple[int, ...] = ()  # --spec-draft-n-max auto: the draft length chosen at each step (0 = none)
-    budget_margin: float = math.inf  # the closest any of those choices came to flipping (llama.budget.margin)
+    budget_margin: float = math.inf  # the closest any of those choices came to flipping (budget.rule.margin)
 
 
 # ------------------------------------------------------------------ tokenizer "test"
@@ -450,7 +450,7 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
     max k, as ``auto`` sets it); ``request_n_max`` a request's ``speculative.n_max`` (dspark's patches: each
     block has the step's n_max, the least of the server's, the request's, the adaptive choice and the tokens
     left to generate, and ``n_min`` applies to that block); ``budget``: the step lengths are chosen adaptively
-    (``llama.budget``, the same request's estimate from its first step).
+    (``budget.rule``, the same request's estimate from its first step).
 
     The target's next token depends only on the current token and the draft's proposals only on the
     anchor, so the whole prompt (chat template, images) matters only through its last token.

@@ -1,9 +1,9 @@
-"""`dspark tune`'s model, pure: the measured cost of a round, the workload's per-position acceptance, the
-predicted speedup of every (budget k, p_min), the pick, and the tuning record that `--budget auto` reads.
+"""The budget's cost model, pure: the measured cost of a round, the workload's per-position acceptance, the
+predicted speedup of every (budget k, p_min), the fit of each cost term on the cells that measure it, the
+pick, and how far a prediction landed from its measurement.
 
-The model is BENCHMARKS.md's ("Bound vs measured speedup", within a few per cent on the H200 grid):
-a verification step with k drafts costs t_step(k) when nothing is accepted (measured in all-rejected
-``--spec-synth-len 1`` cells) plus s for every accepted token, and yields τ tokens, so
+A verification step with k drafts costs t_step(k) when nothing is accepted (measured in all-rejected
+``--spec-synth-len 1`` cells) plus s for every accepted token, and yields τ tokens, so at p_min 0
 
     speedup(k) = τ(k)·t1 / (t_step(k) + (τ(k) − 1)·s)          t1: plain ms per token
 
@@ -12,50 +12,29 @@ whatever the budget, so the drafts accepted at positions < k are the accepted to
 would have had: τ(k) = 1 + Σ_{i<k} accepted_per_pos[i] / steps. A confidence threshold (p_min) cuts blocks
 and skips some rounds entirely (a plain decode, cost t1); both are read from the same counters.
 
+The p_min path costs time of its own: with a threshold the engine reads the confidence head's output
+back for every position of the block (common/speculative.cpp, ``llama_get_embeddings_nextn``), in every
+round, the ones it then cuts to nothing included, and a DSpark block at budget k is k + 1 positions
+(patch 0003). So ``p_min_ms`` holds, per threshold, ms per block position per round, fitted on that
+threshold's cells only, after s is fitted on the cells without p_min. Fitted together, that time was
+charged to accepted tokens (issue 30's H200 run: s 1.56 ms, where its p 0 cells say 0.39) and no budget
+looked worth drafting.
+
 Standard library only (scripts on a GPU machine import it with nothing else installed).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from dsparkcli.llama import budget
+from dsparkcli.budget import rule
 from dsparkcli.llama.protocol import SpecCounters
 
-RECORD_KIND = "dspark-tuning"
-RECORD_VERSION = 1
 OVERALL = "all"  # the pooled workload: --budget auto without --category
-
-# llama-server flags that change what a token or a step costs: part of the tuning key (value as given).
-COST_FLAGS: dict[str, str] = {
-    "-ngl": "ngl", "--gpu-layers": "ngl", "--n-gpu-layers": "ngl",
-    "-ngld": "ngld", "--gpu-layers-draft": "ngld", "--n-gpu-layers-draft": "ngld",
-    "-fa": "fa", "--flash-attn": "fa",
-    "-c": "ctx", "--ctx-size": "ctx",
-    "-ctk": "ctk", "--cache-type-k": "ctk", "-ctv": "ctv", "--cache-type-v": "ctv",
-    "-ctkd": "ctkd", "--cache-type-k-draft": "ctkd", "-ctvd": "ctvd", "--cache-type-v-draft": "ctvd",
-    "-np": "np", "--parallel": "np",
-    "-t": "threads", "--threads": "threads", "-td": "threads_draft", "--threads-draft": "threads_draft",
-}
-
-
-def cost_flags(argv: Sequence[str]) -> tuple[tuple[str, str], ...]:
-    """The cost-changing flags of a llama-server argv, canonical names, sorted; the last value wins."""
-    found: dict[str, str] = {}
-    args = list(argv)
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in COST_FLAGS:
-            if eq:
-                found[COST_FLAGS[name]] = value
-            elif i + 1 < len(args):
-                found[COST_FLAGS[name]] = args[i + 1]
-    return tuple(sorted(found.items()))
+OFF_BY = 0.10  # a verified cell whose prediction misses its measurement by more than this: the model is off
 
 
 def synth_rates(length: float, n_max: int) -> tuple[float, ...]:
@@ -81,51 +60,6 @@ def synth_rates(length: float, n_max: int) -> tuple[float, ...]:
     return tuple(p ** (i + 1) for i in range(n_max))
 
 
-# ------------------------------------------------------------------ the tuning key
-
-
-@dataclass(frozen=True)
-class TuningKey:
-    """What a tuning is valid for: the exact files, engine build, machine and cost-changing flags."""
-
-    target_sha256: str
-    draft_sha256: str
-    engine_commit: str
-    backend: str
-    gpu: str
-    flags: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def id(self) -> str:
-        """A short stable name (the record's file name)."""
-        text = json.dumps(self.to_record(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def to_record(self) -> dict[str, Any]:
-        return {"target_sha256": self.target_sha256, "draft_sha256": self.draft_sha256,
-                "engine_commit": self.engine_commit, "backend": self.backend, "gpu": self.gpu,
-                "flags": {k: v for k, v in self.flags}}
-
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> TuningKey:
-        return cls(target_sha256=str(rec["target_sha256"]), draft_sha256=str(rec["draft_sha256"]),
-                   engine_commit=str(rec["engine_commit"]), backend=str(rec["backend"]), gpu=str(rec["gpu"]),
-                   flags=tuple(sorted((str(k), str(v)) for k, v in (rec.get("flags") or {}).items())))
-
-    def differences(self, other: TuningKey) -> list[str]:
-        """Human names of the fields where ``other`` differs (for "no tuning matches" messages)."""
-        out = [name for name, a, b in (("target", self.target_sha256, other.target_sha256),
-                                       ("draft", self.draft_sha256, other.draft_sha256),
-                                       ("engine commit", self.engine_commit, other.engine_commit),
-                                       ("backend", self.backend, other.backend), ("GPU", self.gpu, other.gpu))
-               if a != b]
-        mine, theirs = dict(self.flags), dict(other.flags)
-        for flag in sorted(set(mine) | set(theirs)):
-            if mine.get(flag) != theirs.get(flag):
-                out.append(f"{flag} {theirs.get(flag, 'default')} (here {mine.get(flag, 'default')})")
-        return out
-
-
 # ------------------------------------------------------------------ the cost model
 
 
@@ -135,7 +69,9 @@ class CostModel:
 
     t1_ms: float  # plain decoding, per token
     t_step_ms: tuple[tuple[int, float], ...]  # (k, step with k drafts and nothing accepted), sorted by k
-    s_ms: float = 0.0  # what each accepted token adds to a step
+    s_ms: float = 0.0  # what each accepted token adds to a step (fitted on cells without p_min)
+    # (p_min, ms a round costs on top per block position at that confidence threshold), fitted on its cells
+    p_min_ms: tuple[tuple[float, float], ...] = ()
 
     def step(self, drafted: float) -> float:
         """t_step at a (mean) number of drafts: linear between measured budgets, clamped outside them."""
@@ -149,29 +85,36 @@ class CostModel:
                 return c0 + (c1 - c0) * (drafted - k0) / (k1 - k0)
         return pts[-1][1]
 
+    def p_min_extra(self, p_min: float, k: int) -> float:
+        """ms a round at budget k costs on top at this threshold: its block's k + 1 positions read back
+        (0 at p 0, and at a threshold that was not measured)."""
+        return dict(self.p_min_ms).get(p_min, 0.0) * (k + 1) if p_min else 0.0
+
     def break_even(self, k: int) -> float:
         """Mean tokens per step at which budget k only matches plain decoding: τ·t1 = t_step + (τ−1)·s."""
         return (self.step(k) - self.s_ms) / (self.t1_ms - self.s_ms) if self.t1_ms > self.s_ms else math.inf
 
     def to_record(self) -> dict[str, Any]:
-        return {"t1_ms": self.t1_ms, "t_step_ms": {str(k): v for k, v in self.t_step_ms}, "s_ms": self.s_ms}
+        return {"t1_ms": self.t1_ms, "t_step_ms": {str(k): v for k, v in self.t_step_ms}, "s_ms": self.s_ms,
+                "p_min_ms": {f"{p:g}": v for p, v in self.p_min_ms}}
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> CostModel:
         steps = tuple(sorted((int(k), float(v)) for k, v in (rec.get("t_step_ms") or {}).items()))
-        return cls(t1_ms=float(rec["t1_ms"]), t_step_ms=steps, s_ms=float(rec.get("s_ms", 0.0)))
+        extra = tuple(sorted((float(p), float(v)) for p, v in (rec.get("p_min_ms") or {}).items()))
+        return cls(t1_ms=float(rec["t1_ms"]), t_step_ms=steps, s_ms=float(rec.get("s_ms", 0.0)), p_min_ms=extra)
 
 
 def cost_table(cost: CostModel) -> str:
     """The per-k step-cost table for llama.cpp's adaptive budget (``--spec-cost-table FILE``, the format
-    of ``llama.budget``): k = 0 is plain decoding (t1), s is given once."""
-    return budget.format_cost_table({0: cost.t1_ms, **dict(cost.t_step_ms)}, cost.s_ms,
-                                    comment="dspark tune cost table")
+    of ``budget.rule``): k = 0 is plain decoding (t1), s is given once (the adaptive budget drafts at p 0)."""
+    return rule.format_cost_table({0: cost.t1_ms, **dict(cost.t_step_ms)}, cost.s_ms,
+                                  comment="dspark tune cost table")
 
 
-def budget_table(cost: CostModel) -> budget.CostTable:
+def budget_table(cost: CostModel) -> rule.CostTable:
     """The table the engine reads from ``cost_table(cost)`` (parsed back, so the doubles are its own)."""
-    return budget.parse_cost_table(cost_table(cost))
+    return rule.parse_cost_table(cost_table(cost))
 
 
 # ------------------------------------------------------------------ acceptance
@@ -240,35 +183,66 @@ def pooled(items: Iterable[Acceptance], category: str = OVERALL) -> Acceptance:
                       tokens=sum(a.tokens for a in items), requests=sum(a.requests for a in items))
 
 
-# ------------------------------------------------------------------ prediction and choice
+# ------------------------------------------------------------------ prediction and the fit
 
 
-def _round(cost: CostModel, acc: Acceptance, k: int) -> tuple[float, float, float]:
-    """(tokens per round, ms per round, tokens per step) at budget k for this workload."""
+def _tokens_per_round(acc: Acceptance, k: int) -> float:
+    q = acc.step_fraction
+    return q * acc.tokens_per_step(k) + (1.0 - q)
+
+
+def _round_ms(cost: CostModel, acc: Acceptance, k: int, *, s: bool = True, extra: bool = True) -> float:
+    """ms per round at budget k: steps (t_step of the drafts + s per accepted token), plain rounds (t1),
+    and the p_min path's own cost per round; ``s``/``extra`` False leave those terms out (the fit's base)."""
     q, tau = acc.step_fraction, acc.tokens_per_step(k)
-    ms = q * (cost.step(acc.drafted_per_step(k)) + (tau - 1.0) * cost.s_ms) + (1.0 - q) * cost.t1_ms
-    return q * tau + (1.0 - q), ms, tau
+    ms = q * (cost.step(acc.drafted_per_step(k)) + ((tau - 1.0) * cost.s_ms if s else 0.0)) + (1.0 - q) * cost.t1_ms
+    return ms + (cost.p_min_extra(acc.p_min, k) if extra else 0.0)
 
 
 def predict_speedup(cost: CostModel, acc: Acceptance, k: int) -> float:
     """Predicted tok/s of budget k (at acc's p_min) over plain decoding's."""
     if k > acc.budget:
         raise ValueError(f"acceptance was measured at budget {acc.budget}; cannot predict budget {k}")
-    tokens, ms, _ = _round(cost, acc, k)
-    return tokens * cost.t1_ms / ms if ms > 0 else 0.0
+    ms = _round_ms(cost, acc, k)
+    return _tokens_per_round(acc, k) * cost.t1_ms / ms if ms > 0 else 0.0
 
 
-def fit_s(cost: CostModel, cells: Iterable[tuple[Acceptance, float]]) -> float:
-    """s by least squares over measured cells (acceptance, ms per token at its budget), as BENCHMARKS.md
-    fitted it: ms/token × tokens/round = q·t_step + (1−q)·t1 + q·(τ−1)·s. Never negative."""
+Cell = tuple[Acceptance, float]  # a measured cell: its acceptance (at its own budget) and its ms per token
+
+
+def fit_s(cost: CostModel, cells: Iterable[Cell]) -> float:
+    """s by least squares over measured cells without p_min (BENCHMARKS.md's fit): ms/token × tokens/round
+    = q·t_step + (1−q)·t1 + q·(τ−1)·s. Never negative. Cells with a p_min are left out: their own time
+    (``fit_p_min``) would be charged to accepted tokens."""
     sxy = sxx = 0.0
     for acc, ms_per_token in cells:
-        q, k = acc.step_fraction, acc.budget
-        tau = acc.tokens_per_step(k)
-        x = q * (tau - 1.0)
-        y = ms_per_token * (q * tau + 1.0 - q) - q * cost.step(acc.drafted_per_step(k)) - (1.0 - q) * cost.t1_ms
+        if acc.p_min:
+            continue
+        k = acc.budget
+        x = acc.step_fraction * (acc.tokens_per_step(k) - 1.0)
+        y = ms_per_token * _tokens_per_round(acc, k) - _round_ms(cost, acc, k, s=False, extra=False)
         sxy, sxx = sxy + x * y, sxx + x * x
     return max(0.0, sxy / sxx) if sxx > 0 else 0.0
+
+
+def fit_p_min(cost: CostModel, cells: Iterable[Cell]) -> tuple[tuple[float, float], ...]:
+    """Per threshold > 0, what a round costs beyond the model at p 0 (with ``cost``'s s), per block
+    position: the mean over that threshold's cells of (ms/token × tokens/round − the model's ms per round)
+    / (k + 1). Either sign: it is measured."""
+    residuals: dict[float, list[float]] = {}
+    for acc, ms_per_token in cells:
+        if acc.p_min:
+            k = acc.budget
+            residuals.setdefault(acc.p_min, []).append(
+                (ms_per_token * _tokens_per_round(acc, k) - _round_ms(cost, acc, k, extra=False)) / (k + 1))
+    return tuple(sorted((p, sum(r) / len(r)) for p, r in residuals.items()))
+
+
+def fit(cost: CostModel, cells: Sequence[Cell]) -> CostModel:
+    """``cost`` (t1 and the step costs, measured) with every other term fitted on the cells that measure
+    it: s on the cells without p_min, then each threshold's own cost on its cells."""
+    with_s = CostModel(cost.t1_ms, cost.t_step_ms, fit_s(cost, cells))
+    return CostModel(with_s.t1_ms, with_s.t_step_ms, with_s.s_ms, fit_p_min(with_s, cells))
 
 
 @dataclass(frozen=True)
@@ -316,6 +290,30 @@ def shortlist(predictions: Sequence[Prediction], categories: Sequence[str], top:
 
 
 @dataclass(frozen=True)
+class Miss:
+    """A verified cell and its prediction: how far the model landed from the measurement."""
+
+    category: str
+    label: str
+    predicted: float
+    measured: float
+
+    @property
+    def error(self) -> float:
+        """measured / predicted − 1 (positive: faster than predicted)."""
+        return self.measured / self.predicted - 1.0 if self.predicted else math.inf
+
+
+def misses(predictions: Iterable[Prediction], verified: Iterable[tuple[str, str, float]],
+           tolerance: float = OFF_BY) -> list[Miss]:
+    """The verified cells whose prediction is off by more than ``tolerance``, worst first."""
+    preds = {(p.category, p.candidate.label): p.speedup for p in predictions}
+    out = [Miss(cat, label, preds[(cat, label)], measured) for cat, label, measured in verified
+           if (cat, label) in preds]
+    return sorted((m for m in out if abs(m.error) > tolerance), key=lambda m: -abs(m.error))
+
+
+@dataclass(frozen=True)
 class Choice:
     """What --budget auto uses for one category: a candidate, or None = plain decoding pays best."""
 
@@ -350,67 +348,3 @@ def choose(predictions: Sequence[Prediction], category: str,
     if not order or order[0].speedup <= 1.0:
         return Choice(category, None, None, None)
     return Choice(category, order[0].candidate, order[0].speedup, None)
-
-
-# ------------------------------------------------------------------ the record
-
-
-@dataclass(frozen=True)
-class TuningRecord:
-    """One tune's result, as stored (JSON) and read back by --budget auto."""
-
-    key: TuningKey
-    cost: CostModel
-    acceptance: tuple[Acceptance, ...]
-    predictions: tuple[Prediction, ...]
-    choices: tuple[Choice, ...]
-    verified: tuple[tuple[str, str, float], ...] = ()  # (category, candidate label, measured speedup)
-    budgets: tuple[int, ...] = ()
-    p_mins: tuple[float, ...] = (0.0,)
-    synthetic: bool = False
-    synth_len: float | None = None
-    timings_s: dict[str, float] = field(default_factory=dict)  # phase -> seconds
-    created: str = ""
-    run_id: str = ""
-    jsonl: str = ""  # the bench records the figures come from
-    complete: bool = True  # False: interrupted; what was measured is kept, no choice is made from it
-
-    def choice(self, category: str | None = None) -> Choice | None:
-        wanted = category or OVERALL
-        return next((c for c in self.choices if c.category == wanted), None)
-
-    @property
-    def categories(self) -> list[str]:
-        return [c.category for c in self.choices]
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "kind": RECORD_KIND, "version": RECORD_VERSION, "key": self.key.to_record(), "key_id": self.key.id,
-            "created": self.created, "run_id": self.run_id, "jsonl": self.jsonl, "complete": self.complete,
-            "synthetic": self.synthetic, "synth_len": self.synth_len, "budgets": list(self.budgets),
-            "p_mins": list(self.p_mins), "cost": self.cost.to_record(),
-            "acceptance": [a.to_record() for a in self.acceptance],
-            "predictions": [{"category": p.category, "budget": p.candidate.budget, "p_min": p.candidate.p_min,
-                             "speedup": p.speedup, "tokens_per_step": p.tokens_per_step} for p in self.predictions],
-            "verified": [{"category": c, "candidate": lb, "speedup": s} for c, lb, s in self.verified],
-            "choices": [c.to_record() for c in self.choices], "timings_s": dict(self.timings_s),
-        }
-
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> TuningRecord:
-        if rec.get("kind") != RECORD_KIND or rec.get("version") != RECORD_VERSION:
-            raise ValueError(f"not a dspark tuning record (version {RECORD_VERSION})")
-        return cls(
-            key=TuningKey.from_record(rec["key"]), cost=CostModel.from_record(rec["cost"]),
-            acceptance=tuple(Acceptance.from_record(a) for a in rec.get("acceptance") or ()),
-            predictions=tuple(Prediction(p["category"], Candidate(int(p["budget"]), float(p["p_min"])),
-                                         float(p["speedup"]), float(p["tokens_per_step"]))
-                              for p in rec.get("predictions") or ()),
-            choices=tuple(Choice.from_record(c) for c in rec.get("choices") or ()),
-            verified=tuple((v["category"], v["candidate"], float(v["speedup"])) for v in rec.get("verified") or ()),
-            budgets=tuple(int(b) for b in rec.get("budgets") or ()),
-            p_mins=tuple(float(p) for p in rec.get("p_mins") or (0.0,)), synthetic=bool(rec.get("synthetic")),
-            synth_len=rec.get("synth_len"), timings_s=dict(rec.get("timings_s") or {}),
-            created=str(rec.get("created", "")), run_id=str(rec.get("run_id", "")), jsonl=str(rec.get("jsonl", "")),
-            complete=bool(rec.get("complete", True)),
-        )

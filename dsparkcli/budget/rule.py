@@ -50,7 +50,7 @@ class CostTable:
     @classmethod
     def from_points(cls, points: Mapping[int, float], accept_ms: float = 0.0) -> CostTable:
         """From measured (k, ms): linear between measured lengths, the smallest measured length's cost
-        below it (bench.tune.CostModel.step's rule), exactly as the engine's loader computes it."""
+        below it (budget.model.CostModel.step's rule), exactly as the engine's loader computes it."""
         if 0 not in points or points[0] <= 0 or len(points) < 2:
             raise CostTableError("a cost table needs '0 MS' (a plain decode, > 0) and at least one draft length")
         ks = sorted(points)
