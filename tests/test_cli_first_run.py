@@ -205,6 +205,21 @@ def test_a_big_default_pair_is_refused_without_a_terminal(cli, default_hub):
     assert len(lines) == 2 and not _file_downloads(hub)
 
 
+@pytest.mark.parametrize("command", [["bench", "-n", "4"], ["tune"], ["serve"]])
+def test_every_serving_command_names_the_default_pair_before_refusing_it(cli, default_hub, command):
+    """issue 28, item 10: bare bench/tune/serve were said to go for the default pair without run's notice;
+    they share run's path (pairs.resolve_files): the same first line, the same small pair offered."""
+    hub, env = default_hub
+    hub.advertise_size("o/t", "target-llama.gguf", 20 * 10**9)
+    proc = cli(*command, env=env, input="")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == ("no --model or --target: the default pair bigpair (a stand-in for the 20 GB default); "
+                        f"20.0 GB to download from the hub (or {SMALL})"), proc.stderr
+    assert lines[-1].startswith("dspark: error: bigpair needs 20.0 GB of downloads") and lines[-1].endswith(SMALL)
+    assert len(lines) == 2 and not _file_downloads(hub)
+
+
 def test_a_big_default_pair_is_asked_for_on_a_terminal(default_hub):
     hub, env = default_hub
     hub.advertise_size("o/t", "target-llama.gguf", 20 * 10**9)
