@@ -49,9 +49,19 @@ def _children_named(parent: int, name: str) -> list[int]:
             continue
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == parent and comm.startswith(name[:15]):
+        if ppid == parent and comm.startswith(name[:15]) and not _probe(entry):
             found.append(int(entry.name))
     return found
+
+
+def _probe(proc: Path) -> bool:
+    """dspark asking the binary what it can do (`--help`, `--version`; run and serve ask for draft-dspark
+    before they start the server), or a child already gone (a zombie has no command line): not the server."""
+    try:
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True
+    return argv == [b""] or bool({b"--help", b"--version", b"--list-devices"} & set(argv))
 
 
 def _wait_for(predicate, timeout: float, what: str):
