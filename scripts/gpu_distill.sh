@@ -6,7 +6,8 @@
 # The device takes at most 64 MiB a call (the repo's working tree included), so the 98 MB target travels
 # in parts (.gpu/target.partNN, appended on arrival) and is checked against its pinned sha256 there.
 #
-#   bash scripts/gpu_distill.sh pack [WORKDIR] [PART_MIB]   # here: .gpu/{p1 (source, wheels, dspark), target parts}
+#   bash scripts/gpu_distill.sh pack [WORKDIR] [PART]   # here: .gpu/{p1 (source, wheels), target parts of PART MiB
+#                                                       # (or bytes, when over 1000)}
 #   bash scripts/gpu_distill.sh start            # call 1 (carry .gpu/p1 + a part): wheels, source, CUDA build (bg)
 #   bash scripts/gpu_distill.sh recv             # any call: append the target parts carried in .gpu/parts/
 #   bash scripts/gpu_distill.sh train [ARGS]     # distill in the background (target complete), then wait
@@ -43,9 +44,12 @@ pack)  # here, with the project venv: what the device lacks
     "import json,sys; print(next(f['path'] for f in json.load(sys.stdin)['files'] if f['role'] == 'target'))")
   rm -rf .gpu/p1 .gpu/parts && mkdir -p .gpu/p1 .gpu/parts
   ${VENV_PY:-.venv/bin/python} scripts/pack_gpu_bundle.py --out .gpu/bundle >/dev/null
-  rm -f .gpu/bundle/wheels/pillow-* .gpu/bundle/wheels/hf_xet-*  # on the device already / unused there
-  mv .gpu/bundle/llama.cpp.tar.gz .gpu/bundle/wheels .gpu/p1/
-  split -b "${part_mib}M" -d "$src" .gpu/parts/target.part
+  # on the device already (its image has them, see the device tool's KINDS.md) or unused there: 2.8 MB less
+  for w in pillow hf_xet pygments pyyaml requests tqdm certifi charset_normalizer idna; do rm -f .gpu/bundle/wheels/$w-*; done
+  mv .gpu/bundle/llama.cpp.tar.xz .gpu/bundle/wheels .gpu/p1/
+  # part_mib: MiB, or a byte count with a unit split takes (e.g. 50000000 bytes: "50000000")
+  case "$part_mib" in *[!0-9]*) size=$part_mib ;; *) [ "$part_mib" -gt 1000 ] && size=$part_mib || size=${part_mib}M ;; esac
+  split -b "$size" -d "$src" .gpu/parts/target.part
   [ -z "$work" ] || gzip -9 -c "$work/prompts.json" > .gpu/p1/prompts.json.gz
   du -sh .gpu/p1 .gpu/parts/*
   ;;
@@ -74,7 +78,7 @@ start)
   [ ! -f .gpu/p1/dspark.tar.gz ] || tar xzf .gpu/p1/dspark.tar.gz -C "$W/dspark"
   # the sdist's layout, so dspark names the build by the pinned commit (0c1e570-cuda-sm90)
   SRC=$W/src/llama_cpp_python-0.3.36/vendor/llama.cpp
-  mkdir -p "$(dirname "$SRC")" && tar xzf .gpu/p1/llama.cpp.tar.gz -C "$(dirname "$SRC")"
+  mkdir -p "$(dirname "$SRC")" && tar xf .gpu/p1/llama.cpp.tar.xz -C "$(dirname "$SRC")"
   [ ! -f .gpu/p1/prompts.json.gz ] || { mkdir -p "$W/work"; gunzip -c .gpu/p1/prompts.json.gz > "$W/work/prompts.json"; }
   say "source $SRC; starting the CUDA build in the background"
   setsid nohup bash -c "\"$PY\" -P -m dsparkcli.cli.app engine build --backend cuda --cuda-arch 90 --source \"$SRC\" --jobs \$(nproc) --json > $W/build.json 2> $W/build.err; echo \$? > $W/build.rc" > /dev/null 2>&1 &

@@ -102,7 +102,7 @@ say "wheels installed into $SITE ($(ls .gpu/wheels | wc -l) wheels)"
 # the sdist's layout: dspark then names the build by the pinned commit (0c1e570-cuda-sm90), not a path hash
 SRC=$WORK/src/llama_cpp_python-0.3.36/vendor/llama.cpp
 if [ ! -f "$SRC/CMakeLists.txt" ]; then
-  mkdir -p "$(dirname "$SRC")" && tar xzf .gpu/llama.cpp.tar.gz -C "$(dirname "$SRC")"
+  mkdir -p "$(dirname "$SRC")" && tar xf .gpu/llama.cpp.tar.xz -C "$(dirname "$SRC")"
 fi
 say "source unpacked: $SRC"
 

@@ -4,8 +4,11 @@
 The H200 machine has numpy, torch, CMake, Ninja, nvcc 13 and Python 3.12 but no network, and a call
 carries at most 64 MiB of ignored files. This writes:
 
-  .gpu/llama.cpp.tar.gz   the vendored llama.cpp tree (commit 0c1e570) without models/*.gguf*, docs,
-                          media, benches and .git (tools/ui stays: the server target needs it)
+  .gpu/llama.cpp.tar.xz   the vendored llama.cpp tree (commit 0c1e570) without models/*.gguf*, docs,
+                          media, benches, .git, and what a CUDA build of the server does not compile
+                          (tests, examples, the python converters, the other GPU backends): 8 MB instead
+                          of 11, since a call carries 64 MiB with the repo (tools/ui stays: the server
+                          target needs it)
   .gpu/wheels/*.whl       dspark's runtime dependency closure, as cp312 manylinux wheels
                           (numpy and anything else already on the machine are left out)
   .gpu/BUNDLE.json        what is in it, with sizes and sha256
@@ -33,6 +36,11 @@ ON_GPU_MACHINE = {"numpy", "torch", "pip", "setuptools", "wheel", "cmake", "ninj
 # optional heavy deps used lazily by commands the study does not run (report plots)
 SKIP_BY_DEFAULT = {"matplotlib", "contourpy", "cycler", "fonttools", "kiwisolver", "pyparsing", "python-dateutil", "six"}
 EXCLUDE_DIRS = {".git", "docs", "media", "benches", "__pycache__", ".github", ".devops"}
+# not compiled by the CUDA server build (LLAMA_BUILD_TESTS/EXAMPLES=OFF; ggml adds a backend's folder only
+# when it is switched on); ggml-hip and ggml-musa stay, they compile ggml-cuda's sources
+EXCLUDE_TOP = {"tests", "examples", "conversion", "gguf-py", "scripts", "grammars", "prompts", "ci"}
+EXCLUDE_BACKENDS = {"ggml-sycl", "ggml-vulkan", "ggml-opencl", "ggml-hexagon", "ggml-metal", "ggml-et",
+                    "ggml-webgpu", "ggml-openvino", "ggml-cann", "ggml-virtgpu", "ggml-zdnn", "ggml-zendnn"}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -91,6 +99,10 @@ def _keep(path: Path, tree: Path) -> bool:
     rel = path.relative_to(tree)
     if any(part in EXCLUDE_DIRS for part in rel.parts):
         return False
+    if len(rel.parts) > 1 and rel.parts[0] in EXCLUDE_TOP:
+        return False
+    if rel.parts[:2] == ("ggml", "src") and len(rel.parts) > 3 and rel.parts[2] in EXCLUDE_BACKENDS:
+        return False
     if rel.parts[0] == "models" and ".gguf" in path.name:
         return False
     return True
@@ -125,7 +137,7 @@ def pack_tree(tree: Path, out: Path) -> int:
     files = sorted(p for p in tree.rglob("*") if (p.is_file() or p.is_symlink()) and _keep(p, tree))
     build_info, commit, number = build_info_patch(tree)
     tmp = out.with_suffix(".part")
-    with tarfile.open(tmp, "w:gz", compresslevel=6) as tf:
+    with tarfile.open(tmp, "w:xz", preset=6) as tf:
         for p in files:
             arcname = str(Path("llama.cpp") / p.relative_to(tree))
             if p.relative_to(tree) == Path("cmake/build-info.cmake"):
@@ -157,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
-    tar_path = out / "llama.cpp.tar.gz"
+    tar_path = out / "llama.cpp.tar.xz"
     n_files = pack_tree(args.tree.expanduser(), tar_path)
     skip = set(ON_GPU_MACHINE) | (set() if args.with_plots else SKIP_BY_DEFAULT)
     pins = dependency_closure("dspark", skip)
