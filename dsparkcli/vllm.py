@@ -36,14 +36,15 @@ class VllmCommand:
     speculative_config: dict[str, object]
     env: dict[str, str] = field(default_factory=dict, repr=False)  # the API key: shown by name only
 
-    def shell_line(self) -> str:
-        """The command as one pasteable shell line; an API key is referenced, never written out."""
-        prefix = f'{API_KEY_ENV}="$DSPARK_API_KEY" ' if API_KEY_ENV in self.env else ""
+    def shell_line(self, key_from: str = '"$DSPARK_API_KEY"') -> str:
+        """The command as one pasteable shell line; an API key is never written out: ``key_from`` is a shell
+        word that yields it (the caller knows where the key came from)."""
+        prefix = f"{API_KEY_ENV}={key_from} " if API_KEY_ENV in self.env else ""
         return prefix + shlex.join(self.argv)
 
-    def to_record(self) -> dict[str, object]:
+    def to_record(self, key_from: str = '"$DSPARK_API_KEY"') -> dict[str, object]:
         return {"argv": list(self.argv), "speculative_config": self.speculative_config,
-                "env": sorted(self.env), "shell": self.shell_line()}
+                "env": sorted(self.env), "shell": self.shell_line(key_from)}
 
 
 def serve_command(pair: ModelPair, *, host: str = "127.0.0.1", port: int = 8000, budget: int | None = None,

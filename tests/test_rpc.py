@@ -232,6 +232,37 @@ def test_worker_port_in_use_is_one_line(cli, engine, workers):
     assert "port" in last
 
 
+def test_a_second_worker_on_a_busy_port_keeps_the_first_log(engine, tmp_path):
+    """Issue 28 item 8: the second worker wrote over the first's log, so the first one's later death was
+    blamed on "the port is already in use". Each launch has a log of its own; each death names its own."""
+    env = {**os.environ, "DSPARK_LLAMA_BIN": str(engine.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "dsparkcli.cli.app", "rpc-worker", "--threads", "1"]
+    first = subprocess.Popen([*cmd, "--port", "0", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        info = json.loads("".join(iter(first.stdout.readline, "}\n")) + "}")
+        log = Path(info["log"])
+        before = log.read_bytes()
+        port = info["endpoint"].rsplit(":", 1)[1]
+        second = subprocess.run([*cmd, "--port", port], capture_output=True, text=True, env=env, timeout=60)
+        last = second.stderr.strip().splitlines()[-1]
+        assert second.returncode == 4 and "the port is already in use" in last, second.stderr
+        second_log = Path(re.search(r"\(log: (\S+)\)$", last).group(1))
+        assert second_log != log and b"Failed to create server socket" in second_log.read_bytes()
+        after = log.read_bytes()
+        assert after.startswith(before) and b"Failed to create server socket" not in after
+        os.kill(info["pid"], signal.SIGKILL)  # the first worker dies: its own log, its own cause
+        first.wait(timeout=30)
+        last = first.stderr.read().strip().splitlines()[-1]
+        assert first.returncode == 4 and last.startswith(f"dspark: error: rpc worker {info['endpoint']} failed "
+                                                         "during serving (signal 9)"), last
+        assert "already in use" not in last and last.endswith(f"(log: {log})") and log.is_file()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
 def test_non_loopback_worker_needs_the_flag_and_warns(cli, tmp_path):
     proc = cli("rpc-worker", "--host", "0.0.0.0")
     assert proc.returncode == 2

@@ -11,7 +11,7 @@ import typer
 
 from dsparkcli.budget.limits import ADAPTIVE, parse_auto  # standard library only: light at start-up
 from dsparkcli.errors import UsageError
-from dsparkcli.llama.server import check_extra_args
+from dsparkcli.llama.flags import check_extra_args  # not llama.server: every start-up imports this module
 from dsparkcli.llama.placement import Placement, parse_endpoints, parse_tensor_split
 
 LlamaBinOpt = Annotated[

@@ -87,6 +87,41 @@ def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
     return new
 
 
+# What the root listing (`dspark --help`, bare `dspark`, an unknown command) shows of each command: its name
+# and its help's first paragraph, in COMMAND_MODULES order. Written here so the listing imports no command
+# module (each brings its share of the core: `--help` took ~0.5 s); tests/test_startup.py checks that the
+# listing equals the one the registered commands give.
+LISTING = (
+    ("run", "Answer a prompt (optionally about images) with DSpark speculative decoding."),
+    ("bench", "Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit."),
+    ("tune", "Choose --budget (and --p-min) for a pair on this machine from a measured cost model."),
+    ("serve", "Serve a target + DSpark draft (+ vision projector) until Ctrl-C or SIGTERM."),
+    ("rpc-worker", "Lend this machine's devices to a llama-server elsewhere: run an RPC worker until Ctrl-C."),
+    ("synth", "Write a synthetic target/draft pair whose every draft outcome is known in advance."),
+    ("synth-predict", "Predict the tokens and draft counters llama-server reports on a synthetic pair."),
+    ("distill", "Train a DSpark draft for a GGUF target (llama, qwen3) and write it as a GGUF llama.cpp serves."),
+    ("requant", "Change the type of a draft's heads (markov_w1, markov_w2, fc) and nothing else, verified."),
+    ("fetch", "Download a model pair from the Hugging Face hub and verify it (size and sha256)."),
+    ("models", "List the model pairs dspark knows and what is already downloaded."),
+    ("inspect", "Inspect GGUF files from their headers: tensor census, metadata, DSpark structure, pairing."),
+    ("doctor", "Show the llama.cpp engine dspark uses and what it can do and load."),
+    ("engine", "Build or locate the llama.cpp engine."),
+)
+
+
+def _listed() -> None:
+    """A command as the root listing shows it (never run: main() builds the real one to run it)."""
+
+
+def listing_app() -> typer.Typer:
+    """The app as the root listing needs it: every command's name and summary, no command module."""
+    new = _new_app()
+    new.callback()(_root)
+    for name, summary in LISTING:
+        new.command(name, help=summary)(_listed)
+    return new
+
+
 def _module_for(args: list[str]) -> str | None:
     """The one command module that ``args`` invoke (the root takes no option with a value), else None."""
     for arg in args:
@@ -147,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - for the life of the process
     signal.signal(signal.SIGTERM, _interrupt)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with SIGINT ignored
-        signal.signal(signal.SIGINT, _interrupt)
+    # also when started with SIGINT ignored (a background job of a script, `nohup make test &`): a SIGINT
+    # that reaches dspark stops it and the servers it started, in order, instead of leaving them running
+    signal.signal(signal.SIGINT, _interrupt)
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" in args:  # everything after `--` goes to llama-server untouched (run, serve, bench)
         cut = args.index("--")
@@ -160,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     module = _module_for(args)
     if _common.PASSTHROUGH and module not in SERVING:
         sys.exit(_errors.report(UsageError(f"arguments after `--` go to llama-server: only {', '.join(SERVING)} start one")))
-    app = build_app((module,) if module else COMMAND_MODULES)
+    app = build_app((module,)) if module else listing_app()
     reported = False
     try:
         result = app(args=args, prog_name="dspark", standalone_mode=False)

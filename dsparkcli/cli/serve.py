@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -10,6 +12,7 @@ import typer
 from dsparkcli import vllm
 from dsparkcli.budget.choice import Want, category_budgets, chosen_server
 from dsparkcli.cli._common import (
+    API_KEY_ENV,
     ApiKeyFileOpt,
     ApiKeyOpt,
     AutoPMinOpt,
@@ -58,7 +61,8 @@ backoff (0.5, 1, 2, 4, 8 s) and says when it is healthy again; --max-restarts fa
 end it (exit 4). Ctrl-C or SIGTERM stop llama-server and end serve normally ("stopped",
 exit 0; during loading they interrupt it: exit 130). --engine vllm serves a registry pair's
 safetensors target and DSpark draft with vLLM instead (its [pairs.NAME.vllm] table in models.toml);
---print shows the server command instead of running it.
+--print shows the server command instead of running it, runnable as printed: the API key is
+passed as serve passes it, from $DSPARK_API_KEY or the key file, never written out.
 
 \b
 Examples:
@@ -129,9 +133,9 @@ def serve(
         if not print_only:
             vllm.run(cmd)
         elif json_out:
-            print_json(cmd.to_record())
+            print_json(cmd.to_record(_key_word(api_key, api_key_file)))
         else:
-            out.print(cmd.shell_line(), markup=False)
+            out.print(cmd.shell_line(_key_word(api_key, api_key_file)), markup=False)
         return
     placement = placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device)
     eng = engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc))
@@ -158,12 +162,12 @@ def serve(
                   f"--budget K): {', '.join(f'{c} {k}' for c, k in per_category.items())}"
                   + (f"; this server drafts at most {cfg.n_max}: --budget {most} lets every category have its own"
                      if isinstance(cfg.n_max, int) and most > cfg.n_max else ""), markup=False)
-    if print_only:
-        argv = cfg.argv(eng.server, port)
+    if print_only:  # the line runs as printed: the key is passed as serve passes it, never shown
+        shell = cfg.shell_line(eng.server, port, _key_word(api_key, api_key_file))
         if json_out:
-            print_json({"argv": argv, "shell": shlex.join(argv)})
+            print_json({"argv": cfg.argv(eng.server, port), "env": sorted(cfg.env()), "shell": shell})
         else:
-            out.print(shlex.join(argv), markup=False)
+            out.print(shell, markup=False)
         return
     with Supervisor(eng, cfg, on_event=_say, max_restarts=max_restarts) as sup:
         srv = sup.server
@@ -187,6 +191,23 @@ def serve(
             pass
     # out of the `with`: llama-server has stopped. A signal before this point (loading) is an interruption
     err.print("dspark serve: stopped", markup=False)
+
+
+def _key_word(api_key: str | None, key_file: Path | None) -> str:
+    """The shell word a printed server line takes the API key from, never the key itself: the key file's
+    first line, else $DSPARK_API_KEY (said on stderr when the key came from --api-key, not from there)."""
+    if not api_key:
+        return ""
+    if key_file is not None:
+        first = key_file.read_bytes().split(b"\n", 1)[0].decode("utf-8", "replace")
+        if first != api_key:  # `head -n 1` keeps what dspark strips
+            raise UsageError(f"--api-key-file {key_file}: its first line has blanks or a CR around the key, which "
+                             "dspark strips and a printed shell line would not: remove them")
+        return f'"$(head -n 1 {shlex.quote(os.path.abspath(key_file))})"'
+    if os.environ.get(API_KEY_ENV) != api_key:
+        err.print(f"dspark: note: the printed line reads the API key from {API_KEY_ENV}: set it there before "
+                  "running it", markup=False)
+    return f'"${API_KEY_ENV}"'
 
 
 def _say(event: Event) -> None:

@@ -23,7 +23,7 @@ from dsparkcli.errors import EngineCapabilityError, ServerError, UsageError
 from dsparkcli.llama.engine import RPC_SERVER, Engine
 from dsparkcli.llama.placement import Endpoint, is_loopback
 from dsparkcli.llama.logs import classify_worker_log, log_tail
-from dsparkcli.llama.server import DEFAULT_HOST, die_with_parent, free_port, prune_logs, stop_process
+from dsparkcli.llama.server import DEFAULT_HOST, die_with_parent, free_port, launch_stamp, prune_logs, stop_process
 
 RPC_HINT = "build one with: dspark engine build --rpc (add --backend cuda on a GPU machine)"
 
@@ -126,14 +126,16 @@ class RpcWorker:
         binary = worker_binary(self.engine)
         if self.log_dir is None:
             self.log_dir = config.cache_dir() / "logs"
-            prune_logs(self.log_dir)
+            prune_logs(self.log_dir, prefix="rpc-worker")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         explicit = self.config.port != 0
         for attempt in range(1 if explicit else 3):
             # free_port binds the wildcard of the worker's own host: a port free there is free to bind
             self.port = self.config.port or free_port(self.config.host if is_loopback(self.config.host) else "")
-            self.log_path = self.log_dir / f"rpc-worker-{self.port}.log"
-            with open(self.log_path, "wb") as log:
+            # one log per launch: a second worker refused on a busy port must not truncate the first one's
+            # log (whose death would then be blamed on "address already in use")
+            self.log_path = self.log_dir / f"rpc-worker-{self.port}-{launch_stamp()}.log"
+            with open(self.log_path, "xb") as log:  # never an existing file
                 self.process = subprocess.Popen(self.config.argv(binary, self.port), stdout=log,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 preexec_fn=die_with_parent)

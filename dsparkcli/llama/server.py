@@ -12,6 +12,7 @@ import ctypes
 import itertools
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -26,49 +27,22 @@ from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.gguf.pairing import readable_load_checks, refuse_unloadable
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.flags import OWNED_FLAGS, check_extra_args, split_server_args  # noqa: F401 - re-exported
 from dsparkcli.llama.loads import engine_label, engine_tables
 from dsparkcli.llama.logs import abort_line, classify_log, key_line, log_tail  # noqa: F401 - log_tail: rpc, tests
 from dsparkcli.llama.placement import Placement
 
 DEFAULT_HOST = "127.0.0.1"
+API_KEY_ENV = "LLAMA_API_KEY"  # llama-server's environment name for --api-key (common/arg.cpp)
 
 
-# llama-server flags that ServerConfig writes itself, and the dspark option that sets each. Given again in
-# extra_args (after `--` on the command line) llama-server would take the last one, and dspark's checks
-# would describe another server than the one running: loopback and the API key (--host), the port it
-# waits on, the pairing of the files it read (-m, -md, --mmproj), the budget and context it validated.
-OWNED_FLAGS: dict[str, str] = {
-    **dict.fromkeys(("--host",), "--host (dspark serve; run and bench bind 127.0.0.1)"),
-    **dict.fromkeys(("--port",), "--port (dspark serve; run and bench take a free port)"),
-    **dict.fromkeys(("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
-                    "--target (a path or hf://owner/repo/file.gguf)"),
-    **dict.fromkeys(("-md", "--model-draft", "--spec-draft-model", "-hfd", "-hfrd", "--hf-repo-draft",
-                     "--spec-draft-hf"), "--draft"),
-    **dict.fromkeys(("-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--no-mmproj-auto"), "--mmproj"),
-    **dict.fromkeys(("--api-key", "--api-key-file"), "--api-key-file or DSPARK_API_KEY"),
-    **dict.fromkeys(("--spec-type",), "--draft / --no-draft (dspark uses draft-dspark)"),
-    **dict.fromkeys(("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max", "--spec-cost-table"), "--budget"),
-    **dict.fromkeys(("--spec-draft-p-min", "--draft-p-min"), "--p-min"),
-    **dict.fromkeys(("--spec-synth-len",), "--synth-len (dspark bench)"),
-    **dict.fromkeys(("-c", "--ctx-size"), "--ctx"),
-    **dict.fromkeys(("-np", "--parallel"), "--parallel (dspark serve; bench --concurrency)"),
-}
-
-
-def split_server_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(a script's own arguments, the llama-server arguments after the first ``--``)."""
-    if "--" not in argv:
-        return list(argv), []
-    i = argv.index("--")
-    return argv[:i], argv[i + 1:]
-
-
-def check_extra_args(args: tuple[str, ...] | list[str]) -> None:
-    """Refuse a flag of OWNED_FLAGS among the extra llama-server arguments, naming dspark's option."""
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if flag in OWNED_FLAGS:
-            raise UsageError(f"{flag} after `--` would override what dspark checked and reports: use {OWNED_FLAGS[flag]}")
+def api_key_value(key: str) -> str:
+    """LLAMA_API_KEY's value that makes llama-server accept exactly ``key``: it reads the variable as one CSV
+    row (common/arg.cpp parse_csv_row), so a key with a comma would become several shorter keys, and a
+    leading double quote would be dropped. Such a key is quoted, its quotes doubled."""
+    if "," in key or '"' in key:
+        return '"' + key.replace('"', '""') + '"'
+    return key
 
 
 @dataclass(frozen=True)
@@ -106,6 +80,23 @@ class ServerConfig:
         """The same server with no draft and none of the draft's settings: plain decoding."""
         return replace(self, draft=None, spec_type=None, n_max=None, n_min=None, p_min=None, synth_len=None,
                        synth_rates=None, cost_table=None, ngld=None)
+
+    def env(self) -> dict[str, str]:
+        """What the child gets in its environment besides the parent's: the API key (argv is public in `ps`)."""
+        return {API_KEY_ENV: api_key_value(self.api_key)} if self.api_key else {}
+
+    def shell_line(self, server: Path, port: int, key_from: str = '"$DSPARK_API_KEY"') -> str:
+        """The command as one pasteable shell line. The API key is not written out: ``key_from`` is a shell
+        word that yields it (the caller knows where the key came from), assigned to LLAMA_API_KEY as
+        ``env()`` does. A key that needs CSV quoting cannot be passed that way: UsageError."""
+        line = shlex.join(self.argv(server, port))
+        if not self.api_key:
+            return line
+        if api_key_value(self.api_key) != self.api_key:
+            raise UsageError(f"the API key holds a comma or a double quote, which llama-server's {API_KEY_ENV} "
+                             "reads as a list of keys: a printed command line cannot pass it unchanged (dspark "
+                             "serve itself can); use a key without them")
+        return f"{API_KEY_ENV}={key_from} {line}"
 
     def argv(self, server: Path, port: int) -> list[str]:
         args = [str(server), "--host", self.host, "--port", str(port), "-m", str(self.model), "-np", str(self.n_parallel)]
@@ -292,15 +283,22 @@ _LAUNCHES = itertools.count()  # per process: two launches on one port within a 
 STOP_GRACE_S = 1.0  # SIGTERM to SIGKILL: idle, llama-server exits in ~0.05 s; with a stream open, never
 
 
-def prune_logs(log_dir: Path, keep: int = KEEP_LOGS) -> None:
-    """Keep the newest ``keep`` server logs in dspark's own log folder, so it does not grow forever."""
+def prune_logs(log_dir: Path, keep: int = KEEP_LOGS, prefix: str = "llama-server") -> None:
+    """Keep the newest ``keep`` logs named ``prefix-*.log`` in dspark's own log folder, so it does not grow
+    forever."""
     try:
-        logs = sorted(log_dir.glob("llama-server-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+        logs = sorted(log_dir.glob(f"{prefix}-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
     except OSError:
         return
     for old in logs[keep:]:
         with contextlib.suppress(OSError):
             old.unlink()
+
+
+def launch_stamp() -> str:
+    """Unique per launch (time, pid, a counter): with the port, the name of a child's own log file, which
+    is opened "x" (never an existing file): no process, however started, writes into another's log."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAUNCHES)}"
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -316,6 +314,9 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
     except OSError:
         pass
     os.setpgrp()  # own process group: a terminal's Ctrl-C reaches dspark, which stops us in order
+    # a SIGINT ignored by whoever started dspark (a script's background job) would survive exec: the child
+    # gets the default, as it would from a terminal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop_process(proc: subprocess.Popen[bytes] | None, grace: float) -> int | None:
@@ -392,11 +393,8 @@ class LlamaServer:
         for attempt in range(1 if explicit_port else 3):
             self.port = self.config.port or free_port(self.config.host)
             # one log per launch: a second server refused on a busy port must not truncate the first one's log
-            stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAUNCHES)}"
-            self.log_path = self.log_dir / f"llama-server-{self.port}-{stamp}.log"
-            env = {**os.environ, **self.env}
-            if self.config.api_key:
-                env["LLAMA_API_KEY"] = self.config.api_key
+            self.log_path = self.log_dir / f"llama-server-{self.port}-{launch_stamp()}.log"
+            env = {**os.environ, **self.env, **self.config.env()}
             with open(self.log_path, "xb") as log:  # never an existing file
                 self.process = subprocess.Popen(
                     self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

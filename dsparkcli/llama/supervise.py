@@ -3,7 +3,7 @@
 The first start is not retried: a wrong file or a taken port fails the same way every time, so it
 fails at once, in one line. After that, a death (a crash, the OOM killer, someone's ``kill -9``) is
 reported with its cause from the server's last log lines, the dead server's log is kept under a
-``-died-N`` name, and a new server is started on the SAME port (clients reconnect to the URL they
+``-died-N`` name (the final error names it there too), and a new server is started on the SAME port (clients reconnect to the URL they
 know) and waited for through ``/health``. Restarts wait ``backoff`` seconds (0.5, 1, 2, 4, 8 ...) and
 are bounded: ``max_restarts`` deaths or failed restarts in a row end serving with the last cause;
 a server that stayed up ``stable_s`` seconds clears the count.
@@ -16,6 +16,7 @@ and a client retries them while it restarts.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -106,19 +107,27 @@ class Supervisor:
             cause = e
         if time.monotonic() - self._up_since >= self.stable_s:
             self._deaths = 0  # it served a good while: this is a new failure, not the same one again
+        kept = self._keep_log(srv)
+        if kept is not None and kept != srv.log_path:  # the cause names the log where it is now, also when
+            cause = ServerError(cause.message, hint=f"log: {kept}",  # serve gives up on it
+                                log_tail=cause.log_tail, kind=cause.kind)
         self.on_event(Event("died", cause.message, pid=srv.pid, log_lines=_last_lines(cause.log_tail),
-                            log_path=self._keep_log(srv)))
+                            log_path=kept))
         self._restart(cause)
 
     def _keep_log(self, srv: LlamaServer) -> Path | None:
-        """Move the dead server's log aside: the restarted one writes to the same port's name."""
+        """Rename the dead server's log ``...-died-N.log`` (every launch has a log of its own: the name
+        only marks the dead ones), never over an existing file; the path it has now."""
         if srv.log_path is None or not srv.log_path.is_file():
             return srv.log_path
         kept = srv.log_path.with_name(f"{srv.log_path.stem}-died-{self.restarts + 1}.log")
+        try:
+            os.link(srv.log_path, kept)  # unlike rename, fails when `kept` exists
+        except OSError:
+            return srv.log_path
         with contextlib.suppress(OSError):
-            srv.log_path.replace(kept)
-            return kept
-        return srv.log_path
+            srv.log_path.unlink()
+        return kept
 
     def _restart(self, cause: DsparkError) -> None:
         while True:

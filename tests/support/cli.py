@@ -14,12 +14,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
+def default_sigint() -> None:
+    """preexec_fn: the child gets SIGINT's default disposition, as from a terminal, also when the suite
+    itself was started with SIGINT ignored (a background shell: `nohup make test &`)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run `dspark ...` in a subprocess, as a user would."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd, input=input)
+                          timeout=timeout, env=full_env, cwd=cwd, input=input, preexec_fn=default_sigint)
 
 
 def interrupt_when(args: list[str], ready: Callable[[], bool], *, env: dict[str, str] | None = None,
@@ -27,7 +33,8 @@ def interrupt_when(args: list[str], ready: Callable[[], bool], *, env: dict[str,
     """Start `dspark ARGS`, wait until ``ready()`` (a failure after ``timeout`` s), call ``before()``, send
     SIGINT (Ctrl-C) and wait for the end: (exit code, stdout, stderr, what ``before`` returned)."""
     proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+                            preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + timeout
         while not ready():
