@@ -270,3 +270,35 @@ def test_max_minutes_stops_and_keeps_what_was_measured(engine, right, tmp_path):
     assert any(r["record"] == "prompt" for r in read_jsonl(out))  # what the first server wrote is kept
     assert json.loads(out.with_suffix(".partial.json").read_text())["complete"] is False
     assert store.stored() == []  # nothing --budget auto would read
+
+
+def test_tune_then_bench_auto_and_adaptive_with_each_commands_defaults(engine, right, cli, tmp_path):
+    """README's flow, `dspark tune` then `dspark bench --budget auto adaptive`, with neither given a speed setting:
+    tune serves without -c, bench with -c 4096 by default, and both find the one key (issue 30: tune keyed
+    `(np 1)`, bench `(ctx 4096, np 1)`, and bench refused). Only the workload is made small (not in the key)."""
+    env = _env(engine, tmp_path)
+    files = ["--target", str(right.target), "--draft", str(right.draft)]
+    prompts = str(_write_prompts(tmp_path))
+    proc = cli("tune", *files, "--prompts", prompts, "--budgets", "1", "4", "-n", "24", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["key"]["flags"] == {"np": "1"}
+    proc = cli("bench", *files, "--prompts", prompts, "--budget", "auto", "adaptive", "-n", "16", "--reps", "1",
+               "--json", "--out", str(tmp_path / "b.jsonl"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"adaptive budget: llama.cpp picks 0..4 per step from tuning {doc['key_id']}'s step costs" in proc.stderr
+    assert f"tuning {doc['key_id']}: " in proc.stderr
+    overall = next(c for c in doc["choices"] if c["category"] == "all")
+    label = right.draft.name.removesuffix(".gguf")
+    auto_config = f"{label}@{overall['budget']}" if overall["budget"] else f"{label}@auto"
+    configs = {s["config"] for s in json.loads(proc.stdout)["summaries"]}
+    assert configs == {"plain", auto_config, f"{label}@adaptive"}
+    argv = next(r["server_argv"] for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())
+                if r["record"] == "request" and r["config"] == f"{label}@adaptive")
+    assert argv[argv.index("-c") + 1] == "4096" and "-t" not in argv  # bench's own defaults, tune's key
+    # and a setting that does change speed is named when it differs, for both words alike
+    for word in ("auto", "adaptive"):
+        proc = cli("bench", *files, "--prompts", prompts, "--budget", word, "-n", "8", "--threads", "1", env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == (f"dspark: error: --budget {word}: no tuning matches this pair, engine and "
+                                       "settings: it was tuned with --threads default (here 1)")

@@ -302,3 +302,16 @@ def test_a_second_categorys_tuning_keeps_the_first(tmp_path, monkeypatch):
     assert stored.overall_of == ("math", "code", "general")
     assert [p for p in stored.predictions if p.category == "all"] == [p for p in everything.predictions
                                                                       if p.category == "all"]
+
+
+def test_a_tuning_of_another_acceptance_replaces_rather_than_joins(tmp_path, monkeypatch):
+    """A SYNTHETIC tuning (llama.cpp's emulated acceptance, e.g. scripts/tune_study.py) and a REAL one of the same
+    key measure different workloads: the later replaces the earlier, categories and all."""
+    from dataclasses import replace
+
+    from dsparkcli.budget import store
+
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path))
+    store.save(replace(_tuned(["synthetic"], [("synthetic", 3), ("all", 3)]), synthetic=True, synth_len=4.0))
+    real = _tuned(["code"], [("code", 2), ("all", 2)])
+    assert store.save(real) == real and store.find(real.key).categories == ["code", "all"]

@@ -103,8 +103,11 @@ def merged(old: TuningRecord, new: TuningRecord) -> TuningRecord:
     others: their acceptance, predictions, verified cells and choices are kept, so tuning ``--category code``
     after ``--category math`` keeps math's. The overall choice is the one pooled over more categories (a
     tune of code alone does not replace the overall pick of every category). The cost model, settings
-    and timings are the new tune's: the same machine, engine and flags, measured last."""
+    and timings are the new tune's: the same machine, engine and flags, measured last. A tuning of another
+    acceptance (SYNTHETIC against REAL, or another emulated length) is replaced, not joined."""
     if old.key != new.key or not old.complete or not old.current:
+        return new
+    if (old.synthetic, old.synth_len) != (new.synthetic, new.synth_len):
         return new
     mine = set(new.tuned_categories)
     kept = [c for c in old.tuned_categories if c not in mine]
