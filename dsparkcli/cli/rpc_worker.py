@@ -49,12 +49,12 @@ def rpc_worker(
     eng = engine_mod.resolve_engine(llama_bin, rpc=True)
     with RpcWorker(eng, cfg) as worker:
         info = {"endpoint": str(worker.endpoint), "pid": worker.pid, "log": str(worker.log_path)}
-        if json_out:
-            print_json(info)
-        else:
-            out.print(f"rpc worker on {worker.endpoint} (pid {worker.pid}, log {worker.log_path})", markup=False)
-            out.print(f"use it:  dspark run --rpc {worker.endpoint} \"PROMPT\"   (Ctrl-C stops)", markup=False)
-        try:
+        try:  # from the announcement on (a client may act on it at once), a signal is the normal end
+            if json_out:
+                print_json(info)
+            else:
+                out.print(f"rpc worker on {worker.endpoint} (pid {worker.pid}, log {worker.log_path})", markup=False)
+                out.print(f"use it:  dspark run --rpc {worker.endpoint} \"PROMPT\"   (Ctrl-C stops)", markup=False)
             while True:  # until Ctrl-C / SIGTERM (which stop the worker too) or the worker's death (one line)
                 worker.check_alive()
                 time.sleep(0.5)

@@ -178,14 +178,15 @@ def serve(
                 "tuning": auto.message if auto else None, "category_budgets": per_category or None,
                 "rpc": [str(e) for e in cfg.placement.rpc],
                 "draft_device": cfg.placement.draft_device}
-        if json_out:
-            print_json(info)
-        else:
-            out.print(f"serving on {srv.url} (pid {srv.pid}, {cfg.n_parallel} at once, log {srv.log_path})", markup=False)
-            if cfg.placement.rpc:
-                out.print(placement_describe(cfg.placement), markup=False)
-            out.print(f"ask it:  dspark run --server {srv.url} IMAGE \"PROMPT\"   (Ctrl-C stops)", markup=False)
-        try:
+        try:  # from the announcement on (a client may act on it at once), a signal is the normal end
+            if json_out:
+                print_json(info)
+            else:
+                out.print(f"serving on {srv.url} (pid {srv.pid}, {cfg.n_parallel} at once, log {srv.log_path})",
+                          markup=False)
+                if cfg.placement.rpc:
+                    out.print(placement_describe(cfg.placement), markup=False)
+                out.print(f"ask it:  dspark run --server {srv.url} IMAGE \"PROMPT\"   (Ctrl-C stops)", markup=False)
             sup.watch()
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli/app.py) once serving: the normal end of serve
             pass
