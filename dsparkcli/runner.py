@@ -164,8 +164,13 @@ def request_budget(client: ServerClient, budget: int | None, *, adaptive: bool =
     else the server's (AUTO when it chooses per step); None when the server says nothing (a stock engine, or
     no draft). A budget above the server's is refused in one line before anything is sent: dspark's
     patched llama-server would cap it at its own and echo the one asked for (patch 0001)."""
-    served = protocol.ServedBudget.from_settings(client.completion(dict(protocol.SETTINGS_PROBE))
-                                                 .get("generation_settings") or {})
+    try:
+        answer = client.completion(dict(protocol.SETTINGS_PROBE))
+    except ServerError as e:
+        if e.kind != "http":  # nothing listens there: the same error the question would get
+            raise
+        answer = {}  # a server that refuses the empty request says nothing of its budget
+    served = protocol.ServedBudget.from_settings(answer.get("generation_settings") or {})
     if served is None:
         return budget
     if budget is not None and budget > served.n_max:
