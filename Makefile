@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= 2.13.0
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install install-demo engine demo test clean
+.PHONY: install install-demo engine demo test test-fast lint clean
 
 # what the demo needs: dspark and its runtime dependencies (no torch, no test tools)
 install-demo: $(VENV)/.installed-base
@@ -35,6 +35,16 @@ demo: install-demo engine
 
 test: install engine
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# the editing lane: no engine, no study kit, no torch, no wall-clock limits (< 60 s on 2 cores). An empty
+# DSPARK_ENGINE_DIR makes a test that starts llama-server without its `engine` marker fail here, not just run slow.
+FAST := not engine and not study and not torch and not timing
+test-fast: install
+	mkdir -p $(VENV)/no-engine && DSPARK_ENGINE_DIR=$(CURDIR)/$(VENV)/no-engine $(BIN)/python -m pytest -q -p no:cacheprovider -m '$(FAST)'
+
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -102,7 +102,7 @@ def group(recs: list[dict[str, Any]]) -> tuple[dict[str, Run], list[dict[str, An
     return {k: v for k, v in runs.items() if v.plain is not None}, hbm, replicates
 
 
-def replicate_table(reps: list[dict[str, Any]], runs: dict[str, "Run"]) -> list[str]:
+def replicate_table(reps: list[dict[str, Any]], runs: dict[str, Run]) -> list[str]:
     """Load-to-load variation: the same configuration in several server loads (interleaved rounds), each
     ratio against the plain load of its own round; next to it the value the main sweep recorded."""
     out: list[str] = []

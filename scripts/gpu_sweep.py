@@ -412,6 +412,7 @@ def replicate(args, sink: Sink, engine, pair, files, configs: list[Config], load
     """Load-to-load variation: round r loads plain, then each configuration, each in its own server; every
     ratio is against round r's plain. Interleaving rounds keeps slow drift out of the comparison."""
     est = 0.0
+    plain_ref: dict[int, float] = {}  # set by each round's plain load, which runs first (its failure ends the loop)
     for r in range(args.loads):
         for i, c in enumerate([Config("plain", None, None)] + configs):
             if left() < est:

@@ -13,7 +13,6 @@ atomically; prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path

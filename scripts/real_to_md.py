@@ -18,12 +18,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from dsparkcli.bench import report, stats
 from dsparkcli.bench.records import read_jsonl
 from dsparkcli.budget.record import TuningRecord
 from scripts import load_to_md, tune_to_md
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DISTILL = ROOT / "results/h200/real3/distill-report.json"
 LOAD = ROOT / "results/h200/real/load-real.jsonl"

@@ -123,10 +123,10 @@ def test_fetch_takes_the_hub_address_the_hints_give(cli, tmp_path):
 
 
 def test_expect_with_nothing_to_compare_fails(cli, pair, user_models):
-    cfg = user_models(f"""
+    cfg = user_models("""
 [pairs.toy]
-target = {{ repo = "o/t", filename = "t.gguf" }}
-drafts.q8 = {{ repo = "o/d", filename = "other-name.gguf" }}
+target = { repo = "o/t", filename = "t.gguf" }
+drafts.q8 = { repo = "o/d", filename = "other-name.gguf" }
 """)
     proc = cli("inspect", str(pair.draft), "--expect", "toy:q8", env={"DSPARK_CONFIG_DIR": str(cfg)})
     assert proc.returncode != 0

@@ -426,7 +426,6 @@ def test_parity_holds_after_steps_that_did_not_draft(engine, tiny: Path, tmp_pat
     A's text from the prompt cache and drafts at budget 3, so every one of B's drafts reads A's deferred
     features. llama.cpp's proposals must still be the torch draft's, and equal those of a server that
     injects every step (DSPARK_NO_DEFER=1)."""
-    import os
 
     target, draft, out = _parity_pair(tiny, tmp_path)
     cfg = ServerConfig(model=tiny / "target.gguf", draft=out, n_max=3, ctx=512, threads=1, extra_args=("-v",))

@@ -87,7 +87,7 @@ def test_bench_checks_every_prompt_image_before_any_server(cli, engine, pair, tm
                env={"DSPARK_CACHE_DIR": str(cache), "DSPARK_LLAMA_BIN": str(engine.bin_dir)}, timeout=60)
     assert proc.returncode == 2
     line = _error(proc)
-    assert f"mine.jsonl:2: prompt 'chart-7': " in line and str(bad) in line, line
+    assert "mine.jsonl:2: prompt 'chart-7': " in line and str(bad) in line, line
     assert {"truncated": "not a readable image", "not-an-image": "not a readable image",
             "missing": "image not found"}[kind] in line
     assert not list(cache.rglob("llama-server-*.log"))  # nothing was launched

@@ -227,7 +227,7 @@ def tune_cmd(
     elif overall is not None and overall.candidate is not None:
         err.print(f"overall choice: budget {overall.candidate.budget}"
                   + (f", p-min {overall.candidate.p_min:g}" if overall.candidate.p_min else "")
-                  + f"; use it with --budget auto" + (" --p-min auto" if overall.candidate.p_min else ""), markup=False)
+                  + "; use it with --budget auto" + (" --p-min auto" if overall.candidate.p_min else ""), markup=False)
     err.print(f"stored: {saved}" + (f" (kept its tuning of {', '.join(kept)})" if kept else "") + f"; records: {rec.jsonl}"
               + (f"; applied to {applied}" if applied else ""), markup=False)
 

