@@ -38,7 +38,8 @@ SKIP_BY_DEFAULT = {"matplotlib", "contourpy", "cycler", "fonttools", "kiwisolver
 EXCLUDE_DIRS = {".git", "docs", "media", "benches", "__pycache__", ".github", ".devops"}
 # not compiled by the CUDA server build (LLAMA_BUILD_TESTS/EXAMPLES=OFF; ggml adds a backend's folder only
 # when it is switched on); ggml-hip and ggml-musa stay, they compile ggml-cuda's sources
-EXCLUDE_TOP = {"tests", "examples", "conversion", "gguf-py", "scripts", "grammars", "prompts", "ci"}
+# (scripts/ stays: tools/ui's build runs scripts/ui-assets.cmake; the H200 build of session 36 failed without it)
+EXCLUDE_TOP = {"tests", "examples", "conversion", "gguf-py", "grammars", "prompts", "ci"}
 EXCLUDE_BACKENDS = {"ggml-sycl", "ggml-vulkan", "ggml-opencl", "ggml-hexagon", "ggml-metal", "ggml-et",
                     "ggml-webgpu", "ggml-openvino", "ggml-cann", "ggml-virtgpu", "ggml-zdnn", "ggml-zendnn"}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")

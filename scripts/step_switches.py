@@ -1,10 +1,11 @@
 """dspark's CUDA patches measured on and off with one build, side by side in one run (issues 19, 32).
 
-Patches 0006 (F32 vector kernel for verify batches of up to 8 tokens), 0007 (argmax of long rows over
-many blocks) and 0008 (CUDA graphs cached per shape) each have an environment switch that restores the
-stock code path; with every switch set, the build runs the stock code. --no-graphs adds a set with
+Patches 0006 (F32 vector kernel for verify batches of up to 8 tokens) and 0007 (argmax of long rows over
+many blocks) each have an environment switch that restores the stock code path; with every switch set, the
+build runs the stock code (the H200 run of issue 32 also measured an earlier 0008, CUDA graphs cached per
+shape, on and off: results/h200/session36; its key change is gone, its counters stay). --no-graphs adds a set with
 GGML_CUDA_DISABLE_GRAPHS=1 (ggml's own switch: no CUDA graphs at all), the reference for what graphs buy.
---graph-stats sets DSPARK_CUDA_GRAPH_STATS=1 (patch 0008's counters) and reads, for every bench run, the
+--graph-stats sets DSPARK_CUDA_GRAPH_STATS (patch 0008's counters, logged at WARN) and reads, for every bench run, the
 last counter line of each context from the llama-server logs it left: graphs replayed, captured, reset and
 run directly (records: OUT/graph-stats.json). For each switch set ("patched", "stock" = all off, then each patch off
 alone) this runs the same `dspark bench` plan, one server per configuration (llama-server inherits the
@@ -20,7 +21,7 @@ save, so a claim needs several rounds.
 
   python scripts/step_switches.py --out DIR                                  # a 5 %-width qwen35moe pair, CPU
   python scripts/step_switches.py --manifest pair/manifest-*.json --out DIR --lengths -- -ngl 99 -ngld 99 -fa on
-  python scripts/step_switches.py --target T.gguf --draft D.gguf --patches 0008 --no-graphs --graph-stats \
+  python scripts/step_switches.py --target T.gguf --draft D.gguf --no-graphs --graph-stats \
       --out DIR -- -ngl 99 -ngld 99 -fa on                                  # a real pair's step costs
 """
 
@@ -49,7 +50,7 @@ from dsparkcli.hub.registry import upstream_acceptance
 from dsparkcli.synth.full_width import measurement_pair
 
 # the CUDA patches that can be measured, each with an off switch (llama.patches.Patch.off_switch)
-MEASURABLE = tuple(p.number for p in patches.shipped() if p.number in ("0006", "0007", "0008") and p.off_switch)
+MEASURABLE = tuple(p.number for p in patches.shipped() if p.number in ("0006", "0007") and p.off_switch)
 NO_GRAPHS = "no graphs"  # the set with GGML_CUDA_DISABLE_GRAPHS=1 (every patch on)
 _STATS = re.compile(r"dspark-cuda-graphs: ctx (\S+) computes (\d+) launched (\d+) captured (\d+) resets (\d+) "
                     r"direct (\d+) graphs (\d+)")
