@@ -80,3 +80,17 @@ def test_adaptive_section_is_its_records_rendered() -> None:
     generated = adaptive_to_md.render(ROOT / "results/cpu/adaptive-smollm2-135m-3")
     assert third.split("\n\n</details>", 1)[0] == generated.rstrip("\n")
     assert "engine 0c1e570 cpu" in generated and "@adaptive | all |" in generated
+
+
+def test_session36_section_is_its_records_rendered() -> None:
+    """The H200 run of session 36 (issues 30 and 32): the generated tables are exactly what
+    scripts/session36_to_md.py makes of results/h200/session36, and the prose quotes them."""
+    session36 = script("session36_to_md")
+    doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    body = doc.split("<summary>Generated tables (scripts/session36_to_md.py, unedited)</summary>\n\n", 1)[1]
+    generated = session36.render()
+    assert body.split("\n</details>", 1)[0] == generated
+    stock = next(line for line in generated.splitlines() if line.startswith("| stock key | 1.403"))
+    assert stock.endswith("| 1.74 | 1.99 | 2.43 | 2.84 |")  # t_step(k) / t1 quoted in the prose
+    assert "t_step(1) / t1 = 1.74 and t_step(3) / t1 = 1.99" in doc
+    assert "| code | 724 (665-783) |" in generated and "1.09× (2.34)" in generated
