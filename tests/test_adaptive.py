@@ -401,3 +401,44 @@ def test_the_real_pair_script_runs_here(patched, tmp_path):
     configs = {s["config"] for s in json.loads((out / "bench.json").read_text())["summaries"]}
     assert configs == {"plain", "draft-dspark@1", "draft-dspark@3", "draft-dspark@adaptive"}
     assert "draft-dspark@adaptive" in proc.stdout  # the speedup table
+
+
+def test_bench_budget_auto_serves_each_category_its_own_pick(patched, pairs, cli, tmp_path, monkeypatch):
+    """A tuning that picked budget 3 for one category and plain decoding for another (the H200's kit: math
+    k = 3, general plain): bench's auto arm runs one server at 3 and sends each request its category's
+    speculative.n_max, so the first category drafts exactly as the budget-3 arm does and the second drafts
+    nothing and decodes as plain does; the overall pick (plain here) would have left the draft out for both."""
+    from dsparkcli.budget import store
+    from dsparkcli.budget.model import OVERALL, Candidate, Choice, CostModel
+    from dsparkcli.budget.record import TuningRecord
+
+    pair = pairs["0.7"]
+    env = {"DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+           "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    monkeypatch.setenv("DSPARK_CACHE_DIR", env["DSPARK_CACHE_DIR"])
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=8, ctx=1024, threads=1)
+    choices = (Choice("alpha", Candidate(3, 0.0), 1.2, 1.3), Choice("beta", None, None, None),
+               Choice(OVERALL, None, None, None))
+    store.save(TuningRecord(key=store.key_for(patched, cfg), cost=CostModel(t1_ms=8.0, t_step_ms=((1, 9.0), (3, 11.0)),
+                                                                            s_ms=0.3),
+                            acceptance=(), predictions=(), choices=choices, budgets=(1, 3),
+                            created="2026-12-02T00:00:00+00:00", run_id="r", jsonl="x.jsonl"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "{c}-{i}", "category": "{c}", "prompt": "question {i} of {c}"}}\n'
+                               for c in ("alpha", "beta") for i in range(2)))
+    out = tmp_path / "b.jsonl"
+    files = ["--target", str(pair.target), "--draft", str(pair.draft), "--threads", "1", "--ctx", "1024"]
+    proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "3", "auto", "--reps", "1", "-n", "24",
+               "--json", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "--budget auto per category: alpha 3, beta plain (one server at the largest" in proc.stderr
+    reqs = [r for r in map(json.loads, out.read_text().splitlines()) if r["record"] == "request"]
+    by = {(r["config"], r["prompt_id"]): r for r in reqs}
+    for i in range(2):
+        auto_a, fixed_a = by[("draft-dspark@auto", f"alpha-{i}")], by[("draft-dspark@3", f"alpha-{i}")]
+        assert auto_a["request_n_max"] == 3 and auto_a["draft_n"] == fixed_a["draft_n"] > 0
+        assert auto_a["draft_n_accepted"] == fixed_a["draft_n_accepted"]
+        auto_b, plain_b = by[("draft-dspark@auto", f"beta-{i}")], by[("plain", f"beta-{i}")]
+        assert auto_b["request_n_max"] == 0 and auto_b["draft_n"] == 0
+        assert auto_b["output_sha256"] == plain_b["output_sha256"]
+    assert "-md" in next(r["server_argv"] for r in reqs if r["config"] == "draft-dspark@auto")

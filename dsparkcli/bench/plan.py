@@ -14,8 +14,9 @@ from dsparkcli.gguf.pairing import AcceptanceKind, acceptance_kind
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.engine import Engine
-from dsparkcli.llama.protocol import AUTO
+from dsparkcli.llama.protocol import AUTO, SPEC_N_MAX, SPEC_P_MIN
 from dsparkcli.llama.server import ServerConfig
+from dsparkcli.llama.speculation import Speculation
 from dsparkcli.pairs import Downloads, PairSpec, check_pairing, resolve_files
 
 
@@ -30,11 +31,13 @@ AUTO_LABEL = "auto"  # --budget auto's arm when the tuning picked plain decoding
 
 @dataclass(frozen=True)
 class Arm:
-    """One server configuration: plain, or one draft at one budget."""
+    """One server configuration: plain, one draft at one budget, or another speculation (``spec``: n-gram
+    without a draft, draft-simple with its classic draft model as ``draft``)."""
 
     name: str
     draft: Draft | None = None
     budget: int | None = None
+    spec: Speculation | None = None  # None: plain, or the DSpark draft (--spec-type draft-dspark)
     # per-arm settings (tune's cells differ in them); None: the plan's
     p_min: float | None = None
     synth_len: float | None = None
@@ -44,10 +47,34 @@ class Arm:
     # an arm whose server runs without the draft, as `dspark run/serve` then do: the adaptive arm of a table
     # where no draft can pay, the auto arm of a tuning where plain decoding won (budget.choice.AutoChoice)
     without_draft: bool = False
+    # --budget auto per category: each request asks its category's tuned pick through dspark's per-request
+    # speculative.n_max / p_min ((category, budget, p_min); budget 0: that category decodes without a draft)
+    per_category: tuple[tuple[str, int, float], ...] = ()
+
+    def request_fields(self, category: str) -> dict[str, int | float]:
+        """The per-request draft settings of a prompt of ``category`` (none: the server's own)."""
+        for c, k, p in self.per_category:
+            if c == category:
+                return {SPEC_N_MAX: k, SPEC_P_MIN: p}
+        return {}
 
     @property
     def adaptive(self) -> bool:
         return self.cost_table is not None
+
+    @property
+    def plain(self) -> bool:
+        return self.draft is None and self.spec is None
+
+    @property
+    def speculates(self) -> bool:
+        """Its server drafts (a draft model or n-gram), so it has /metrics counters and identity to check."""
+        return not self.plain and not self.without_draft
+
+    @property
+    def draft_label(self) -> str | None:
+        """The records' ``draft``: the draft's label, or an n-gram speculation's (``ngram-mod``)."""
+        return self.draft.label if self.draft else (self.spec.label if self.spec else None)
 
     def settings(self, plan: BenchPlan) -> tuple[float | None, float | None, tuple[float, ...] | None]:
         """(p_min, synth_len, synth_rates) this arm's server runs with: draft-only, the arm's over the plan's."""
@@ -90,6 +117,9 @@ class BenchPlan:
     # --concurrency: clients in flight (llama-server -np N) per load level; empty: one request at a time
     concurrency: tuple[int, ...] = ()
     explicit_arms: tuple[Arm, ...] = ()  # instead of drafts x budgets (tune's cells)
+    # --spec: other speculation beside (or instead of) the DSpark drafts: n-gram arms run at their own
+    # limits, a draft-simple one (its model resolved: ``path``) at every budget, after the DSpark arms
+    specs: tuple[Speculation, ...] = ()
     with_plain: bool = True  # plain decoding first (speedups and identity need it)
     placement: Placement = Placement()  # RPC workers, multi-GPU split, the draft's device: every arm the same
     # --budget adaptive: one more arm per draft, "<draft>@adaptive", on this cost table (its max k the cap)
@@ -99,6 +129,9 @@ class BenchPlan:
     # --budget auto where the tuning found plain decoding fastest: the first draft's "<draft>@auto" arm runs
     # without it, as `dspark run --budget auto` then does
     auto_without_draft: bool = False
+    # --budget auto where the tuning picked a budget for some categories: the first draft's "<draft>@auto" arm
+    # serves each prompt its category's pick (Arm.per_category) on a server at the largest of them
+    auto_per_category: tuple[tuple[str, int, float], ...] = ()
 
     def _validate_arms(self) -> None:
         names = [a.name for a in self.explicit_arms]
@@ -143,7 +176,21 @@ class BenchPlan:
                                 without_draft=self.adaptive_without_draft))
             if self.auto_without_draft and d == self.drafts[0]:
                 arms.append(Arm(f"{d.label}@{AUTO_LABEL}", d, None, without_draft=True))
+            elif self.auto_per_category and d == self.drafts[0]:
+                arms.append(Arm(f"{d.label}@{AUTO_LABEL}", d, max(k for _, k, _ in self.auto_per_category),
+                                per_category=self.auto_per_category))
+        for s in self.specs:
+            if s.uses_model:
+                assert s.path is not None, "a draft-simple speculation's model is resolved before the plan"
+                arms += [Arm(f"{s.label}@{b}", Draft(s.label, s.path), b, spec=s) for b in self.budgets]
+            else:
+                arms.append(Arm(s.label, spec=s))
         return arms
+
+    @property
+    def model_drafts(self) -> bool:
+        """Some arm runs a draft model at the plan's budgets (a DSpark draft or a classic one)."""
+        return bool(self.drafts) or any(s.uses_model for s in self.specs)
 
     def server_config(self, arm: Arm, concurrency: int = 1) -> ServerConfig:
         """The llama-server configuration of one arm (the tuning key of tune and bench comes from it too)."""
@@ -152,6 +199,7 @@ class BenchPlan:
         p_min, synth_len, synth_rates = arm.settings(self)  # the arm's own (tune's cells), else the plan's
         return ServerConfig(
             model=self.target, draft=arm.draft.path if arm.draft else None, mmproj=self.mmproj,
+            spec_type=arm.spec.kind if arm.spec else None, spec_flags=arm.spec.flags() if arm.spec else (),
             n_max=AUTO if arm.adaptive else arm.budget, cost_table=arm.cost_table,
             p_min=p_min, synth_len=synth_len, synth_rates=synth_rates,
             # llama-server splits -c over its slots: every client gets plan.ctx
@@ -169,10 +217,13 @@ class BenchPlan:
         self.placement.validate()
         if self.explicit_arms:
             self._validate_arms()
-        elif not self.drafts:
-            raise UsageError("bench needs at least one draft (--draft or --model)")
-        elif not self.budgets and self.cost_table is None and not self.auto_without_draft:
+        elif not self.drafts and not self.specs:
+            raise UsageError("bench needs at least one draft (--draft or --model) or --spec")
+        elif self.model_drafts and not self.budgets and self.cost_table is None and not self.auto_without_draft and not self.auto_per_category:
             raise UsageError("bench needs at least one --budget")
+        names = [a.name for a in self.arms()]
+        if len(set(names)) != len(names):
+            raise UsageError(f"two configurations share the name '{next(n for n in names if names.count(n) > 1)}'")
         if any(b < 1 for b in self.budgets):
             raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")
         if len(set(self.budgets)) != len(self.budgets):
@@ -196,7 +247,7 @@ class BenchPlan:
             raise UsageError("--n-predict must be at least 1")
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
             raise UsageError(f"--p-min must be within [0, 1] (got {self.p_min})")
-        if self.synth_len is not None and not self.explicit_arms:
+        if self.synth_len is not None and not self.explicit_arms and self.budgets:
             worst = min(self.budgets)
             if not 1.0 <= self.synth_len <= worst + 1:
                 raise UsageError(f"--synth-len must be within [1, {worst + 1}] for budget {worst} (got {self.synth_len})")

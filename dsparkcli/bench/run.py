@@ -283,9 +283,12 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
     server_argv = srv.argv
     rendered = _render_once(client, plan, state, writer, image_sha)
 
+    def fields(p: Prompt) -> dict[str, Any]:  # a shared server's budget, or the prompt's category's (auto)
+        return {**draft_fields, **arm.request_fields(p.category)}
+
     def request(p: Prompt) -> tuple[dict[str, Any], float]:
         result = _surviving(srv, arm.name, lambda: _timed_completion(
-            client, {**_payload(plan, rendered[p.id], images_b64[p.id]), **draft_fields}, totals))
+            client, {**_payload(plan, rendered[p.id], images_b64[p.id]), **fields(p)}, totals))
         if on_request:
             on_request(arm.name, p.id)
         return result
@@ -301,8 +304,8 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
             for p in (q for q in plan.prompts if q.category == category):
                 resp, request_ms = request(p)
                 rec = _request_record(plan, arm, p, rep, resp, request_ms, server_argv, state)
-                if draft_fields:
-                    rec = replace(rec, request_n_max=draft_fields[SPEC_N_MAX])
+                if SPEC_N_MAX in fields(p):
+                    rec = replace(rec, request_n_max=fields(p)[SPEC_N_MAX])
                 mine.requests.append(rec)
                 writer.write(rec.to_record())
             if before is not None:

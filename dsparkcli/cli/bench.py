@@ -20,7 +20,7 @@ from dsparkcli.bench import report
 from dsparkcli.bench import run as core
 from dsparkcli.bench.records import ALL
 from dsparkcli.budget import rule
-from dsparkcli.budget.choice import Want, chosen_server
+from dsparkcli.budget.choice import AutoChoice, Want, chosen_server
 from dsparkcli.budget.limits import ADAPTIVE, parse_auto
 from dsparkcli.cli._common import (
     AutoPMinOpt,
@@ -132,13 +132,38 @@ def _chosen_budgets(eng: engine_mod.Engine, plan: bench_plan.BenchPlan, want: Wa
         cfg, auto = chosen_server(eng, key_cfg, replace(want, adaptive=False), strict=True)
         assert auto is not None
         err.print(auto.message, markup=False)
-        if auto.without_draft:  # plain decoding won: the auto arm runs without the draft (<draft>@auto)
+        picks = _picks_by_category(eng, plan, auto) if want.budget and not want.category else ()
+        if picks:  # each prompt gets its category's pick on one server (dspark's per-request n_max)
+            err.print("--budget auto per category: " + ", ".join(
+                f"{c} {k}" + (f" p-min {pm:g}" if pm else "") if k else f"{c} plain" for c, k, pm in picks)
+                + " (one server at the largest, each request its category's speculative.n_max; 0: no draft)",
+                markup=False)
+            plan = replace(plan, auto_per_category=picks)
+        elif auto.without_draft:  # plain decoding won: the auto arm runs without the draft (<draft>@auto)
             plan = replace(plan, auto_without_draft=True)
         elif want.budget and auto.budget not in plan.budgets:
             plan = replace(plan, budgets=(*plan.budgets, auto.budget))  # type: ignore[arg-type]
         if want.p_min and not auto.without_draft:
             plan = replace(plan, p_min=cfg.p_min)
     return plan
+
+
+def _picks_by_category(eng: engine_mod.Engine, plan: bench_plan.BenchPlan,
+                       auto: AutoChoice) -> tuple[tuple[str, int, float], ...]:
+    """tune's pick for each category of the plan's prompts ((category, budget, p-min), budget 0 = plain; a
+    category the tuning lacks takes the overall pick), when they differ between categories and the engine
+    takes per-request budgets; () otherwise (the overall pick serves every prompt, as before)."""
+    rec = auto.record
+    if rec is None or not engine_mod.capabilities(eng).request_draft_params:
+        return ()
+    picks = []
+    for category in dict.fromkeys(p.category for p in plan.prompts):
+        choice = rec.choice(category) or rec.choice(None)
+        c = choice.candidate if choice is not None else None
+        picks.append((category, c.budget if c else 0, (c.p_min or 0.0) if c else 0.0))
+    if len({(k, pm) for _, k, pm in picks}) < 2 or not any(k for _, k, _ in picks):
+        return ()  # one pick for all: the overall arm (or plain without the draft) says it already
+    return tuple(picks)
 
 
 def expand_multi_values(args: list[str], flags: tuple[str, ...], is_value: Callable[[str], bool] | None = None) -> list[str]:
