@@ -3,15 +3,12 @@ work, verdicts that mean something. Run as a user would (`dspark` in a subproces
 
 from __future__ import annotations
 
-import os
-import pty
 import re
-import select
 import subprocess
 import sys
-import time
 
 import pytest
+from support.terminal import on_a_terminal
 from support.cli import REPO
 
 from dsparkcli.synth import known_answer as synth
@@ -31,36 +28,6 @@ def _one_error_line(proc) -> str:
     return lines[-1]
 
 
-def _on_a_terminal(args: list[str], timeout: float = 120, *, env: dict[str, str] | None = None,
-                   answer: tuple[bytes, bytes] | None = None) -> tuple[int, str]:
-    """Run dspark with stdin, stdout and stderr on one pty, as in an interactive shell; (exit code, what it
-    showed). ``answer`` = (question, reply): type the reply once the question is on the screen."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", *args], stdin=slave, stdout=slave,
-                            stderr=slave, cwd=REPO, env={**os.environ, "COLUMNS": "200", "TERM": "xterm", **(env or {})})
-    os.close(slave)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the pty
-                break
-            if not data:
-                break
-            chunks.append(data)
-            if answer is not None and answer[0] in b"".join(chunks):
-                os.write(master, answer[1])
-                answer = None
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    rc = proc.wait(timeout=30)
-    return rc, b"".join(chunks).decode("utf-8", "replace")
-
-
 # ------------------------------------------------------------------ item 1: streamed text on a terminal
 
 
@@ -70,7 +37,7 @@ def test_streamed_answer_on_a_terminal_is_one_text_not_a_line_per_token(cli, eng
     assert piped.returncode == 0, piped.stderr
     text = piped.stdout.rstrip("\n")
     assert len(text) > 20 and "\n" not in text  # the synthetic pair's answer is one line
-    rc, shown = _on_a_terminal(args)
+    rc, shown = on_a_terminal(args)
     assert rc == 0, shown
     screen = ANSI.sub("", shown).replace("\r\n", "\n")
     # the answer arrives piece by piece, yet on the terminal it reads as the one line a pipe receives
@@ -223,7 +190,7 @@ def test_every_serving_command_names_the_default_pair_before_refusing_it(cli, de
 def test_a_big_default_pair_is_asked_for_on_a_terminal(default_hub):
     hub, env = default_hub
     hub.advertise_size("o/t", "target-llama.gguf", 20 * 10**9)
-    rc, shown = _on_a_terminal(["run", "hello"], env=env, answer=(b"Download 20.0 GB?", b"n\n"))
+    rc, shown = on_a_terminal(["run", "hello"], env=env, answer=(b"Download 20.0 GB?", b"n\n"))
     screen = ANSI.sub("", shown).replace("\r\n", "\n")
     assert rc == 1, screen
     assert screen.index("the default pair bigpair") < screen.index("target-llama.gguf  20.0 GB") \

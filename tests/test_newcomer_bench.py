@@ -6,18 +6,16 @@ subprocess (a pty where a terminal matters), the real engine and the real hub cl
 from __future__ import annotations
 
 import os
-import pty
 import re
-import select
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from PIL import Image
 from support.cli import REPO
+from support.terminal import on_a_terminal
 
 from dsparkcli.synth import known_answer as synth
 
@@ -32,28 +30,6 @@ def _one_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
     return lines[0]
 
 
-def _on_a_terminal(args: list[str], env: dict[str, str], timeout: float = 120) -> tuple[int, str]:
-    """Run dspark with stdin, stdout and stderr on one pty; (exit code, everything it drew)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", *args], stdin=slave, stdout=slave,
-                            stderr=slave, cwd=REPO, env={**os.environ, "COLUMNS": "200", "TERM": "xterm", **env})
-    os.close(slave)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the pty
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    return proc.wait(timeout=30), ANSI.sub("", b"".join(chunks).decode("utf-8", "replace"))
 
 
 # ------------------------------------------------------------------ a: Pillow's warning
@@ -98,6 +74,11 @@ def hub_env(tmp_path, engine, user_models):
                "DSPARK_LLAMA_BIN": str(engine.server), "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
+def _shown(args: list[str], *, env: dict[str, str]) -> tuple[int, str]:
+    rc, shown = on_a_terminal(args, env={"COLUMNS": "200", "TERM": "xterm", **env})
+    return rc, ANSI.sub("", shown)
+
+
 def test_no_bar_for_files_already_here_and_no_empty_line_off_a_terminal(cli, hub_env):
     args = ["run", "--model", "synthpair", "-t", "1", "--ctx", "256", "--max-tokens", "8", "--yes", "hi"]
     first = cli(*args, env=hub_env, timeout=120)  # downloads both files, stderr to a pipe
@@ -107,17 +88,17 @@ def test_no_bar_for_files_already_here_and_no_empty_line_off_a_terminal(cli, hub
     for proc in (first, again):  # stderr began with the empty line a bar leaves off a terminal
         assert proc.stderr.strip() and "" not in proc.stderr.splitlines(), proc.stderr
     assert again.stderr.splitlines()[0].startswith("loading target-llama.gguf"), again.stderr
-    rc, shown = _on_a_terminal(args, hub_env)
+    rc, shown = _shown(args, env=hub_env)
     assert rc == 0, shown
     assert "loading target-llama.gguf" in shown
     assert "fetching" not in shown and "verifying" not in shown, shown  # no bar for a file nothing was done to
 
 
 def test_a_bar_is_still_drawn_for_a_download_on_a_terminal(hub_env):
-    rc, shown = _on_a_terminal(["fetch", "synthpair", "--yes"], hub_env)
+    rc, shown = _shown(["fetch", "synthpair", "--yes"], env=hub_env)
     assert rc == 0, shown
     assert "fetching target" in shown and "fetching draft" in shown, shown
-    rc, shown = _on_a_terminal(["fetch", "synthpair", "--yes"], hub_env)
+    rc, shown = _shown(["fetch", "synthpair", "--yes"], env=hub_env)
     assert rc == 0 and "present" in shown, shown
     assert "fetching" not in shown and "verifying" not in shown, shown
 
