@@ -311,6 +311,7 @@ def test_cli_distill_refuses_a_file_that_is_no_gguf_in_one_line(tiny: Path, tmp_
         assert r.returncode == 2, r.stderr
         line = r.stderr.strip()
         assert line.startswith(f"dspark: error: {bad}: ") and "\n" not in line and says in line, r.stderr
+        assert r.stderr == line + "\n"  # nothing else: no progress bar's empty line off a terminal
         assert not out.exists() and not work.exists()  # refused before anything was written
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
+from dsparkcli.cli._common import SEED, JsonOpt, LlamaBinOpt, SeedOpt
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.config import cache_dir
 from dsparkcli.errors import UsageError
@@ -54,7 +54,7 @@ def distill(
     block_size: Annotated[int, typer.Option("--block-size", min=1, max=16, help="dflash.block_size: the largest budget.")] = 8,
     taps: Annotated[Optional[str], typer.Option("--taps", help="Target layer inputs to tap, e.g. 2,15,28 (default: 3 spread).")] = None,
     markov_rank: Annotated[int, typer.Option("--markov-rank", min=1, help="Markov head rank R.")] = 64,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for prompts, data order and initialisation.")] = 0,
+    seed: SeedOpt = SEED,  # prompts, data order and initialisation
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Extra training prompts: text lines or JSONL {prompt, category}.")] = None,
     n_prompts: Annotated[int, typer.Option("--n-prompts", min=0, help="Templated prompts from dspark's corpus.")] = 6000,
     n_questions: Annotated[int, typer.Option("--n-questions", min=0, help="Questions the target writes itself.")] = 3000,
@@ -101,7 +101,8 @@ def distill(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), console=err, transient=True, disable=json_out) as bar:
+                  TimeElapsedColumn(), console=err, transient=True,
+                  disable=json_out or not err.is_terminal) as bar:  # off a terminal: no bar, no stray newline
         tasks: dict[str, int] = {}
 
         def on_progress(stage: str, done: int, total: int, info: dict) -> None:
