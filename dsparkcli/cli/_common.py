@@ -31,7 +31,9 @@ NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no
 PMinOpt = Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")]
 AutoPMinOpt = Annotated[Optional[str], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1), or 'auto' (the tuning's).")]
 CategoryOpt = Annotated[Optional[str], typer.Option("--category", help="Which tuned category --budget auto uses (default: overall).")]
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c).")]
+# --ctx has one default everywhere: none, so llama-server uses the model's trained context. (bench had 4096 and
+# tune none, one cause of their tuning keys not matching; a measurement that wants a bound gives --ctx.)
+CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c; default: the model's trained context).")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads (-t).")]
 NglOpt = Annotated[Optional[str], typer.Option("--ngl", help="GPU layers for target and draft (-ngl/-ngld).")]
 ApiKeyOpt = Annotated[Optional[str], typer.Option(
@@ -39,6 +41,18 @@ ApiKeyOpt = Annotated[Optional[str], typer.Option(
 ApiKeyFileOpt = Annotated[Optional[Path], typer.Option(
     "--api-key-file", help="Read the API key from this file (its first line).", show_default=False)]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")]
+
+# Declared once for every command that takes them (run, bench, tune, synth, distill), so a flag means the same
+# in each. Defaults that differ do so on purpose and stay at the parameter: tune measures a grid of cells, so
+# its --reps, --limit and --n-predict are smaller than bench's.
+SEED = 0  # the one --seed default: the same command line gives the same requests and the same files
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the requests' sampling and of what the command generates (the same seed, the same output).")]
+PromptsOpt = Annotated[str, typer.Option("--prompts", help="Built-in kit name or a JSONL file (docs/PROMPTS.md).")]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", min=1, help="At most N prompts per category.")]
+RepsOpt = Annotated[int, typer.Option("--reps", min=1, help="Timed repetitions of every prompt.")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Untimed requests per server before the timed ones.")]
+NPredictOpt = Annotated[int, typer.Option("--n-predict", "-n", min=1, help="Tokens to generate per request.")]
+IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Always generate --n-predict tokens.")]
 
 # Where the model goes (run, serve, bench, tune): typed llama.cpp placement options (llama.placement).
 RpcOpt = Annotated[Optional[str], typer.Option(

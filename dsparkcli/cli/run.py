@@ -10,6 +10,7 @@ import typer
 
 from dsparkcli import runner
 from dsparkcli.cli._common import (
+    SEED,
     ApiKeyFileOpt,
     ApiKeyOpt,
     AutoPMinOpt,
@@ -27,6 +28,7 @@ from dsparkcli.cli._common import (
     NglOpt,
     NoDraftOpt,
     RpcOpt,
+    SeedOpt,
     SplitModeOpt,
     TargetOpt,
     TensorSplitOpt,
@@ -101,7 +103,7 @@ def run(
     category: CategoryOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 256,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0 = greedy).")] = 0.0,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Sampling seed.")] = None,
+    seed: SeedOpt = SEED,
     ctx: CtxOpt = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message.")] = None,
     threads: ThreadsOpt = None,

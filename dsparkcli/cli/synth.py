@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dsparkcli.cli._common import JsonOpt
+from dsparkcli.cli._common import SEED, JsonOpt, NPredictOpt, SeedOpt
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import UsageError
 from dsparkcli.synth import full_width
@@ -69,7 +69,7 @@ def synth(
     accept_rate: Annotated[float, typer.Option("--accept-rate", "-q", help="Fraction of Markov rows that agree with the target (0..1).")] = 1.0,
     confidence: Annotated[bool, typer.Option("--confidence", help="Add a scripted confidence head (for --spec-draft-p-min).")] = False,
     vision: Annotated[bool, typer.Option("--vision", help="Also write a tiny mmproj (clip 'mlp') and a PNG.")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for g, the wrong rows and the confidences.")] = 0,
+    seed: SeedOpt = SEED,  # g, the wrong rows and the confidences
     block_size: Annotated[int, typer.Option("--block-size", help="dflash.block_size of the draft.")] = 8,
     shape: Annotated[Optional[str], typer.Option("--shape", help="Full-width random pair with a real model's shapes, e.g. minicpm-v-4.7-35b-a3b.")] = None,
     qtype: Annotated[str, typer.Option("--qtype", help="Tensor type for --shape (Q8_0, Q4_K).")] = "Q8_0",
@@ -99,7 +99,7 @@ def synth_predict(
     prompt_tokens: Annotated[Optional[str], typer.Option("--prompt-tokens", help="Prompt token ids, comma-separated.")] = None,
     last_token: Annotated[Optional[int], typer.Option("--last-token", help="Only the prompt's last token id.")] = None,
     n_max: Annotated[int, typer.Option("--n-max", help="--spec-draft-n-max of the server.")] = 7,
-    n_predict: Annotated[int, typer.Option("--n-predict", "-n", help="Tokens to generate.")] = 32,
+    n_predict: NPredictOpt = 32,
     p_min: Annotated[float, typer.Option("--p-min", help="--spec-draft-p-min of the server.")] = 0.0,
     n_min: Annotated[int, typer.Option("--n-min", help="--spec-draft-n-min of the server.")] = 0,
     json_out: JsonOpt = False,

@@ -20,7 +20,25 @@ from dsparkcli.budget import store
 from dsparkcli.budget.apply import apply_to_models
 from dsparkcli.budget.choice import require_adaptive
 from dsparkcli.budget.record import TuningRecord
-from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, ModelOpt, TargetOpt, ThreadsOpt, YesOpt, passthrough_args
+from dsparkcli.cli._common import (
+    SEED,
+    CtxOpt,
+    IgnoreEosOpt,
+    JsonOpt,
+    LimitOpt,
+    LlamaBinOpt,
+    MmprojOpt,
+    ModelOpt,
+    NPredictOpt,
+    PromptsOpt,
+    RepsOpt,
+    SeedOpt,
+    TargetOpt,
+    ThreadsOpt,
+    WarmupOpt,
+    YesOpt,
+    passthrough_args,
+)
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.cli.bench import expand_multi_values
 from dsparkcli.errors import Interrupted, UsageError
@@ -111,17 +129,17 @@ def tune_cmd(
     model: ModelOpt = None,
     target: TargetOpt = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF path or registry key.")] = None,
-    mmproj: Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF (needed for image prompts).")] = None,
-    prompts: Annotated[str, typer.Option("--prompts", help="Built-in kit name or a JSONL file (docs/PROMPTS.md).")] = kit.DEFAULT_KIT,
+    mmproj: MmprojOpt = None,
+    prompts: PromptsOpt = kit.DEFAULT_KIT,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision').")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="At most N prompts per category.")] = 3,
+    limit: LimitOpt = 3,
     budgets: Annotated[Optional[list[int]], typer.Option("--budgets", help="Candidate budgets (default 1 2 3 5 7 10 15, up to the draft's block).")] = None,
     p_min: Annotated[Optional[list[float]], typer.Option("--p-min", help="Candidate confidence thresholds (default 0, plus 0.3 0.6 with a confidence head).")] = None,
-    n_predict: Annotated[int, typer.Option("--n-predict", "-n", min=1, help="Tokens per request.")] = 128,
-    reps: Annotated[int, typer.Option("--reps", min=1, help="Timed repetitions of every prompt.")] = 1,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed requests per server.")] = 1,
+    n_predict: NPredictOpt = 128,
+    reps: RepsOpt = 1,
+    warmup: WarmupOpt = 1,
     top: Annotated[int, typer.Option("--top", min=1, help="Best predicted candidates per category to measure.")] = 2,
-    ctx: Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c; part of the key).")] = None,
+    ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
     synth_len: Annotated[Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length at the largest budget.")] = None,
     synth_mode: Annotated[str, typer.Option("--synth-mode", help="rates: smaller budgets keep the per-position rates; length: L at every budget.")] = "rates",
@@ -132,8 +150,8 @@ def tune_cmd(
     record_path: Annotated[Optional[Path], typer.Option("--record", help="Also write the tuning record (JSON) here.")] = None,
     cost_table: Annotated[Optional[Path], typer.Option("--cost-table", help="Write the per-k step-cost table here.")] = None,
     adaptive: Annotated[bool, typer.Option("--adaptive", help="Also measure llama.cpp's adaptive budget (--budget adaptive: each step's budget from this cost model) next to the picks (dspark's patched engine).")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Request seed.")] = 0,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Always generate --n-predict tokens.")] = False,
+    seed: SeedOpt = SEED,
+    ignore_eos: IgnoreEosOpt = False,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
