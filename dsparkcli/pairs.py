@@ -16,7 +16,15 @@ from pathlib import Path
 from dsparkcli.budget.limits import DraftLimit
 from dsparkcli.errors import PairingError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure, summarize
-from dsparkcli.gguf.pairing import PairCheck, check_file_loads, check_loads, check_pair, open_header, refuse_unloadable
+from dsparkcli.gguf.pairing import (
+    PairCheck,
+    check_classic_pair,
+    check_file_loads,
+    check_loads,
+    check_pair,
+    open_header,
+    refuse_unloadable,
+)
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.download import OnProgress
 from dsparkcli.hub.fetch import Check, Confirm, PlannedFile
@@ -28,6 +36,7 @@ from dsparkcli.llama.loads import engine_label, engine_tables
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import DEFAULT_HOST, ServerConfig, check_extra_args
+from dsparkcli.llama.speculation import Speculation
 from dsparkcli.units import format_size
 
 FORCE_HINT = "dspark fetch --force downloads them anyway"
@@ -44,6 +53,8 @@ class PairSpec:
     mmproj: str | Path | None = None
     draft_key: str | None = None  # which of the registry pair's drafts
     no_draft: bool = False  # plain decoding: the draft is neither fetched nor loaded
+    # --spec other than dspark: n-gram speculation, or draft-simple with a classic draft model (no DSpark draft)
+    speculation: Speculation | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,37 @@ def check_pairing(files: ResolvedFiles, engine: Engine | None = None) -> None:
         raise PairingError(verdict.misfit(), hint="dspark inspect TARGET DRAFT MMPROJ shows every check")
 
 
+def classic_draft(model: str | None, target: Path, downloads: Downloads = Downloads(), *,
+                  pair_name: str | None = None) -> tuple[str, Path]:
+    """The classic draft model of ``--spec draft-simple[:MODEL]``: a registry pair's name (its target file is
+    the draft, fetched like any pair's) or a path / hf:// ref; none given: the registry pair ``pair_name``'s
+    classic_draft. Checked against ``target`` (``check_classic_pair``: the same tokenizer) and against the
+    engine, in one line each, before a server loads it. Returns (the model as named, its file)."""
+    reg = load_registry()
+    if model is None:
+        pair = reg.pairs.get(pair_name) if pair_name else None
+        if pair is None or pair.classic_draft is None:
+            whose = f"the pair {pair_name} names" if pair is not None else "a local --target has"
+            raise UsageError(f"--spec draft-simple: {whose} no classic draft model; give one: "
+                             "draft-simple:NAME (a registry pair) or draft-simple:PATH")
+        model = pair.classic_draft
+    if model in reg.pairs:
+        path = hub.ensure_files(reg.pairs[model], None, yes=downloads.yes, confirm=downloads.confirm,
+                                on_progress=downloads.on_progress, roles={"target"}, check=downloads.check)["target"]
+    else:
+        path = _local_or_ref(model, "draft", downloads)
+        assert path is not None
+    tables = engine_tables(downloads.engine) if downloads.engine is not None else None
+    if tables is not None and downloads.engine is not None:
+        refuse_unloadable(list(check_file_loads(path, tables)), tables, engine_label(downloads.engine))
+    verdict = check_classic_pair(target, path)
+    if not verdict.ok:
+        line = verdict.misfit()
+        raise PairingError(f"classic {line}" if line.startswith("draft ") else line,
+                           hint="draft-simple needs a model of the target's family: the same tokenizer")
+    return model, path
+
+
 def server_config(files: ResolvedFiles, knobs: ServerKnobs) -> ServerConfig:
     """llama-server's configuration for checked files: the draft's budget from the knobs, else the
     registry pair's, else DEFAULT_BUDGET; draft-only settings only with a draft."""
@@ -237,6 +279,8 @@ def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Do
     if engine is not None and downloads.engine is None:
         downloads = replace(downloads, engine=engine)
     knobs.validate()
+    if spec.speculation is not None:
+        spec = _without_dspark(spec, knobs)
     if engine is not None and not spec.no_draft and (spec.target is None or spec.draft is not None):
         # a draft to serve (a registry pair has one): an engine without draft-dspark would start and die on
         # it (exit 4); refuse it first, before any download, as doctor and bench do (exit 3)
@@ -248,11 +292,47 @@ def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Do
     if engine is not None:
         knobs = replace(knobs, placement=place_draft(knobs.placement, engine, files.draft))
     cfg = server_config(files, knobs)
+    if spec.speculation is not None:
+        cfg, files = _speculating(cfg, files, spec, knobs, downloads)
     # a budget nobody gave is clamped to the draft (said, unless --budget auto/adaptive says what it used)
     quiet = knobs.auto_budget or knobs.adaptive_budget
     cfg = check_limits(files, cfg, budget_given=knobs.budget is not None,
                        on_notice=None if quiet else downloads.on_notice)
     return cfg, files
+
+
+def _without_dspark(spec: PairSpec, knobs: ServerKnobs) -> PairSpec:
+    """``spec`` for a --spec other than dspark: no DSpark draft fetched or loaded. Options that name one, or
+    tune one, refused in one line; an n-gram type has no budget (its own n_max: --spec ngram-mod:n_max=N)."""
+    s = spec.speculation
+    assert s is not None
+    given = [flag for flag, value in (("--draft", spec.draft), ("--draft-key", spec.draft_key),
+                                      ("--no-draft", spec.no_draft)) if value]
+    if given:
+        raise UsageError(f"{', '.join(given)} and --spec {s.label}: a DSpark draft's options; give one or the other")
+    tuned = [flag for flag, value in (("--budget auto", knobs.auto_budget), ("--budget adaptive", knobs.adaptive_budget),
+                                      ("--p-min auto", knobs.auto_p_min)) if value]
+    if tuned:
+        raise UsageError(f"{', '.join(tuned)}: a DSpark draft's tuning; --spec {s.label} takes a number or none")
+    if not s.uses_model and (knobs.budget is not None or knobs.p_min is not None):
+        raise UsageError(f"--budget/--p-min set a draft model's draft; {s.kind} drafts at its own limits "
+                         f"(--spec {s.kind}:n_max=N)")
+    return replace(spec, no_draft=True)
+
+
+def _speculating(cfg: ServerConfig, files: ResolvedFiles, spec: PairSpec, knobs: ServerKnobs,
+                 downloads: Downloads) -> tuple[ServerConfig, ResolvedFiles]:
+    """The plain configuration ``cfg`` with --spec's speculation: n-gram flags, or draft-simple's classic draft
+    (checked: ``classic_draft``) at --budget (default DEFAULT_BUDGET: the pair's budget is its DSpark draft's)."""
+    s = spec.speculation
+    assert s is not None
+    if not s.uses_model:
+        return replace(cfg, spec_type=s.kind, spec_flags=s.flags()), files
+    pair_name = spec.model or (load_registry().default if spec.target is None else None)
+    _, path = classic_draft(s.model, files.target, downloads, pair_name=pair_name)
+    cfg = replace(cfg, draft=path, spec_type=s.kind, n_max=knobs.budget or DEFAULT_BUDGET, p_min=knobs.p_min,
+                  ngld=knobs.ngl)
+    return cfg, replace(files, draft=path, budget=None)
 
 
 def draft_limit(draft: Path) -> DraftLimit:

@@ -268,7 +268,7 @@ def answer(
         assert srv.client is not None
         try:
             result = ask(srv.client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp,
-                         seed=q.seed, drafting=files.draft is not None, budget=n_max, on_text=on_text,
+                         seed=q.seed, drafting=cfg.speculates, budget=n_max, on_text=on_text,
                          argv=srv.argv, files=files.by_role())
         except ServerError as e:
             # a crash mid-generation becomes "llama-server failed during generation: ..."; a dropped
@@ -294,7 +294,7 @@ def _set_at_start(pair: PairSpec, knobs: ServerKnobs) -> list[str]:
     """The options given that only a server's start can use (their CLI names, in the order of `--help`).
     --budget N|adaptive, --p-min P and --no-draft are the request's own (dspark's patched llama-server)."""
     given = {"--model": pair.model, "--target": pair.target, "--draft": pair.draft, "--mmproj": pair.mmproj,
-             "--draft-key": pair.draft_key, "--budget auto": knobs.auto_budget, "--p-min auto": knobs.auto_p_min,
+             "--draft-key": pair.draft_key, "--spec": pair.speculation, "--budget auto": knobs.auto_budget, "--p-min auto": knobs.auto_p_min,
              "--category": knobs.category,
              "--ctx": knobs.ctx, "--threads": knobs.threads, "--ngl": knobs.ngl,
              "--rpc/--split-mode/--tensor-split/--main-gpu/--draft-device": knobs.placement != Placement(),

@@ -273,9 +273,11 @@ class BenchInputs:
     scripted: str | None = None  # set when a draft or the target is a `dspark synth` pair (SYNTHETIC)
 
 
-def _scripted(target: Path, drafts: Sequence[Draft]) -> str | None:
-    for d in drafts:
-        kind = acceptance_kind(target, d.path)
+def scripted(target: Path, drafts: Sequence[Path]) -> str | None:
+    """Why a run on this target with these draft files (DSpark or classic) is SYNTHETIC (a `dspark synth`
+    file among them), or None; without drafts (n-gram speculation) the target alone decides."""
+    for path in [*drafts] or [None]:
+        kind = acceptance_kind(target, path)
         if kind.label == "SYNTHETIC":
             return kind.why
     return None
@@ -299,14 +301,24 @@ def _label(path: str, taken: set[str]) -> str:
 
 def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None,
                    yes: bool = False, engine: Engine | None = None,
-                   on_notice: Callable[[str], None] | None = None) -> BenchInputs:
+                   on_notice: Callable[[str], None] | None = None, dspark: bool = True) -> BenchInputs:
     """Local paths (or hf:// refs) with --target, else the registry pair (``drafts``: keys or paths,
     each optionally ``LABEL=...`` to name its configurations).
 
     Every draft is checked against the target first: a wrong pair fails in one line, not as a
     llama.cpp assert in each configuration; so is every file against the ``engine``, before it is downloaded.
+    ``dspark`` False (``--spec`` without dspark, no --draft): no DSpark draft, only the target (and mmproj).
     """
     downloads = Downloads(yes=yes, engine=engine, on_notice=on_notice)
+    if not dspark and not drafts:
+        files = resolve_files(PairSpec(model=model, target=target, mmproj=mmproj, no_draft=True), downloads)
+        check_pairing(files, engine)
+        if target is not None:
+            return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=(), scripted=scripted(files.target, []))
+        pair = load_registry().get(model)
+        # no upstream acceptance: the registry's figures are its DSpark draft's
+        return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=(), budget=pair.budget, model_name=pair.name,
+                           scripted=scripted(files.target, []))
     resolved: list[Draft] = []
     taken: set[str] = set()
     if target is not None:
@@ -322,7 +334,7 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
             taken.add(label)
             resolved.append(Draft(label, files.draft))  # type: ignore[arg-type]
         return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),
-                           scripted=_scripted(files.target, resolved))
+                           scripted=scripted(files.target, [d.path for d in resolved]))
     reg = load_registry()
     name = model or reg.default
     if name is None:
@@ -345,4 +357,4 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
         resolved.append(Draft(label, files.draft))
     return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),
                        upstream_acceptance=tuple(pair.acceptance.items()), budget=pair.budget, model_name=name,
-                       scripted=_scripted(files.target, resolved))
+                       scripted=scripted(files.target, [d.path for d in resolved]))

@@ -97,9 +97,19 @@ def _divergences(s: dict[str, Any], limit: int = 3) -> str:
     return ", ".join(parts) + (f" +{len(div) - limit}" if len(div) > limit else "")
 
 
+PER_POS_SHOWN = 8  # an n-gram draft's positions run to 64: past this many, the trailing zeros are cut ("+N")
+
+
 def _per_pos(s: dict[str, Any]) -> str:
-    values = s.get("acceptance_per_pos") or []
-    return " ".join(f"{100 * v:.0f}" for v in values) if values else "-"
+    values = list(s.get("acceptance_per_pos") or [])
+    if not values:
+        return "-"
+    shown = values
+    if len(values) > PER_POS_SHOWN:
+        last = max((i for i, v in enumerate(values) if v > 0), default=-1)
+        shown = values[:max(PER_POS_SHOWN, last + 1)]
+    cut = len(values) - len(shown)
+    return " ".join(f"{100 * v:.0f}" for v in shown) + (f" +{cut}x0" if cut else "")
 
 
 def table_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:

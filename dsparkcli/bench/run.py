@@ -199,7 +199,7 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
     output_sha = text_sha256(str(resp.get("content", "")))
     key: tuple[Any, ...] = (p.id, rep) if answer is None else (p.id, rep, concurrency, answer.client)
     identity = None
-    if arm.draft is None:
+    if arm.plain:
         state.plain_tokens[key] = tokens
         state.plain_sha[key] = output_sha
     elif key in state.plain_tokens:  # a plan without plain decoding has nothing to compare with
@@ -208,7 +208,7 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
     draft_n, draft_n_accepted = timings_drafts(t)
     synth = arm.synth_mean(plan)
     return RequestRecord(
-        config=arm.name, draft=arm.draft.label if arm.draft else None, budget=arm.budget,
+        config=arm.name, draft=arm.draft_label, budget=arm.budget,
         synthetic=plan.synthetic, synth_len=synth, category=p.category, prompt_id=p.id, rep=rep,
         prompt_n=int(resp.get("tokens_evaluated", t.get("prompt_n", 0))), prompt_ms=t.get("prompt_ms"),
         n_predicted=int(t.get("predicted_n", len(tokens))), predicted_ms=float(t.get("predicted_ms", 0.0)),
@@ -259,6 +259,11 @@ def _surviving(srv: LlamaServer, where: str, send: Callable[[], _T]) -> _T:
             raise
 
 
+def _model_drafts(arm: Arm) -> bool:
+    """A draft model runs (a DSpark or classic draft), which must draft: not n-gram speculation."""
+    return arm.draft is not None
+
+
 def _drafted_nothing(arm: Arm, requests: int, srv: LlamaServer) -> BenchError:
     return BenchError(f"configuration {arm.name} drafted nothing in {requests} requests "
                       f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
@@ -271,7 +276,7 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
     """One configuration: its server from the pool (started, or a loaded one that can serve it), warm up,
     run every rep × category × prompt (reps numbered from ``rep0``: a later round's). Returns (load
     seconds, 0 on a reused server; its records)."""
-    is_draft = arm.draft is not None and not arm.without_draft  # a server with a draft has counters to read
+    is_draft = arm.speculates  # a server that drafts has counters to read
     mine = _ArmRecords()
     held, draft_fields = pool.acquire(_server_config(plan, arm), plan_host)
     srv = held.server
@@ -311,14 +316,15 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
             if before is not None:
                 after = SpecCounters.from_metrics(client.metrics())
                 block = CountersRecord(config=arm.name, category=category, rep=rep, counters=after.minus(before),
-                                       draft=arm.draft.label if arm.draft else None, budget=arm.budget,
+                                       draft=arm.draft_label, budget=arm.budget,
                                        synthetic=plan.synthetic, server_argv=tuple(server_argv))
                 before = after
                 drafted += block.counters.drafted
                 mine.counters.append(block)
                 writer.write(block.to_record())
-        # a whole pass without one draft: fail now, not in an hour (an adaptive budget may choose that)
-        if is_draft and drafted == 0 and not arm.adaptive:
+        # a whole pass without one draft: fail now, not in an hour (an adaptive budget may choose that, and
+        # n-gram speculation finds nothing to draft in text that does not repeat itself: its row says 0)
+        if is_draft and drafted == 0 and not arm.adaptive and _model_drafts(arm):
             raise _drafted_nothing(arm, len(plan.prompts) * (rep - rep0 + 1), srv)
     return load_s, mine
 
@@ -328,7 +334,7 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
                   on_request: Callable[[str, str], None] | None) -> tuple[float, _ArmRecords]:
     """One configuration at one concurrency: a server with -np N, a warm-up pass, then ``reps`` passes in
     which each of the N clients streams the whole kit (from its own starting prompt). Returns (load s, records)."""
-    is_draft = arm.draft is not None and not arm.without_draft  # a server with a draft has counters to read
+    is_draft = arm.speculates  # a server that drafts has counters to read
     mine = _ArmRecords()
     srv = LlamaServer(engine, _server_config(plan, arm, concurrency), env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
     t_load0 = time.perf_counter()
@@ -368,7 +374,7 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
                     mine.requests.append(rec)
                     writer.write(rec.to_record())
                 rnd = PassRecord(config=arm.name, concurrency=concurrency, rep=rep, requests=len(answers), tokens=tokens,
-                                 wall_s=wall, draft=arm.draft.label if arm.draft else None, budget=arm.budget,
+                                 wall_s=wall, draft=arm.draft_label, budget=arm.budget,
                                  synthetic=plan.synthetic)
                 mine.passes.append(rnd)
                 writer.write(rnd.to_record())
@@ -380,7 +386,7 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
                     before = after
                     mine.counters.append(block)
                     writer.write(block.to_record())
-                    if sum(c.counters.drafted for c in mine.counters) == 0 and not arm.adaptive:
+                    if sum(c.counters.drafted for c in mine.counters) == 0 and not arm.adaptive and _model_drafts(arm):
                         raise _drafted_nothing(arm, len(mine.requests), srv)
         finally:
             for c in clients:
@@ -429,9 +435,11 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     if not out.parent.exists():
         check_output_dir(out.parent, what="bench records folder")
         out.parent.mkdir(parents=True, exist_ok=True)
-    out = check_output_file(out, what="bench records", inputs=[plan.target, plan.mmproj, *(d.path for d in plan.drafts)])
+    out = check_output_file(out, what="bench records", inputs=[plan.target, plan.mmproj, *(d.path for d in plan.drafts),
+                                                                 *(s.path for s in plan.specs if s.path)])
     files: dict[str, Path | None] = {"target": plan.target, "mmproj": plan.mmproj}
     files.update({f"draft:{d.label}": d.path for d in plan.drafts})
+    files.update({f"draft:{s.label}": s.path for s in plan.specs if s.path is not None})  # --spec draft-simple
     hashing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-provenance")
     prov = hashing.submit(provenance.collect, engine, files, argv=argv, reps=plan.reps, extra={
         "run_id": run_id, "model": plan.model_name, "n_predict": plan.n_predict, "warmup": plan.warmup,

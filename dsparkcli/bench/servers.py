@@ -81,7 +81,7 @@ class ServerPool:
     def acquire(self, want: ServerConfig, plan_host: ServerConfig | None = None) -> tuple[Loaded, dict[str, Any]]:
         """A server for ``want`` (a loaded one, else ``plan_host`` or ``want`` started now) and the
         request fields it needs."""
-        slot = want.draft is not None
+        slot = want.speculates  # a drafting server (a draft model or n-gram), or a plain one
         held = self._slots.get(slot)
         if held is not None and (held.server.config == want or (self.share and can_serve(held.server.config, want))):
             held.uses += 1

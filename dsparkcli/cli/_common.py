@@ -13,6 +13,7 @@ from dsparkcli.budget.limits import ADAPTIVE, parse_auto  # standard library onl
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.flags import check_extra_args  # not llama.server: every start-up imports this module
 from dsparkcli.llama.placement import Placement, parse_endpoints, parse_tensor_split
+from dsparkcli.llama.speculation import SPEC_HELP  # standard library only
 
 LlamaBinOpt = Annotated[
     Optional[str],
@@ -28,6 +29,10 @@ MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", help="Vision proje
 DraftKeyOpt = Annotated[Optional[str], typer.Option("--draft-key", help="Which registry draft (e.g. q8_0).")]
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", "-b", help="--spec-draft-n-max, or 'auto': the `dspark tune` choice, or 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (default: registry, 5).")]
 NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculative draft.")]
+# --spec (llama.speculation): run and serve take one, bench any number (its configurations beside plain)
+SpecOpt = Annotated[Optional[str], typer.Option("--spec", help=SPEC_HELP)]
+SpecsOpt = Annotated[Optional[list[str]], typer.Option("--spec", help=SPEC_HELP + " Repeatable: each is a "
+                                                        "configuration; dspark's run only when listed or --draft given.")]
 PMinOpt = Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")]
 AutoPMinOpt = Annotated[Optional[str], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1), or 'auto' (the tuning's).")]
 CategoryOpt = Annotated[Optional[str], typer.Option("--category", help="Which tuned category --budget auto uses (default: overall).")]

@@ -40,6 +40,7 @@ from dsparkcli.cli._common import (
     MainGpuOpt,
     ModelOpt,
     RpcOpt,
+    SpecsOpt,
     SplitModeOpt,
     TargetOpt,
     TensorSplitOpt,
@@ -52,10 +53,10 @@ from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import Interrupted, UsageError
 from dsparkcli.outputs import check_output_file
 from dsparkcli.llama import engine as engine_mod
-from dsparkcli.llama import hazards
+from dsparkcli.llama import hazards, speculation
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
-from dsparkcli.pairs import draft_limit, place_draft
+from dsparkcli.pairs import Downloads, classic_draft, draft_limit, place_draft
 
 HELP = """Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit.
 
@@ -86,6 +87,8 @@ Examples:
   dspark bench --budget auto 5 --category code         # `dspark tune`'s pick for code vs budget 5
   dspark bench --budget 1 3 5 adaptive                 # fixed budgets vs llama.cpp's per-step pick
   dspark bench --budget 5 --rpc 127.0.0.1:50052,127.0.0.1:50053   # target on two rpc workers
+  dspark bench --spec dspark --spec ngram-mod --spec ngram-simple:n_max=16 --budget 3   # vs llama.cpp's n-gram
+  dspark bench --model qwen2.5-coder-1.5b --spec ngram-mod --spec draft-simple --budget 4 --category code
 """
 
 FORMATS = ("table", "json", "csv", "md")
@@ -122,6 +125,11 @@ def _chosen_budgets(eng: engine_mod.Engine, plan: bench_plan.BenchPlan, want: Wa
     for b in plan.budgets:
         for limit in limits:
             limit.check(b)
+    if not plan.drafts:  # --spec without dspark: a classic draft runs at the budgets, n-gram at its own limits
+        if want.any:
+            raise UsageError("--budget auto/adaptive and --p-min auto are a DSpark draft's tuning: add --spec dspark "
+                             "(or --draft), or give --budget N for draft-simple")
+        return replace(plan, budgets=(default,)) if not plan.budgets and plan.model_drafts else plan
     if not plan.budgets and not want.budget and not want.adaptive:
         fitted = [limit.fit_default(default) for limit in limits]
         for _, note in fitted[:1]:
@@ -174,6 +182,16 @@ def _picks_by_category(eng: engine_mod.Engine, plan: bench_plan.BenchPlan,
     if len({(k, pm) for _, k, pm in picks}) < 2 or not any(k for _, k, _ in picks):
         return ()  # one pick for all: the overall arm (or plain without the draft) says it already
     return tuple(picks)
+
+
+def _with_classic_draft(s: speculation.Speculation, target: Path, downloads: Downloads,
+                        pair_name: str | None) -> speculation.Speculation:
+    """A draft-simple speculation with its model resolved and checked against the target (named as given,
+    or by the pair's classic_draft); an n-gram one as it is."""
+    if not s.uses_model:
+        return s
+    name, path = classic_draft(s.model, target, downloads, pair_name=pair_name)
+    return replace(s, model=name, path=path)
 
 
 def expand_multi_values(args: list[str], flags: tuple[str, ...], is_value: Callable[[str], bool] | None = None) -> list[str]:
@@ -234,6 +252,7 @@ def bench(
     model: ModelOpt = None,
     target: TargetOpt = None,
     draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable).")] = None,
+    spec: SpecsOpt = None,
     mmproj: MmprojOpt = None,
     prompts: PromptsOpt = kit.DEFAULT_KIT,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision' name groups).")] = None,
@@ -275,10 +294,18 @@ def bench(
             check_output_file(path, what=what, inputs=inputs)
     selected = kit.select(kit.load_prompts(prompts), category, limit)
     placement = placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device)
+    parsed = [speculation.parse(s) for s in spec or []]  # refused before anything is resolved or downloaded
+    # DSpark arms: by default, when --spec lists dspark, or when a --draft (a DSpark draft) is given
+    with_dspark = not parsed or any(s is None for s in parsed) or bool(draft)
+    others = tuple(dict.fromkeys(s for s in parsed if s is not None))
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc)))
-    engine_mod.require_dspark(eng)
+    if with_dspark:
+        engine_mod.require_dspark(eng)
+    notice = lambda m: err.print(m, markup=False)  # noqa: E731
     inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes,
-                                       engine=eng, on_notice=lambda m: err.print(m, markup=False))
+                                       engine=eng, on_notice=notice, dspark=with_dspark)
+    downloads = Downloads(yes=yes, engine=eng, on_notice=notice)
+    others = tuple(_with_classic_draft(s, inputs.target, downloads, inputs.model_name) for s in others)
     budgets, auto_budget, adaptive = _budgets(budget)
     p_value, auto_p = parse_auto(p_min, "--p-min", float)
     for d in inputs.drafts:  # the first picks the draft's device, the others must agree with it
@@ -289,15 +316,16 @@ def bench(
         target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts, budgets=tuple(budgets), prompts=selected,
         reps=reps, rounds=rounds, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_value, synth_len=synth_len,  # type: ignore[arg-type]
         ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=extra_args,
-        upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name, scripted=inputs.scripted,
-        concurrency=tuple(concurrency or ()), placement=placement,
+        upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name,
+        scripted=inputs.scripted or bench_plan.scripted(inputs.target, [s.path for s in others if s.path]),
+        concurrency=tuple(concurrency or ()), placement=placement, specs=others,
     )
     cats = {p.category for p in selected}  # the tuning of the one category benched, else the overall one
     plan = _chosen_budgets(eng, plan, Want(budget=auto_budget, p_min=auto_p, adaptive=adaptive,
                                            category=next(iter(cats)) if len(cats) == 1 else None),
                            default=inputs.budget or DEFAULT_BUDGET)
     plan.validate()
-    hazard = hazards.slot_hazard(eng, drafting=bool(plan.drafts), parallel=max(plan.concurrency or (1,)))
+    hazard = hazards.slot_hazard(eng, drafting=bool(plan.drafts or plan.specs), parallel=max(plan.concurrency or (1,)))
     if hazard:
         err.print(f"dspark: warning: {hazard}", markup=False)
     if plan.synth_len is not None:

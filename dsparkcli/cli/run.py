@@ -10,7 +10,6 @@ import typer
 
 from dsparkcli import runner
 from dsparkcli.cli._common import (
-    SEED,
     ApiKeyFileOpt,
     ApiKeyOpt,
     AutoPMinOpt,
@@ -28,7 +27,9 @@ from dsparkcli.cli._common import (
     NglOpt,
     NoDraftOpt,
     RpcOpt,
+    SEED,
     SeedOpt,
+    SpecOpt,
     SplitModeOpt,
     TargetOpt,
     TensorSplitOpt,
@@ -42,7 +43,7 @@ from dsparkcli.cli._common import (
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
 from dsparkcli.images import load_image
-from dsparkcli.llama import protocol
+from dsparkcli.llama import protocol, speculation
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs
 
 HELP = """Answer a prompt (optionally about images) with DSpark speculative decoding.
@@ -99,6 +100,7 @@ def run(
     draft_key: DraftKeyOpt = None,
     budget: BudgetOpt = None,
     no_draft: NoDraftOpt = False,
+    spec: SpecOpt = None,
     p_min: AutoPMinOpt = None,
     category: CategoryOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 256,
@@ -143,7 +145,8 @@ def run(
 
     question = runner.Question(prompt, tuple(load_image(p) for p in images), system=system,
                                max_tokens=max_tokens, temp=temp, seed=seed)
-    pair = PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft)
+    pair = PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft,
+                    speculation=speculation.parse(spec) if spec else None)
     knobs = ServerKnobs(**knob_values(budget, p_min), ctx=ctx, threads=threads, ngl=ngl,
                         extra_args=passthrough_args(), api_key=api_key, category=category,
                         placement=placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device))

@@ -29,6 +29,7 @@ from dsparkcli.cli._common import (
     NglOpt,
     NoDraftOpt,
     RpcOpt,
+    SpecOpt,
     SplitModeOpt,
     TargetOpt,
     TensorSplitOpt,
@@ -44,7 +45,7 @@ from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import UsageError
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import engine as engine_mod
-from dsparkcli.llama import hazards
+from dsparkcli.llama import hazards, speculation
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.placement import is_loopback
 from dsparkcli.llama.supervise import DEFAULT_MAX_RESTARTS, Event, Supervisor
@@ -86,6 +87,7 @@ def serve(
     draft_key: DraftKeyOpt = None,
     budget: BudgetOpt = None,
     no_draft: NoDraftOpt = False,
+    spec: SpecOpt = None,
     p_min: AutoPMinOpt = None,
     category: CategoryOpt = None,
     ctx: CtxOpt = None,
@@ -116,7 +118,7 @@ def serve(
         raise UsageError(f"--engine must be llama or vllm (got {engine_name})")
     if engine_name == "vllm":
         llama_only = {"--target": target, "--draft": draft, "--mmproj": mmproj, "--draft-key": draft_key,
-                      "--no-draft": no_draft or None, "--p-min": p_min, "--ctx": ctx, "--threads": threads,
+                      "--no-draft": no_draft or None, "--spec": spec, "--p-min": p_min, "--ctx": ctx, "--threads": threads,
                       "--ngl": ngl, "--parallel": parallel if parallel != 1 else None, "--category": category,
                       "--rpc": rpc, "--split-mode": split_mode, "--tensor-split": tensor_split, "--main-gpu": main_gpu,
                       "--draft-device": draft_device, "--llama-bin": llama_bin}
@@ -142,7 +144,8 @@ def serve(
     kv = knob_values(budget, p_min)
     with download_progress(disable=json_out) as on_progress:
         cfg, files = prepare_server(
-            PairSpec(model=name, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
+            PairSpec(model=name, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft,
+                     speculation=speculation.parse(spec) if spec else None),
             ServerKnobs(**kv, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
                         parallel=parallel, host=host, port=port, api_key=api_key, category=category,
                         placement=placement),

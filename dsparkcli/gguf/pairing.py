@@ -210,6 +210,44 @@ def refuse_unloadable(checks: Sequence[PairCheck], tables: EngineTables, engine:
     raise EngineCapabilityError(f"the engine {engine} cannot load {what}", hint=how + (f"; {after}" if after else ""))
 
 
+def _tokenizer_checks(t: GGUFHeader, d: GGUFHeader) -> list[PairCheck]:
+    """The draft speaks the target's tokens: the same token strings (count and sha256), BOS and EOS.
+    A DSpark draft and a classic (draft-simple) draft model alike."""
+    draft_check = functools.partial(PairCheck, role="draft")
+    checks = []
+    tt, dt = t.get("tokenizer.ggml.tokens"), d.get("tokenizer.ggml.tokens")
+    if not isinstance(tt, GGUFArray) or not isinstance(dt, GGUFArray):
+        which = "target" if not isinstance(tt, GGUFArray) else "draft"
+        checks.append(draft_check("vocab", False, f"{which} has no tokenizer.ggml.tokens"))
+    elif tt.count != dt.count:
+        checks.append(draft_check("vocab", False, f"target has {tt.count} tokens, draft {dt.count}"))
+    elif tt.sha256 != dt.sha256:
+        checks.append(draft_check("vocab", False, f"same count ({tt.count}) but different token strings"
+                                  + _first_token_difference(tt, dt)))
+    else:
+        checks.append(draft_check("vocab", True, f"{tt.count} tokens, sha256 {tt.sha256[:12]} in both"))
+    for key, label in (("tokenizer.ggml.bos_token_id", "BOS"), ("tokenizer.ggml.eos_token_id", "EOS")):
+        tv, dv = int_of(t.get(key)), int_of(d.get(key))
+        checks.append(draft_check(label, tv == dv, f"target {tv if tv is not None else 'unset'}, "
+                                                   f"draft {dv if dv is not None else 'unset'}"))
+    return checks
+
+
+def check_classic_pair(target: str | os.PathLike[str] | GGUFHeader,
+                       draft: str | os.PathLike[str] | GGUFHeader) -> PairVerdict:
+    """Does this classic draft model (llama.cpp's draft-simple: a small model of the target's family) fit
+    this target? Both text models, and the same tokenizer (``_tokenizer_checks``, as for a DSpark draft)."""
+    t, d = open_header(target), open_header(draft)
+    checks = [PairCheck("target role", role_of(t) == "target", f"arch {printable(t.arch or '?', 40)}"
+                        + ("" if role_of(t) == "target" else " is not a text model"), role="target"),
+              PairCheck("draft role", role_of(d) == "target", f"arch {printable(d.arch or '?', 40)}"
+                        + ("" if role_of(d) == "target" else " is not a text model (draft-simple runs a "
+                           "small model of the target's family)"), role="draft")]
+    checks.extend(_tokenizer_checks(t, d))
+    reasons = tuple(f"{c.name}: {c.detail}" for c in checks if c.ok is False)
+    return PairVerdict(ok=not reasons, reasons=reasons, checks=tuple(checks), target=t.name, draft=d.name)
+
+
 def open_header(spec: str | os.PathLike[str] | GGUFHeader) -> GGUFHeader:
     """A local file's header (a header passes through: remote ``hf://`` files are read by ``hub.range``)."""
     if isinstance(spec, GGUFHeader):
@@ -247,21 +285,7 @@ def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.Path
                                   "does not fill t_layer_inp: llama.cpp cannot feed a DFlash/DSpark draft from it")))
         checks.append(draft_check("draft arch", d.arch == "dflash", f"{printable(d.arch or '?', 40)}"
                                   + ("" if d.arch == "dflash" else " (expected dflash)")))
-        tt, dt = t.get("tokenizer.ggml.tokens"), d.get("tokenizer.ggml.tokens")
-        if not isinstance(tt, GGUFArray) or not isinstance(dt, GGUFArray):
-            which = "target" if not isinstance(tt, GGUFArray) else "draft"
-            checks.append(draft_check("vocab", False, f"{which} has no tokenizer.ggml.tokens"))
-        elif tt.count != dt.count:
-            checks.append(draft_check("vocab", False, f"target has {tt.count} tokens, draft {dt.count}"))
-        elif tt.sha256 != dt.sha256:
-            checks.append(draft_check("vocab", False, f"same count ({tt.count}) but different token strings"
-                                      + _first_token_difference(tt, dt)))
-        else:
-            checks.append(draft_check("vocab", True, f"{tt.count} tokens, sha256 {tt.sha256[:12]} in both"))
-        for key, label in (("tokenizer.ggml.bos_token_id", "BOS"), ("tokenizer.ggml.eos_token_id", "EOS")):
-            tv, dv = int_of(t.get(key)), int_of(d.get(key))
-            checks.append(draft_check(label, tv == dv, f"target {tv if tv is not None else 'unset'}, "
-                                                       f"draft {dv if dv is not None else 'unset'}"))
+        checks.extend(_tokenizer_checks(t, d))
         d_embd = int_of(d.arch_key("embedding_length"))
         checks.append(draft_check("hidden size", t_embd is not None and t_embd == d_embd,
                                   f"target {t_embd}, draft {d_embd}"))

@@ -4,6 +4,7 @@ every command's start-up (cli/_common) checks the passthrough with it, without i
 from __future__ import annotations
 
 from dsparkcli.errors import UsageError
+from dsparkcli.llama.speculation import owned_flags as _spec_flags
 
 # llama-server flags that ServerConfig writes itself, and the dspark option that sets each. Given again in
 # extra_args (after `--` on the command line) llama-server would take the last one, and dspark's checks
@@ -18,7 +19,8 @@ OWNED_FLAGS: dict[str, str] = {
                      "--spec-draft-hf"), "--draft"),
     **dict.fromkeys(("-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--no-mmproj-auto"), "--mmproj"),
     **dict.fromkeys(("--api-key", "--api-key-file"), "--api-key-file or DSPARK_API_KEY"),
-    **dict.fromkeys(("--spec-type",), "--draft / --no-draft (dspark uses draft-dspark)"),
+    **dict.fromkeys(("--spec-type",), "--spec (dspark, ngram-mod, ngram-simple, draft-simple) or --no-draft"),
+    **_spec_flags(),  # the n-gram flags --spec sets: --spec ngram-mod:n_max=8
     **dict.fromkeys(("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max", "--spec-cost-table"), "--budget"),
     **dict.fromkeys(("--spec-draft-p-min", "--draft-p-min"), "--p-min"),
     **dict.fromkeys(("--spec-synth-len",), "--synth-len (dspark bench)"),

@@ -52,7 +52,8 @@ class ServerConfig:
     model: Path
     draft: Path | None = None
     mmproj: Path | None = None
-    spec_type: str | None = None  # defaults to draft-dspark when a draft is given
+    spec_type: str | None = None  # defaults to draft-dspark when a draft is given; draft-simple, ngram-mod, ...
+    spec_flags: tuple[tuple[str, int], ...] = ()  # the n-gram type's own flags (llama.speculation)
     n_max: int | str | None = None  # --spec-draft-n-max: a budget, or protocol.AUTO (needs cost_table)
     n_min: int | None = None  # --spec-draft-n-min
     p_min: float | None = None  # --spec-draft-p-min
@@ -78,8 +79,13 @@ class ServerConfig:
 
     def without_draft(self) -> ServerConfig:
         """The same server with no draft and none of the draft's settings: plain decoding."""
-        return replace(self, draft=None, spec_type=None, n_max=None, n_min=None, p_min=None, synth_len=None,
-                       synth_rates=None, cost_table=None, ngld=None)
+        return replace(self, draft=None, spec_type=None, spec_flags=(), n_max=None, n_min=None, p_min=None,
+                       synth_len=None, synth_rates=None, cost_table=None, ngld=None)
+
+    @property
+    def speculates(self) -> bool:
+        """Drafts of some kind: a draft model, or a speculation type without one (n-gram)."""
+        return self.draft is not None or self.spec_type is not None
 
     def env(self) -> dict[str, str]:
         """What the child gets in its environment besides the parent's: the API key (argv is public in `ps`)."""
@@ -106,6 +112,8 @@ class ServerConfig:
             args += ["-md", str(self.draft), "--spec-type", self.spec_type or "draft-dspark"]
         elif self.spec_type:
             args += ["--spec-type", self.spec_type]
+        for flag, number in self.spec_flags:
+            args += [flag, str(number)]
         for flag, value in (
             ("--spec-draft-n-max", self.n_max),
             ("--spec-draft-n-min", self.n_min),
