@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import os
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.cli import run_cli
-from support.registry import write_user_models
 
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.engine import Engine
+from support.cli import run_cli, run_cli_in_process
+from support.registry import write_user_models
 
 
 @pytest.fixture(scope="session")
@@ -19,9 +22,19 @@ def engine() -> Engine:
     return engine_mod.describe(engine_mod.resolve_engine())
 
 
+# the lanes whose CLI calls may start llama-server or time themselves: those get a real `dspark` process
+SUBPROCESS_LANES = {"engine", "timing"}
+
+
 @pytest.fixture
-def cli():
-    return run_cli
+def cli(request: pytest.FixtureRequest):
+    """``cli(*args, env=, timeout=, cwd=, input=)`` -> CompletedProcess: `dspark ARGS` as a user runs it. A test
+    that starts no engine runs it in this process (the same code, without a new interpreter each time); an
+    engine or timing test, or a call that sets an environment read at import, gets a subprocess."""
+    if os.environ.get("DSPARK_TEST_CLI") == "subprocess" or any(
+            m.name in SUBPROCESS_LANES for m in request.node.iter_markers()):
+        return run_cli
+    return run_cli_in_process
 
 
 @pytest.fixture
@@ -29,3 +42,81 @@ def user_models(tmp_path: Path) -> Callable[[str], Path]:
     """``user_models(TOML)`` writes the user's models.toml into ``<tmp>/cfg`` and returns that folder, for
     DSPARK_CONFIG_DIR: the one registry fixture (every test that adds pairs goes through it)."""
     return lambda toml: write_user_models(tmp_path / "cfg", toml)
+
+
+# Test lanes (issue 29; `make test-fast` runs none of these, `make test` runs all). Marked here from what a
+# test can be seen to use, so a new test lands in its lane without anyone remembering to mark it:
+# - engine: uses the `engine` fixture, or a fixture that depends on it (fixturenames is the closure);
+# - study: runs or imports the study kit in scripts/ (support.scripts.script, a "scripts/..." path);
+# - torch: its module imports torch, or its code names torch;
+# - timing: never automatic (a wall-clock bound is not visible in the code's names): marked by hand.
+# What detection cannot see is marked by hand: @pytest.mark.engine on a test whose CLI call starts
+# llama-server without the fixture. `make test-fast` runs with an empty DSPARK_ENGINE_DIR, so such a test
+# fails there instead of silently running the engine in the fast lane.
+
+
+def _functions_used(fn: Callable, module: types.ModuleType | None, seen: set) -> Iterator[Callable]:
+    """``fn`` and, transitively, the functions of the test's own module that its code calls by name."""
+    if fn in seen:
+        return
+    seen.add(fn)
+    yield fn
+    code = getattr(fn, "__code__", None)
+    if code is None or module is None:
+        return
+    for name in _code_names(code):
+        other = getattr(module, name, None)
+        if inspect.isfunction(other) and other.__module__ == module.__name__:
+            yield from _functions_used(other, module, seen)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # lambdas, comprehensions, nested functions
+            names |= _code_names(const)
+    return names
+
+
+def _code_strings(code: types.CodeType, doc: str | None) -> Iterator[str]:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_strings(const, None)
+        elif isinstance(const, str) and const is not doc:  # a docstring names a script without running it
+            yield const
+
+
+def _runs_scripts(fn: Callable) -> bool:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    if "script" in code.co_names:  # support.scripts.script("name")
+        return True
+    return any(s == "scripts" or s.startswith("scripts/") for s in _code_strings(code, fn.__doc__))
+
+
+def _lanes(item: pytest.Item) -> set[str]:
+    lanes = set()
+    if "engine" in getattr(item, "fixturenames", ()):
+        lanes.add("engine")
+    module = getattr(item, "module", None)
+    if module is not None and isinstance(getattr(module, "torch", None), types.ModuleType):
+        lanes.add("torch")
+    roots = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        roots += [d.func for d in defs if getattr(d.func, "__module__", "") == getattr(module, "__name__", None)]
+    seen: set = set()
+    for root in filter(None, roots):
+        for fn in _functions_used(root, module, seen):
+            if _runs_scripts(fn):
+                lanes.add("study")
+            if "torch" in _code_names(fn.__code__):
+                lanes.add("torch")
+    return lanes
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for lane in sorted(_lanes(item) - {m.name for m in item.iter_markers()}):
+            item.add_marker(getattr(pytest.mark, lane))

@@ -108,6 +108,7 @@ def _tokens_by_hand(data: bytes) -> list[bytes]:
     return out
 
 
+@pytest.mark.timing  # a wall-clock bound
 def test_real_262k_vocab_file_within_time_and_memory_bounds() -> None:
     """llama.cpp's own ggml-vocab-gemma-4.gguf: 262 144 tokens + scores + 514 906 merges, header only."""
     path = engine_mod.vendored_source() / "models" / "ggml-vocab-gemma-4.gguf"
@@ -145,6 +146,7 @@ def test_header_cap_is_enforced(draft: Path) -> None:
         gc.read_header(draft, limits=gc.Limits(max_header_bytes=4096))
 
 
+@pytest.mark.timing  # a wall-clock bound
 def test_census_of_a_20_gb_sparse_file_under_one_second(tmp_path: Path) -> None:
     path = write_sparse(tmp_path / "sparse-20g.gguf", 20 * 10**9)
     assert path.stat().st_size == 20 * 10**9 and path.stat().st_blocks * 512 < 1 << 20  # really a hole

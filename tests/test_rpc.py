@@ -174,6 +174,7 @@ def test_split_row_over_rpc_is_refused(cli, engine, pair, workers):
     assert proc.stderr.strip().splitlines()[-1].startswith("dspark: error: --split-mode row splits weight rows")
 
 
+@pytest.mark.timing  # a wall-clock bound
 def test_worker_killed_mid_request_is_one_line_no_hang_no_orphan(engine, pair, tmp_path):
     """Two `dspark rpc-worker` processes and a long `dspark run`; SIGKILL one worker while tokens stream."""
     env = {**os.environ, "DSPARK_LLAMA_BIN": str(engine.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache")}

@@ -237,6 +237,7 @@ def test_run_server_refuses_what_only_a_start_can_use(cli, given, named):
                           "http://127.0.0.1:9"), msg
 
 
+@pytest.mark.timing  # compares the fastest runs of two clients
 def test_dspark_adds_no_measurable_overhead(engine, vpair):
     """Same server, same request, interleaved: dspark's streaming path vs a bare HTTP client.
 

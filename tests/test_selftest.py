@@ -23,6 +23,7 @@ def wrong_budget_bin(tmp_path_factory, engine):
     return d
 
 
+@pytest.mark.timing  # a wall-clock bound
 def test_selftest_passes_on_the_engine(engine):
     seen = []
     t0 = time.monotonic()

@@ -108,6 +108,7 @@ def test_a_second_serve_on_a_busy_port_keeps_the_first_log(engine, pair):
 STOP_BOUND_S = 3.0  # llama-server's SIGKILL comes after STOP_GRACE_S (1 s); it took 5.1 s (the old 5 s grace)
 
 
+@pytest.mark.timing  # a wall-clock bound
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_serve_normally_and_fast_with_streams_in_flight(engine, pair, sig):
     """Ctrl-C / SIGTERM is how serve ends: "stopped", exit 0, within ~1 s although two streams fill both

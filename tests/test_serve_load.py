@@ -156,6 +156,7 @@ def _hang_ups(url: str, stop: threading.Event, count: list[int]) -> None:
         count[0] += 1
 
 
+@pytest.mark.timing  # a wall-clock bound
 def test_concurrent_load_answers_every_request_exactly(served, answers):
     pid = served.server_pid()
     idle_kib = _rss_kib(pid)
@@ -265,6 +266,7 @@ def test_sigterm_stops_serve_and_every_server(served, pair):
 # ------------------------------------------------------------------ supervision limits
 
 
+@pytest.mark.timing  # a wall-clock bound
 def test_restarts_that_keep_failing_end_serve_in_one_line(engine, tmp_path):
     """The target disappears, then llama-server dies: each restart fails (file missing), and after
     --max-restarts 2 serve gives up with exit 4 and the cause; nothing is left running."""

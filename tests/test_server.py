@@ -142,6 +142,7 @@ def test_port_in_use_is_typed(engine, pair, tmp_path):
     assert info.value.kind == "port"
 
 
+@pytest.mark.timing  # a wall-clock bound
 def test_stop_escalates_to_sigkill_when_sigterm_hangs(engine, pair, tmp_path):
     """llama-server hangs on SIGTERM during a non-streaming request: stop() must still end it."""
     import threading

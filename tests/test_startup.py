@@ -47,6 +47,7 @@ CASES = [(("--version",), 8), (("--help",), 18)] + [
 ]
 
 
+@pytest.mark.timing  # a CPU-time bound, 2-3 s a case of repeated start-ups
 @pytest.mark.parametrize(("argv", "ratio"), CASES, ids=[" ".join(a) for a, _ in CASES])
 def test_start_up_is_a_small_multiple_of_python_itself(argv, ratio, python_pass):
     took = _cpu_seconds("-m", "dsparkcli.cli.app", *argv)
@@ -81,6 +82,7 @@ WALL_RUNS = 7
 WALL_RATIOS = {("--version",): 0.10 / 0.03, ("--help",): 0.25 / 0.03}
 
 
+@pytest.mark.timing  # a wall-clock bound
 def test_version_and_help_wall_time_is_a_small_multiple_of_python_itself():
     dspark = Path(sys.executable).with_name("dspark")  # the console script, as users start it (pyproject)
     argvs = {"pass": [sys.executable, "-c", "pass"], **{a: [str(dspark), *a] for a in WALL_RATIOS}}

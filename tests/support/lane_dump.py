@@ -1,0 +1,11 @@
+"""A pytest plugin (``-p support.lane_dump``) that prints each collected test's lanes: ``LANE <id> <a,b>``."""
+
+from __future__ import annotations
+
+LANES = ("engine", "study", "torch", "timing")
+
+
+def pytest_collection_finish(session) -> None:
+    for item in session.items:
+        marks = sorted({m.name for m in item.iter_markers()} & set(LANES))
+        print("LANE", item.nodeid, ",".join(marks) or "-")
