@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dsparkcli import config
 from dsparkcli.llama import patches as patches_mod
+from dsparkcli.llama.building import build_lock, run_steps
 from dsparkcli.errors import EngineBuildError, EngineCapabilityError, EngineNotFoundError, UsageError
 
 SDIST_PACKAGE = "llama-cpp-python"
@@ -368,9 +369,6 @@ def source_commit(source: Path) -> str:
     return "src" + hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
 
 
-_PCT_RE = re.compile(r"^\[\s*(\d+)%\]")
-
-
 def build_targets(rpc: bool) -> tuple[str, ...]:
     return BUILD_TARGETS + ((RPC_SERVER,) if rpc else ())
 
@@ -464,58 +462,27 @@ def build_engine(
     marker = root / "engine.json"
     bin_dir = root / "build" / "bin"
     targets = build_targets(rpc)
-    if marker.is_file() and not force and all((bin_dir / t).is_file() for t in ("llama-server", *targets[len(BUILD_TARGETS):])):
-        record = BuildRecord(**json.loads(marker.read_text()))
-        if record.source_dir == str(source) and record.patch_hash == patch_hash:
-            return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
-    root.mkdir(parents=True, exist_ok=True)
-    marker.unlink(missing_ok=True)
-    build_source = source
-    if series:
-        if on_progress:
-            on_progress(-1.0, f"applying {len(series)} dspark patches to a copy of {source}")
-        build_source = patches_mod.patched_copy(source, root / "src", series)
-    jobs = jobs or os.cpu_count() or 2
-    log_path = root / "build.log"
-    started = time.monotonic()
-    steps = [
-        cmake_configure_args(build_source, root / "build", backend, cuda_arch, cpu_arch, rpc,
-                             commit=commit if series else ""),
-        ["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(jobs), "--target", *targets],
-    ]
-    with open(log_path, "w", encoding="utf-8") as log:
-        for i, cmd in enumerate(steps):
-            log.write("$ " + " ".join(cmd) + "\n")
-            log.flush()
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    errors="replace", stdin=subprocess.DEVNULL)
-            try:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    log.write(line)
-                    m = _PCT_RE.match(line) or re.match(r"^\[(\d+)/(\d+)\]", line)
-                    if on_progress:
-                        if m and m.lastindex == 2:
-                            pct = 100.0 * int(m.group(1)) / max(1, int(m.group(2)))
-                        elif m:
-                            pct = float(m.group(1))
-                        else:
-                            pct = -1.0
-                        on_progress(pct if i == 1 else -1.0, line.rstrip())
-                rc = proc.wait()
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-            if rc != 0:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:]
-                raise EngineBuildError(f"{'configure' if i == 0 else 'build'} failed (rc {rc}): {tail[0] if tail else ''}",
-                                       hint=f"full log: {log_path}")
-    record = BuildRecord(commit=commit, backend=backend, cuda_arch=cuda_arch if backend == "cuda" else "",
-                         source_dir=str(source), bin_dir=str(bin_dir), targets=list(targets),
-                         build_seconds=round(time.monotonic() - started, 1),
-                         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu_arch=cpu_arch, rpc=rpc,
-                         patches=[p.name for p in series], patch_hash=patch_hash,
-                         build_source=str(build_source) if series else "")
-    marker.write_text(json.dumps(asdict(record), indent=2))
-    return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False
+    with build_lock(root, on_progress):  # another build of this engine: wait for it, then reuse it
+        if marker.is_file() and not force and all((bin_dir / t).is_file() for t in ("llama-server", *targets[len(BUILD_TARGETS):])):
+            record = BuildRecord(**json.loads(marker.read_text()))
+            if record.source_dir == str(source) and record.patch_hash == patch_hash:
+                return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
+        marker.unlink(missing_ok=True)
+        build_source = source
+        if series:
+            if on_progress:
+                on_progress(-1.0, f"applying {len(series)} dspark patches to a copy of {source}")
+            build_source = patches_mod.patched_copy(source, root / "src", series)
+        started = time.monotonic()
+        run_steps([cmake_configure_args(build_source, root / "build", backend, cuda_arch, cpu_arch, rpc,
+                                        commit=commit if series else ""),
+                   ["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(jobs or os.cpu_count() or 2),
+                    "--target", *targets]], root / "build.log", on_progress)
+        record = BuildRecord(commit=commit, backend=backend, cuda_arch=cuda_arch if backend == "cuda" else "",
+                             source_dir=str(source), bin_dir=str(bin_dir), targets=list(targets),
+                             build_seconds=round(time.monotonic() - started, 1),
+                             built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu_arch=cpu_arch, rpc=rpc,
+                             patches=[p.name for p in series], patch_hash=patch_hash,
+                             build_source=str(build_source) if series else "")
+        marker.write_text(json.dumps(asdict(record), indent=2))
+        return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False
