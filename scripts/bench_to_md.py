@@ -185,7 +185,7 @@ def per_token_cost(runs: dict[str, Run], n_values: list[str]) -> tuple[float | N
     cost = cost_cells(runs)
     xs, ys = [], []
     for n in n_values:
-        for run, c in cells(runs, n).values():
+        for _run, c in cells(runs, n).values():
             s = c["by_n_predict"][n]
             tau, step = s.get("mean_len", {}).get("median"), s["t_step_ms"]["median"]
             if c["budget"] in cost and tau and step:

@@ -33,7 +33,7 @@ def record_md(rec: TuningRecord, source: str) -> str:
         mean = acc[cat].counters.mean_length if cat in acc and acc[cat].counters.mean_length else None
         best = ranked(rec.predictions, cat)
         pick = ch.candidate.label if ch.candidate else "plain"
-        for i, (vc, lb, m) in enumerate([v for v in rec.verified if v[0] == cat] or [(cat, "–", None)]):
+        for i, (_vc, lb, m) in enumerate([v for v in rec.verified if v[0] == cat] or [(cat, "–", None)]):
             p = preds.get((cat, lb))
             lines.append(f"| {cat if i == 0 else ''} | {f'{mean:.2f}' if mean and i == 0 else ''} | "
                          f"{f'{best[0].candidate.label} {best[0].speedup:.2f}×' if best and i == 0 else ''} | {lb} | "

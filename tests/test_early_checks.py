@@ -33,6 +33,7 @@ def test_empty_prompt_is_refused_before_loading(cli, pair):
     assert "loading" not in proc.stderr
 
 
+@pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_context_above_the_trained_one_is_refused(cli, pair):
     trained = summarize(open_header(pair.target)).context
     assert trained
@@ -41,6 +42,7 @@ def test_context_above_the_trained_one_is_refused(cli, pair):
     assert f"--ctx {trained * 2} is above the target's trained context {trained}" in _error(proc)
 
 
+@pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_budget_above_the_draft_block_is_refused(cli, pair):
     proc = _run(cli, pair, "--budget", "9", "hi")
     assert proc.returncode == 2 and "--budget 9 is above what the draft proposes per step: at most 8" in _error(proc)

@@ -329,6 +329,7 @@ def test_fp4_advice_before_download_names_the_files_to_use_instead(hub, tmp_path
 # ------------------------------------------------------------------ doctor
 
 
+@pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_doctor_shows_counts_and_json_lists(tmp_path):
     r = run_cli("doctor", env={"DSPARK_CONFIG_DIR": str(tmp_path / "cfg")})
     assert r.returncode == 0, r.stderr

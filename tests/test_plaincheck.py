@@ -44,6 +44,7 @@ def test_first_divergence_is_found_byte_by_byte() -> None:
     assert blind == "differs from plain decoding (the server gave no per-token detail): plain 'abc', drafted 'abd'"
 
 
+@pytest.mark.engine  # starts llama-server through the CLI, without the engine fixture
 def test_run_compare_says_identical_for_the_known_answer_pair(cli, vpair) -> None:
     args = ["run", str(vpair.image), "What is in this image?", "--target", str(vpair.target), "--draft",
             str(vpair.draft), "--mmproj", str(vpair.mmproj), "--max-tokens", "24", "-t", "2", "--ctx", "1024",

@@ -162,12 +162,12 @@ def test_pypi_and_packaged_files_must_pin_size_and_sha256(tmp_path: Path) -> Non
 pypi = "pkg==1.0"
 member = "pkg/t.gguf"
 size = 10
-sha256 = "%s"
+sha256 = "{}"
 [pairs.p.drafts.d]
 packaged = "drafts/d.gguf"
 size = 5
-sha256 = "%s"
-''' % ("a" * 64, "b" * 64)
+sha256 = "{}"
+'''.format("a" * 64, "b" * 64)
     f = tmp_path / "m.toml"
     f.write_text(good)
     _, pairs = parse_models_file(f)

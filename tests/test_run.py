@@ -122,6 +122,7 @@ def test_bad_image_is_one_line(cli, vpair, tmp_path):
     assert "not a readable image" in msg and str(bad) in msg
 
 
+@pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_missing_image_and_missing_model(cli, vpair, tmp_path):
     assert "image not found" in _one_line_error(cli("run", str(tmp_path / "x.png"), "hi", "--target", str(vpair.target)), 2)
     assert "target model not found" in _one_line_error(cli("run", "hi", "--target", str(tmp_path / "t.gguf")), 2)
@@ -134,6 +135,7 @@ def test_image_without_mmproj_is_refused(cli, vpair):
     assert "--mmproj" in msg
 
 
+@pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_wrong_pair_is_refused_before_launch(cli, vpair, tmp_path):
     other = synth.write_pair(tmp_path / "other", vocab=96, seed=2)
     proc = cli("run", "hi", "--target", str(vpair.target), "--draft", str(other.draft), "-t", "2")
@@ -142,6 +144,7 @@ def test_wrong_pair_is_refused_before_launch(cli, vpair, tmp_path):
     assert "GGML_ASSERT" not in proc.stderr
 
 
+@pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_wrong_mmproj_is_named_as_the_mmproj(cli, vpair, tmp_path):
     """The draft fits; the projector does not: the one line names the mmproj file and the widths, not the draft."""
     other = synth.write_pair(tmp_path / "other", vocab=200, vision=True, seed=2)  # n_embd 256, not 128
@@ -214,6 +217,7 @@ def test_serve_refuses_exposed_host_without_key(cli, vpair):
     assert "--api-key" in msg
 
 
+@pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_serve_port_in_use_is_one_line(cli, vpair):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -60,6 +60,7 @@ def test_selftest_fails_when_the_engine_drafts_differently(engine, wrong_budget_
     assert "drafts_total" in result.checks[3].detail
 
 
+@pytest.mark.engine  # starts llama-server through the CLI, without the engine fixture
 def test_doctor_selftest_cli_pass(cli):
     proc = cli("doctor", "--selftest", timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -69,6 +70,7 @@ def test_doctor_selftest_cli_pass(cli):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.engine  # starts llama-server through the CLI, without the engine fixture
 def test_doctor_selftest_cli_json(cli):
     proc = cli("doctor", "--selftest", "--json", timeout=120)
     assert proc.returncode == 0, proc.stderr
