@@ -5,6 +5,7 @@ check (the tokenizer comparison DSpark drafts get)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -158,3 +159,26 @@ def test_run_refuses_dspark_options_with_another_spec(cli, engine, targets, args
     r = cli("run", "--target", str(targets["target"]), *args, "--llama-bin", str(engine.bin_dir), "hello")
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[0] == line
+
+
+def test_run_spec_ngram_mod_drafts_past_the_old_cap(cli, engine, tmp_path) -> None:
+    """dspark run --spec ngram-mod on a known-answer target: the answer repeats its 128-token cycle, so from
+    the second cycle on every step drafts ngram-mod's own n_max (8), not the 3 the old patch 0001 allowed."""
+    pair = synth.write_pair(tmp_path / "p", accept_rate=1.0, seed=7)
+    r = cli("run", "--target", str(pair.target), "--spec", "ngram-mod:n_max=8,n_min=2", "-n", "200", "-t", "1",
+            "--json", "--llama-bin", str(engine.bin_dir), "hello")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    argv = d["server_argv"]
+    i = argv.index("--spec-type")
+    assert argv[i:i + 6] == ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "8", "--spec-ngram-mod-n-min", "2"]
+    assert "-md" not in argv
+    assert (d["drafted"], d["accepted"], d["steps"]) == (43, 43, 6)
+    assert d["mean_acceptance_length"] > 4  # 1 + 43 / 6: more than 1 + the old cap of 3
+
+
+def test_serve_prints_draft_simple_with_its_classic_draft(cli, engine, targets) -> None:
+    r = cli("serve", "--target", str(targets["target"]), "--spec", f"draft-simple:{targets['same']}",
+            "--budget", "3", "--print", "--llama-bin", str(engine.bin_dir))
+    assert r.returncode == 0, r.stderr
+    assert f"-md {targets['same']} --spec-type draft-simple --spec-draft-n-max 3 --metrics" in r.stdout
