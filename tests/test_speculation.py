@@ -182,3 +182,12 @@ def test_serve_prints_draft_simple_with_its_classic_draft(cli, engine, targets) 
             "--budget", "3", "--print", "--llama-bin", str(engine.bin_dir))
     assert r.returncode == 0, r.stderr
     assert f"-md {targets['same']} --spec-type draft-simple --spec-draft-n-max 3 --metrics" in r.stdout
+
+
+def test_a_long_per_position_list_is_cut_after_its_last_acceptance() -> None:
+    """ngram-mod's 64 positions made every table row 10 lines tall: past 8, the trailing zeros are counted."""
+    from dsparkcli.bench.report import _per_pos
+
+    assert _per_pos({"acceptance_per_pos": [1.0] * 3 + [0.0] * 61}) == "100 100 100 0 0 0 0 0 +56x0"
+    assert _per_pos({"acceptance_per_pos": [1.0] * 10 + [0.0] * 54}) == " ".join(["100"] * 10) + " +54x0"
+    assert _per_pos({"acceptance_per_pos": [0.86, 0.78, 0.0]}) == "86 78 0"  # a DSpark budget's: all shown

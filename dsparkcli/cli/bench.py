@@ -67,6 +67,11 @@ length, per-position acceptance, prompts identical to plain (first divergent tok
 upstream acceptance length. Every record, with provenance, goes to a JSONL file (--out). A draft
 configuration that drafts nothing is an error. Arguments after `--` go to llama-server.
 
+--spec adds what a user would pick instead to the same table: ngram-mod / ngram-simple (llama.cpp's
+n-gram speculation at its own limits; an n-gram row that drafts nothing is not an error) and
+draft-simple[:MODEL] (a classic draft model with the target's tokenizer, at every --budget). The DSpark
+drafts run too when --spec lists dspark or a --draft is given.
+
 --concurrency 1 2 4 8: for every N, plain and every draft x budget on llama-server -np N (--ctx
 per client), N clients streaming the kit at once, each from its own starting prompt. Reports per
 configuration and N: aggregate tok/s (median over reps, min-max), per-request decode tok/s, time to
