@@ -29,7 +29,9 @@ def _one_error_line(proc) -> str:
     (["run", "--target", "absent.gguf", "hi", "--", "-md", "other.gguf"], "-md", "--draft"),
     (["run", "--target", "absent.gguf", "hi", "--", "--spec-draft-n-max=9"], "--spec-draft-n-max", "--budget"),
     (["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "-c", "99999"], "-c", "--ctx"),
-    (["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "--spec-type", "none"], "--spec-type", "--draft"),
+    (["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "--spec-type", "none"], "--spec-type", "--spec (dspark, ngram-mod"),
+    (["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "--spec-ngram-mod-n-max", "8"],
+     "--spec-ngram-mod-n-max", "--spec ngram-mod:n_max=N"),
 ])
 def test_flags_dspark_owns_are_refused_after_double_dash(cli, argv, flag, option):
     proc = cli(*argv, timeout=60)
