@@ -198,8 +198,8 @@ def test_serve_then_run_against_it(engine, vpair, expected, tmp_path):
         shown = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "run", str(vpair.image), PROMPT,
                                 "--server", info["url"], "--max-tokens", str(N)], capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and shown.stdout.strip() == expected.text, shown.stderr
-        stats = shown.stderr.strip().splitlines()[-1]  # llama-server reports no budget: said so, not "?"
-        assert f"| budget set by the server | drafted {expected.draft_n} | accepted {expected.draft_n_accepted} " in stats
+        stats = shown.stderr.strip().splitlines()[-1]  # run asks the server its budget first and names it
+        assert f"| budget {info['budget']} | drafted {expected.draft_n} | accepted {expected.draft_n_accepted} " in stats
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=20) == 0  # the normal end of serve
     finally:

@@ -221,9 +221,6 @@ class BenchPlan:
             raise UsageError("bench needs at least one draft (--draft or --model) or --spec")
         elif self.model_drafts and not self.budgets and self.cost_table is None and not self.auto_without_draft and not self.auto_per_category:
             raise UsageError("bench needs at least one --budget")
-        names = [a.name for a in self.arms()]
-        if len(set(names)) != len(names):
-            raise UsageError(f"two configurations share the name '{next(n for n in names if names.count(n) > 1)}'")
         if any(b < 1 for b in self.budgets):
             raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")
         if len(set(self.budgets)) != len(self.budgets):
@@ -231,6 +228,10 @@ class BenchPlan:
         labels = [d.label for d in self.drafts]
         if len(set(labels)) != len(labels):
             raise UsageError(f"two drafts share the label '{next(lb for lb in labels if labels.count(lb) > 1)}'")
+        # the specific causes above first; what is left is two --spec values of one name
+        names = [a.name for a in self.arms()]
+        if len(set(names)) != len(names):
+            raise UsageError(f"two configurations share the name '{next(n for n in names if names.count(n) > 1)}'")
         if any(c < 1 for c in self.concurrency):
             raise UsageError(f"--concurrency values must be >= 1 (got {', '.join(map(str, self.concurrency))})")
         if len(set(self.concurrency)) != len(self.concurrency):

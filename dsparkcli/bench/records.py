@@ -1,7 +1,6 @@
 """The JSONL records of `dspark bench`, typed: one frozen class per record kind, each with
 ``to_record`` (the exact JSON object written, schema unchanged) and ``from_record`` (tolerant of the
-fields older or hand-made records lack). Plus the line-per-record file I/O that bench and the GPU
-sweep script share.
+fields older or hand-made records lack). The line-per-record file I/O is bench/jsonl.py.
 
 Kinds (field ``record``): ``prompt``, ``request``, ``counters``, ``summary``, ``overhead``; a run with
 ``--concurrency`` writes ``pass`` and ``load_summary`` instead of ``summary``, and its request and
@@ -11,12 +10,9 @@ carries ``run_id`` and ``provenance``, which the writer adds.
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from dsparkcli.llama.protocol import SpecCounters
 
@@ -451,66 +447,7 @@ def measured(records: Sequence[Mapping[str, Any]]) -> tuple[list[RequestRecord],
     return requests, counters
 
 
-# ------------------------------------------------------------------ JSONL files
+# the line-per-record files (kept importable from here: bench, the scripts and the tests read them so)
+from dsparkcli.bench.jsonl import JsonlSink, dumps, iter_jsonl, read_jsonl  # noqa: E402
 
-
-def dumps(rec: Mapping[str, Any], *, compact: bool = True) -> str:
-    return json.dumps(rec, separators=(",", ":")) if compact else json.dumps(rec)
-
-
-class JsonlSink:
-    """Appends one JSON line per record and flushes it: an interrupted run keeps every finished line.
-
-    ``mirrors``: more files that get every line too; ``fsync``: survive the machine going away, not
-    only the process.
-    """
-
-    def __init__(self, path: Path | TextIO, *, mirrors: Sequence[Path] = (), compact: bool = True,
-                 fsync: bool = False) -> None:
-        self.fhs: list[TextIO] = []
-        self._owned: list[TextIO] = []
-        for p in [path, *mirrors]:
-            if isinstance(p, Path):
-                p.parent.mkdir(parents=True, exist_ok=True)
-                fh = open(p, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
-                self._owned.append(fh)
-            else:
-                fh = p
-            self.fhs.append(fh)
-        self.compact, self.fsync = compact, fsync
-
-    def write(self, rec: Mapping[str, Any]) -> None:
-        line = dumps(rec, compact=self.compact) + "\n"
-        for fh in self.fhs:
-            fh.write(line)
-            fh.flush()
-            if self.fsync:
-                os.fsync(fh.fileno())
-
-    def close(self) -> None:
-        for fh in self._owned:
-            fh.close()
-
-
-def iter_jsonl(path: Path, on_bad_line: Callable[[int, str], None] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) of every non-empty line. A line that is not JSON raises, unless
-    ``on_bad_line(lineno, line)`` is given (a file cut mid-line by a killed run)."""
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            if on_bad_line is None:
-                raise
-            on_bad_line(n, line)
-            continue
-        yield n, rec
-
-
-def read_jsonl(path: Path, run_id: str | None = None) -> list[dict[str, Any]]:
-    """Records of one run (the last one in the file when ``run_id`` is None)."""
-    records = [rec for _, rec in iter_jsonl(path)]
-    if run_id is None and records:
-        run_id = records[-1].get("run_id")
-    return [r for r in records if r.get("run_id") == run_id]
+__all__ = ["JsonlSink", "dumps", "iter_jsonl", "read_jsonl"]
