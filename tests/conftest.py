@@ -16,6 +16,15 @@ from support.cli import run_cli, run_cli_in_process
 from support.registry import write_user_models
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Tests isolate dspark's cache with DSPARK_CACHE_DIR, which roots the engine builds too; an engine dir set
+    # apart (DSPARK_ENGINE_DIR) would survive that isolation, and a test that builds into its own cache would
+    # build into (and overwrite the record of) the user's engine instead. It happened here once.
+    if os.environ.get("DSPARK_ENGINE_DIR"):
+        pytest.exit("unset DSPARK_ENGINE_DIR to run the tests: they isolate the engine through DSPARK_CACHE_DIR "
+                    "(`make test` builds or reuses the engine under the default cache)", returncode=2)
+
+
 @pytest.fixture(scope="session")
 def engine() -> Engine:
     """The real llama-server build. A missing engine is a failure, not a skip: `make test` builds it."""
