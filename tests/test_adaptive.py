@@ -342,7 +342,13 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
     assert proc.returncode == 0, proc.stderr
     assert f"adaptive budget: llama.cpp picks 0..8 per step from tuning {doc['key_id']}'s step costs" in proc.stderr
     result = json.loads(proc.stdout)
-    assert result["budget"] == protocol.AUTO and result["timings"]["draft_budget_steps"] > 0
+    # what run does follows from the measured table: the draft where some k can pay at full acceptance,
+    # none otherwise (on a loaded 2-core machine tune's step costs sometimes say so, for this pair too)
+    k, best = budget.best_case(budget.parse_cost_table(table.read_text()))
+    if best > 1.0:
+        assert result["budget"] == protocol.AUTO and result["timings"]["draft_budget_steps"] > 0
+    else:
+        assert result["budget"] is None and "no draft can pay even with every token accepted" in proc.stderr
     proc = cli("run", *files, "hello there", "-n", "8", "--threads", "2", "--ctx", "1024", "--budget", "adaptive",
                "--json", env=env)  # another -t: no cost table for it, so the default budget, the setting named
     assert proc.returncode == 0 and json.loads(proc.stdout)["budget"] == 5
