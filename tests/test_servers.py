@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.logs import request_log
+from support.scripts import run_script
 
 from dsparkcli.bench import tuning
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
@@ -192,17 +193,10 @@ def test_a_hybrid_target_rolls_back_alike_on_a_shared_server(engine, hybrid, tmp
 
 def test_the_shared_step_cost_script_runs_here(engine, tmp_path):
     """scripts/shared_step_cost.py, the H200 measurement of patch 0004 on and off, on the CPU engine."""
-    import subprocess
-    import sys
-
-    from support.cli import REPO
-
     out = tmp_path / "ssc"
-    proc = subprocess.run([sys.executable, "scripts/shared_step_cost.py", "--out", str(out), "--budgets", "1", "3",
-                           "--reps", "1", "--n-predict", "12", "--threads", "1", "--copy-all"], cwd=REPO,
-                          env={**os.environ, "DSPARK_CACHE_DIR": str(tmp_path / "cache"), "DSPARK_LLAMA_BIN": str(engine.bin_dir),
-                               "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+    proc = run_script("shared_step_cost", "--out", str(out), "--budgets", "1", "3",
+                      "--reps", "1", "--n-predict", "12", "--threads", "1", "--copy-all",
+                      engine_dir=engine.bin_dir, cache=tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "shared-step-cost.json").read_text())
     assert [(r["config"], r["copy_all_snapshots"]) for r in doc["rows"]] == [
@@ -214,19 +208,12 @@ def test_the_step_switches_script_runs_every_switch_set_here(engine, tmp_path):
     """scripts/step_switches.py, the H200 measurement of patches 0006/0007 on and off, on the CPU engine:
     every switch set runs the same cost cells, the speedup leg runs patched and stock only, and each run's
     records carry its switch set in the run id."""
-    import subprocess
-    import sys
-
-    from support.cli import REPO
-
     out = tmp_path / "sw"
-    proc = subprocess.run([sys.executable, "scripts/step_switches.py", "--out", str(out), "--budgets", "1", "3",
-                           "--patches", "0006", "0007", "--alone", "0006", "0007",
-                           "--reps", "1", "--n-predict", "8", "--threads", "1", "--lengths", "3.5",
-                           "--speedup-n-predict", "8", "--rounds", "2"], cwd=REPO,
-                          env={**os.environ, "DSPARK_CACHE_DIR": str(tmp_path / "cache"), "DSPARK_LLAMA_BIN": str(engine.bin_dir),
-                               "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+    proc = run_script("step_switches", "--out", str(out), "--budgets", "1", "3",
+                      "--patches", "0006", "0007", "--alone", "0006", "0007",
+                      "--reps", "1", "--n-predict", "8", "--threads", "1", "--lengths", "3.5",
+                      "--speedup-n-predict", "8", "--rounds", "2",
+                      engine_dir=engine.bin_dir, cache=tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "step-switches.json").read_text())
     assert doc["switch_sets"] == {"patched": {}, "stock": {"DSPARK_STOCK_MMVF": "1", "DSPARK_STOCK_ARGMAX": "1"},
@@ -248,19 +235,12 @@ def test_step_switches_on_a_real_pair_with_no_graphs_beside_and_graph_counters(e
     """Issue 32's H200 run on the CPU engine: a pair given as files, a patch on and off and the no-graphs set,
     one bench run per arm with --graph-stats (the CPU engine has no CUDA graphs to count: the counter lines
     themselves are tested in tests/test_cuda_graph_counts.py)."""
-    import subprocess
-    import sys
-
-    from support.cli import REPO
-
     target, draft = pair.target, pair.draft
     out = tmp_path / "sw"
-    proc = subprocess.run([sys.executable, "scripts/step_switches.py", "--out", str(out), "--budgets", "1", "3",
-                           "--target", str(target), "--draft", str(draft), "--patches", "0006", "--no-graphs",
-                           "--graph-stats", "--reps", "1", "--n-predict", "8", "--threads", "1"], cwd=REPO,
-                          env={**os.environ, "DSPARK_CACHE_DIR": str(tmp_path / "cache"), "DSPARK_LLAMA_BIN": str(engine.bin_dir),
-                               "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+    proc = run_script("step_switches", "--out", str(out), "--budgets", "1", "3",
+                      "--target", str(target), "--draft", str(draft), "--patches", "0006", "--no-graphs",
+                      "--graph-stats", "--reps", "1", "--n-predict", "8", "--threads", "1",
+                      engine_dir=engine.bin_dir, cache=tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "step-switches.json").read_text())
     assert doc["switch_sets"] == {"patched": {}, "stock": {"DSPARK_STOCK_MMVF": "1"},
