@@ -365,7 +365,10 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
     assert adaptive["budget"] == 8 and adaptive["identical"] == adaptive["prompts"]
     argv = next(r["server_argv"] for r in map(json.loads, out.read_text().splitlines())
                 if r["record"] == "request" and r["config"] == "draft-dspark@adaptive")
-    assert argv[argv.index("--spec-draft-n-max") + 1] == "auto" and "--spec-cost-table" in argv
+    if best > 1.0:
+        assert argv[argv.index("--spec-draft-n-max") + 1] == "auto" and "--spec-cost-table" in argv
+    else:  # the same table run and bench read: the arm's server runs without the draft, as run's did
+        assert "--spec-draft-n-max" not in argv and "--spec-cost-table" not in argv and "-md" not in argv
 
     # serve --budget adaptive: every request picks its own budget per step; a client can ask for "auto" too
     with socket.socket() as s:
@@ -388,9 +391,12 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
     rc, stdout, stderr, asked = interrupt_when(["serve", *files, *common, "--budget", "adaptive", "--port", str(port),
                                                 "--json"], healthy, env=env, before=ask)
     assert rc == 0, stderr
-    assert json.loads(stdout)["budget"] == protocol.AUTO and "adaptive budget: llama.cpp picks 0..8" in stderr
-    assert asked.returncode == 0, asked.stderr
-    assert json.loads(asked.stdout)["timings"]["draft_budget_steps"] > 0
+    assert "adaptive budget: llama.cpp picks 0..8" in stderr and asked.returncode == 0, asked.stderr
+    if best > 1.0:
+        assert json.loads(stdout)["budget"] == protocol.AUTO
+        assert json.loads(asked.stdout)["timings"]["draft_budget_steps"] > 0
+    else:
+        assert json.loads(stdout)["budget"] is None and "no draft can pay" in stderr
 
 
 def test_the_real_pair_script_runs_here(patched, tmp_path):
