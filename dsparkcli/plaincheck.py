@@ -50,7 +50,9 @@ class PlainComparison:
 
     def message(self) -> str:
         if self.identical:
-            return f"identical to plain decoding ({self.plain_tokens} tokens, plain {self.plain_decode_tok_s:.1f} tok/s)"
+            return (
+                f"identical to plain decoding ({self.plain_tokens} tokens, plain {self.plain_decode_tok_s:.1f} tok/s)"
+            )
         d = self.divergence
         assert d is not None
         at = f"from token {d.index}" if d.index >= 0 else "(the server gave no per-token detail)"
@@ -59,20 +61,33 @@ class PlainComparison:
             return where + " (plain ended there)" if not d.plain_token else where
         cands = ", ".join(f"{t!r} {lp:.2f}" for t, lp in d.top)
         if d.near_tie:
-            return (f"{where}; the target's top-2 there ({cands}; log-probabilities) are {d.margin:.2f} apart: a near-tie "
-                    "that batched verification rounds differently from one-token decoding (llama.cpp does not "
-                    "promise identical output)")
-        return (f"{where}; the target's top-2 there ({cands}; log-probabilities) are {d.margin:.2f} apart: NOT a "
-                "near-tie — please report it with `dspark doctor` output")
+            return (
+                f"{where}; the target's top-2 there ({cands}; log-probabilities) are {d.margin:.2f} apart: a near-tie "
+                "that batched verification rounds differently from one-token decoding (llama.cpp does not "
+                "promise identical output)"
+            )
+        return (
+            f"{where}; the target's top-2 there ({cands}; log-probabilities) are {d.margin:.2f} apart: NOT a "
+            "near-tie — please report it with `dspark doctor` output"
+        )
 
     def to_record(self) -> dict[str, Any]:
         d = self.divergence
-        return {"identical": self.identical, "plain_tokens": self.plain_tokens,
-                "plain_decode_tok_s": self.plain_decode_tok_s,
-                "divergence": None if d is None else {"index": d.index, "plain_token": d.plain_token,
-                                                      "draft_continues": d.draft_continues,
-                                                      "top": [list(c) for c in d.top], "margin": d.margin,
-                                                      "near_tie": d.near_tie}}
+        return {
+            "identical": self.identical,
+            "plain_tokens": self.plain_tokens,
+            "plain_decode_tok_s": self.plain_decode_tok_s,
+            "divergence": None
+            if d is None
+            else {
+                "index": d.index,
+                "plain_token": d.plain_token,
+                "draft_continues": d.draft_continues,
+                "top": [list(c) for c in d.top],
+                "margin": d.margin,
+                "near_tie": d.near_tie,
+            },
+        }
 
 
 def _token_bytes(entry: dict[str, Any]) -> bytes:
@@ -87,23 +102,41 @@ def first_divergence(draft_text: str, plain: Sequence[dict[str, Any]]) -> Diverg
     at = 0
     for i, entry in enumerate(plain):
         tok = _token_bytes(entry)
-        if drafted[at:at + len(tok)] != tok:
-            top = tuple((str(c.get("token", "")), float(c.get("logprob", 0.0))) for c in entry.get("top_logprobs") or ())
-            return Divergence(i, str(entry.get("token", "")), drafted[at:at + 24].decode(errors="replace"), top)
+        if drafted[at : at + len(tok)] != tok:
+            top = tuple(
+                (str(c.get("token", "")), float(c.get("logprob", 0.0))) for c in entry.get("top_logprobs") or ()
+            )
+            return Divergence(i, str(entry.get("token", "")), drafted[at : at + 24].decode(errors="replace"), top)
         at += len(tok)
     if at < len(drafted):  # plain stopped (end of generation) where the drafted answer goes on
-        return Divergence(len(plain), "", drafted[at:at + 24].decode(errors="replace"), ())
+        return Divergence(len(plain), "", drafted[at : at + 24].decode(errors="replace"), ())
     return None
 
 
 def plain_config(cfg: ServerConfig) -> ServerConfig:
     """The same server without its draft (and without anything that only a draft uses)."""
-    return replace(cfg, draft=None, spec_type=None, n_max=None, n_min=None, p_min=None, synth_len=None,
-                   synth_rates=None, cost_table=None)
+    return replace(
+        cfg,
+        draft=None,
+        spec_type=None,
+        n_max=None,
+        n_min=None,
+        p_min=None,
+        synth_len=None,
+        synth_rates=None,
+        cost_table=None,
+    )
 
 
-def compare_with_plain(engine: Engine, cfg: ServerConfig, messages: list[dict[str, Any]], draft_text: str, *,
-                       max_tokens: int, seed: int | None) -> PlainComparison:
+def compare_with_plain(
+    engine: Engine,
+    cfg: ServerConfig,
+    messages: list[dict[str, Any]],
+    draft_text: str,
+    *,
+    max_tokens: int,
+    seed: int | None,
+) -> PlainComparison:
     """Ask plain decoding (a server without the draft) the same greedy question, with the target's top-2
     log-probabilities, and compare."""
     payload = protocol.chat_payload(messages, max_tokens=max_tokens, temp=0.0, seed=seed, stream=False)
@@ -118,6 +151,10 @@ def compare_with_plain(engine: Engine, cfg: ServerConfig, messages: list[dict[st
     div = None if text == draft_text else first_divergence(draft_text, content)
     if div is None and text != draft_text:  # no per-token detail to place it (an engine without logprobs)
         common = next((i for i, (a, b) in enumerate(zip(text, draft_text)) if a != b), min(len(text), len(draft_text)))
-        div = Divergence(-1, text[common:common + 24], draft_text[common:common + 24], ())
-    return PlainComparison(identical=div is None and text == draft_text, plain_tokens=len(content),
-                           plain_decode_tok_s=float(timings.get("predicted_per_second", 0.0)), divergence=div)
+        div = Divergence(-1, text[common : common + 24], draft_text[common : common + 24], ())
+    return PlainComparison(
+        identical=div is None and text == draft_text,
+        plain_tokens=len(content),
+        plain_decode_tok_s=float(timings.get("predicted_per_second", 0.0)),
+        divergence=div,
+    )

@@ -20,8 +20,8 @@ The recipe is seed 001's, made safe (llama.cpp 0c1e570, tools/quantize/quantize.
 
 from __future__ import annotations
 
-import functools
 import dataclasses
+import functools
 import os
 import re
 import subprocess
@@ -59,13 +59,41 @@ MAP_SUFFIX = ".dspark-types.txt"
 
 # tensor_allows_quantization (llama-quant.cpp): name fragments llama-quantize never converts.
 _NEVER_QUANTISED = (
-    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
-    "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight",
-    "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
-    "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight",
-    "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight", "time_mix_decay_w1.weight",
-    "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight", "attn_rel_b.weight", ".position_embd", "sam.pos_embd",
-    "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
+    "_norm.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_tid2eid.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "ssm_conv1d",
+    "shortconv.conv.weight",
+    "indexer.k_proj.weight",
+    "indexer.q_proj.weight",
+    "time_mix_first.weight",
+    "time_mix_w0.weight",
+    "time_mix_w1.weight",
+    "time_mix_w2.weight",
+    "time_mix_v0.weight",
+    "time_mix_v1.weight",
+    "time_mix_v2.weight",
+    "time_mix_a0.weight",
+    "time_mix_a1.weight",
+    "time_mix_a2.weight",
+    "time_mix_g1.weight",
+    "time_mix_g2.weight",
+    "time_mix_decay_w1.weight",
+    "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight",
+    ".position_embd",
+    "sam.pos_embd",
+    "sam.neck.",
+    "sam.net_",
+    ".rel_pos",
+    ".patch_embd",
+    ".patch_merger",
+    "a.rvq.codebook",
+    "mm.a.code_embd",
 )
 _NEVER_QUANTISED_EXACT = ("position_embd.weight", "token_types.weight")
 _REGEX_SPECIAL = set("\\^$.|?*+()[]{}")
@@ -93,7 +121,9 @@ def canonical_type(name: str) -> str:
     """'q6_k' / 'Q6_K' / 'q6_K' -> 'Q6_K'; UsageError for anything not in TARGET_TYPES."""
     found = _by_lower().get(name.strip().lower())
     if found is None or found[1] not in TARGET_TYPES:
-        raise UsageError(f"unsupported tensor type {name!r}; choose one of {', '.join(t.lower() for t in TARGET_TYPES)}")
+        raise UsageError(
+            f"unsupported tensor type {name!r}; choose one of {', '.join(t.lower() for t in TARGET_TYPES)}"
+        )
     return found[1]
 
 
@@ -115,7 +145,7 @@ def n_dims(shape: Sequence[int]) -> int:
 
 
 def _squeeze(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(shape[:n_dims(shape)]) if shape else (1,)
+    return tuple(shape[: n_dims(shape)]) if shape else (1,)
 
 
 def never_quantised_reason(name: str, shape: Sequence[int]) -> str | None:
@@ -216,31 +246,40 @@ def _pinnable(t: TensorInfo, src: str) -> None:
         raise UsageError(f"{src}: tensor {t.name!r} has type {t.type_name}, unknown to dspark; cannot pin it")
     if t.name != t.name.lower() or any(c.isspace() for c in t.name):
         # llama-quantize lowercases patterns and splits the map file on whitespace
-        raise UsageError(f"{src}: tensor name {t.name!r} has upper-case letters or spaces; "
-                         "llama-quantize's --tensor-type-file cannot pin it")
+        raise UsageError(
+            f"{src}: tensor name {t.name!r} has upper-case letters or spaces; "
+            "llama-quantize's --tensor-type-file cannot pin it"
+        )
 
 
 def _check_change(t: TensorInfo, target: str, allow_requantize: bool, src: str) -> None:
     reason = never_quantised_reason(t.name, t.shape)
     if reason is not None:
-        raise UsageError(f"{t.name} {list(t.shape)} stays {t.type_name}: llama-quantize keeps {reason} in their "
-                         f"stored type, so it cannot become {target}")
+        raise UsageError(
+            f"{t.name} {list(t.shape)} stays {t.type_name}: llama-quantize keeps {reason} in their "
+            f"stored type, so it cannot become {target}"
+        )
     fallback = fallback_type(target, t.shape[0])
     if fallback is not None:
-        raise UsageError(f"{t.name}: rows of {t.shape[0]} values are not a multiple of the {target} block "
-                         f"({_block(target)[0]}); llama-quantize would silently write {fallback} instead")
+        raise UsageError(
+            f"{t.name}: rows of {t.shape[0]} values are not a multiple of the {target} block "
+            f"({_block(target)[0]}); llama-quantize would silently write {fallback} instead"
+        )
     current_id = t.type_id
     if current_id not in (0, 1, 30) and not allow_requantize:  # F32, F16, BF16 are not quantised
-        raise UsageError(f"{t.name} is already {t.type_name}: making it {target} requantises quantised data "
-                         "(pass --allow-requantize if that is what you want)")
+        raise UsageError(
+            f"{t.name} is already {t.type_name}: making it {target} requantises quantised data "
+            "(pass --allow-requantize if that is what you want)"
+        )
 
 
 def _paths(dst: Path) -> tuple[Path, Path]:
     return dst.with_name("." + dst.name + PARTIAL_SUFFIX), dst.with_name("." + dst.name + MAP_SUFFIX)
 
 
-def quantize_command(quantize: str | os.PathLike[str], src: Path, partial: Path, map_path: Path, positional: str,
-                     allow_requantize: bool) -> tuple[str, ...]:
+def quantize_command(
+    quantize: str | os.PathLike[str], src: Path, partial: Path, map_path: Path, positional: str, allow_requantize: bool
+) -> tuple[str, ...]:
     flags = ("--allow-requantize",) if allow_requantize else ()
     return (str(quantize), "--tensor-type-file", str(map_path), *flags, str(src), str(partial), positional)
 
@@ -251,8 +290,13 @@ def _head_type(heads: str) -> str:
     return canonical_type(heads)
 
 
-def plan_tensors(h: GGUFHeader, *, heads: str = "q8_0", overrides: Sequence[str] | dict[str, str] = (),
-                 allow_requantize: bool = False) -> tuple[TensorPlan, ...]:
+def plan_tensors(
+    h: GGUFHeader,
+    *,
+    heads: str = "q8_0",
+    overrides: Sequence[str] | dict[str, str] = (),
+    allow_requantize: bool = False,
+) -> tuple[TensorPlan, ...]:
     """Every tensor with its target type: pinned, head, or --tensor; refuses what llama-quantize would not do."""
     src = Path(h.name).name
     head_type = _head_type(heads)
@@ -286,10 +330,18 @@ def plan_tensors(h: GGUFHeader, *, heads: str = "q8_0", overrides: Sequence[str]
     return tuple(plans)
 
 
-def build_plan(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, heads: str = "q8_0",
-               overrides: Sequence[str] | dict[str, str] = (), allow_requantize: bool = False,
-               positional: str | None = None, force: bool = False, quantize: str | os.PathLike[str] = "llama-quantize",
-               header: GGUFHeader | None = None) -> Plan:
+def build_plan(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    heads: str = "q8_0",
+    overrides: Sequence[str] | dict[str, str] = (),
+    allow_requantize: bool = False,
+    positional: str | None = None,
+    force: bool = False,
+    quantize: str | os.PathLike[str] = "llama-quantize",
+    header: GGUFHeader | None = None,
+) -> Plan:
     """Check everything that can be checked before running llama-quantize, and say exactly what will happen."""
     src_p, dst_p = Path(src), Path(dst)
     if not src_p.is_file():
@@ -299,20 +351,32 @@ def build_plan(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, head
     # the heads type names the file type when it can (general.file_type follows it); float heads need Q8_0
     positional = (positional or (head_type if head_type in QUANTISED_FTYPES else DEFAULT_POSITIONAL)).upper()
     if positional in IGNORING_FTYPES:
-        raise UsageError(f"positional type {positional} makes llama-quantize ignore --tensor-type-file "
-                         f"(the map applies only on a quantised base type); use one of {', '.join(QUANTISED_FTYPES)}")
+        raise UsageError(
+            f"positional type {positional} makes llama-quantize ignore --tensor-type-file "
+            f"(the map applies only on a quantised base type); use one of {', '.join(QUANTISED_FTYPES)}"
+        )
     if positional not in QUANTISED_FTYPES:
         raise UsageError(f"unsupported positional type {positional}; use one of {', '.join(QUANTISED_FTYPES)}")
     h = header if header is not None else reader.read_header(src_p)
     plans = plan_tensors(h, heads=heads, overrides=overrides, allow_requantize=allow_requantize)
-    predicted = dataclasses.replace(h, tensors=tuple(
-        dataclasses.replace(t, type_id=_type_id(p.target), type_name=p.target, n_bytes=p.bytes_after)
-        for t, p in zip(h.tensors, plans)))
+    predicted = dataclasses.replace(
+        h,
+        tensors=tuple(
+            dataclasses.replace(t, type_id=_type_id(p.target), type_name=p.target, n_bytes=p.bytes_after)
+            for t, p in zip(h.tensors, plans)
+        ),
+    )
     partial, map_path = _paths(dst_p)
     return Plan(
-        src=src_p, dst=dst_p, positional=positional, allow_requantize=allow_requantize, tensors=plans,
-        census_before=census(h), census_after=census(predicted),
-        map_path=map_path, partial_path=partial,
+        src=src_p,
+        dst=dst_p,
+        positional=positional,
+        allow_requantize=allow_requantize,
+        tensors=plans,
+        census_before=census(h),
+        census_after=census(predicted),
+        map_path=map_path,
+        partial_path=partial,
         command=quantize_command(quantize, src_p, partial, map_path, positional, allow_requantize),
     )
 
@@ -331,8 +395,9 @@ class Verification:
     seconds: float
 
 
-def verify(plan: Plan, before: GGUFHeader, before_hashes: FileHashes, after: GGUFHeader,
-           after_hashes: FileHashes) -> Verification:
+def verify(
+    plan: Plan, before: GGUFHeader, before_hashes: FileHashes, after: GGUFHeader, after_hashes: FileHashes
+) -> Verification:
     """Every planned tensor has its new type and size; every other data region is byte-identical.
 
     The per-tensor comparison is inspect's diff (sha256 of each data region); this adds what the plan expects.
@@ -367,17 +432,23 @@ def verify(plan: Plan, before: GGUFHeader, before_hashes: FileHashes, after: GGU
             problems.append(f"{p.name} has {c.b_bytes} bytes, planned {p.bytes_after}")
         else:
             changed.append(p.name)
-    kv_changed = sorted(k for k in set(before.kv) | set(after.kv)
-                        if k not in KV_SET_BY_QUANTIZE and before.kv.get(k) != after.kv.get(k))
+    kv_changed = sorted(
+        k
+        for k in set(before.kv) | set(after.kv)
+        if k not in KV_SET_BY_QUANTIZE and before.kv.get(k) != after.kv.get(k)
+    )
     if kv_changed:
         problems.append(f"metadata changed: {', '.join(kv_changed[:5])}")
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise VerificationError(f"{after.name}: {'; '.join(problems[:3])}{more}")
     return Verification(
-        changed=tuple(changed), identical=tuple(identical), respelled=tuple(diff.respelled),
+        changed=tuple(changed),
+        identical=tuple(identical),
+        respelled=tuple(diff.respelled),
         kv_set={k: after.kv.get(k) for k in KV_SET_BY_QUANTIZE if k in after.kv},
-        in_sha256=before_hashes.file_sha256, out_sha256=after_hashes.file_sha256,
+        in_sha256=before_hashes.file_sha256,
+        out_sha256=after_hashes.file_sha256,
         seconds=before_hashes.seconds + after_hashes.seconds,
     )
 
@@ -420,11 +491,19 @@ def execute(plan: Plan, *, on_step: Callable[[str], None] | None = None) -> Requ
     done = False
     try:
         plan.map_path.write_text("\n".join(plan.map_lines) + "\n")
-        step(f"llama-quantize: {len(plan.changes)} tensor(s) to change, {len(plan.tensors) - len(plan.changes)} pinned")
+        step(
+            f"llama-quantize: {len(plan.changes)} tensor(s) to change, {len(plan.tensors) - len(plan.changes)} pinned"
+        )
         started = time.perf_counter()
         try:
-            proc = subprocess.run(list(plan.command), check=False, capture_output=True, text=True, errors="replace",
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                list(plan.command),
+                check=False,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                stdin=subprocess.DEVNULL,
+            )
         except OSError as e:
             raise QuantizeError(f"cannot run {plan.command[0]}: {e.strerror or e}") from None
         seconds = time.perf_counter() - started
@@ -448,17 +527,31 @@ def execute(plan: Plan, *, on_step: Callable[[str], None] | None = None) -> Requ
             _remove(plan.partial_path)
     size_before, size_after = before.file_size, after.file_size
     return RequantResult(
-        plan=plan, census_before=census(before),
+        plan=plan,
+        census_before=census(before),
         census_after=census(after),
-        verification=verification, size_before=size_before, size_after=size_after,
-        ratio=size_after / size_before if size_before else 0.0, quantize_seconds=seconds, log_tail=tail,
+        verification=verification,
+        size_before=size_before,
+        size_after=size_after,
+        ratio=size_after / size_before if size_before else 0.0,
+        quantize_seconds=seconds,
+        log_tail=tail,
     )
 
 
-def requant(src: str | os.PathLike[str], dst: str | os.PathLike[str], quantize: str | os.PathLike[str], *,
-            heads: str = "q8_0", overrides: Sequence[str] = (), allow_requantize: bool = False, force: bool = False,
-            on_step: Callable[[str], None] | None = None) -> RequantResult:
+def requant(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    quantize: str | os.PathLike[str],
+    *,
+    heads: str = "q8_0",
+    overrides: Sequence[str] = (),
+    allow_requantize: bool = False,
+    force: bool = False,
+    on_step: Callable[[str], None] | None = None,
+) -> RequantResult:
     """Plan, run and verify in one call (the library form of `dspark requant`)."""
-    plan = build_plan(src, dst, heads=heads, overrides=overrides, allow_requantize=allow_requantize, force=force,
-                      quantize=quantize)
+    plan = build_plan(
+        src, dst, heads=heads, overrides=overrides, allow_requantize=allow_requantize, force=force, quantize=quantize
+    )
     return execute(plan, on_step=on_step)

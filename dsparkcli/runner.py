@@ -21,13 +21,14 @@ from dsparkcli.gguf.pairing import acceptance_kind
 from dsparkcli.hub.fetch import Confirm
 from dsparkcli.images import ImageInput, load_image
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import placement as placement_mod
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
-from dsparkcli.llama import placement as placement_mod
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.server import LlamaServer, ServerClient, metrics_or_none, stream_chat
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
 from dsparkcli.plaincheck import PlainComparison, compare_with_plain
+
 
 @dataclass(frozen=True)
 class Acceptance:
@@ -89,9 +90,18 @@ class RunResult:
 
 
 def _result(
-    text: str, timings: dict[str, Any], finish: str | None, ttft: float, wall: float,
-    before: dict[str, float] | None, after: dict[str, float] | None, *, drafting: bool, budget: int | None,
-    argv: Sequence[str] = (), files: dict[str, str] | None = None,
+    text: str,
+    timings: dict[str, Any],
+    finish: str | None,
+    ttft: float,
+    wall: float,
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    *,
+    drafting: bool,
+    budget: int | None,
+    argv: Sequence[str] = (),
+    files: dict[str, str] | None = None,
 ) -> RunResult:
     acceptance = None
     if drafting:
@@ -138,25 +148,36 @@ def ask(
     ``drafting``: True/False when we started the server; None for a user's server (inferred from its answer).
     ``draft``: the request's own draft settings (``protocol.draft_settings``).
     """
-    payload = protocol.chat_payload(protocol.build_messages(prompt, [im.data_url for im in images], system),
-                                    max_tokens=max_tokens, temp=temp, seed=seed, draft=draft)
+    payload = protocol.chat_payload(
+        protocol.build_messages(prompt, [im.data_url for im in images], system),
+        max_tokens=max_tokens,
+        temp=temp,
+        seed=seed,
+        draft=draft,
+    )
     before = metrics_or_none(client) if drafting is not False else None
     text, timings, finish, ttft, wall = stream_chat(client, payload, on_text=on_text)
     after = metrics_or_none(client) if drafting is not False else None
     if drafting is None:
-        steps_moved = (before is not None and after is not None
-                       and protocol.SpecCounters.from_metrics(after).steps > protocol.SpecCounters.from_metrics(before).steps)
+        steps_moved = (
+            before is not None
+            and after is not None
+            and protocol.SpecCounters.from_metrics(after).steps > protocol.SpecCounters.from_metrics(before).steps
+        )
         drafting = "draft_n" in timings or steps_moved
-    return _result(text, timings, finish, ttft, wall, before, after, drafting=drafting, budget=budget, argv=argv,
-                   files=files)
+    return _result(
+        text, timings, finish, ttft, wall, before, after, drafting=drafting, budget=budget, argv=argv, files=files
+    )
 
 
 def require_request_drafts(client: ServerClient) -> None:
     """A stock llama-server ignores a request's draft settings silently: refuse before asking."""
     settings = client.props().get("default_generation_settings") or {}
     if protocol.SPEC_N_MAX not in (settings.get("params") or settings):
-        raise UsageError("this server ignores a request's --budget/--p-min/--no-draft (a stock llama.cpp): restart "
-                         "it with them, or serve it with dspark's patched engine (dspark engine build)")
+        raise UsageError(
+            "this server ignores a request's --budget/--p-min/--no-draft (a stock llama.cpp): restart "
+            "it with them, or serve it with dspark's patched engine (dspark engine build)"
+        )
 
 
 def request_budget(client: ServerClient, budget: int | None, *, adaptive: bool = False) -> int | str | None:
@@ -174,9 +195,11 @@ def request_budget(client: ServerClient, budget: int | None, *, adaptive: bool =
     if served is None:
         return budget
     if budget is not None and budget > served.n_max:
-        raise UsageError(f"--budget {budget} is above this server's budget {served.n_max} (its --spec-draft-n-max): "
-                         f"llama-server would draft at most {served.n_max}; ask for at most {served.n_max}, or "
-                         f"serve with --budget {budget}")
+        raise UsageError(
+            f"--budget {budget} is above this server's budget {served.n_max} (its --spec-draft-n-max): "
+            f"llama-server would draft at most {served.n_max}; ask for at most {served.n_max}, or "
+            f"serve with --budget {budget}"
+        )
     if adaptive:
         return protocol.AUTO
     return budget if budget is not None else protocol.AUTO if served.auto else served.n_max
@@ -228,38 +251,61 @@ def answer(
     if server_url:
         fixed = _set_at_start(pair, knobs)
         if fixed:  # they choose what a server loads and how: a running one has made those choices already
-            raise UsageError(f"{', '.join(fixed)}: set when a server starts, so they cannot apply to --server "
-                             f"{server_url[:100]}; drop them, or give them to `dspark serve` and ask that server")
+            raise UsageError(
+                f"{', '.join(fixed)}: set when a server starts, so they cannot apply to --server "
+                f"{server_url[:100]}; drop them, or give them to `dspark serve` and ask that server"
+            )
         where = urlsplit(server_url)
         if where.scheme not in ("http", "https") or not where.netloc:
             raise UsageError(f"--server takes a URL such as http://127.0.0.1:8080 (got {server_url[:100]!r})")
         # this request's own draft settings (dspark's patched llama-server honours them, capped at its budget)
-        draft = protocol.draft_settings(n_max=0 if pair.no_draft else protocol.AUTO if knobs.adaptive_budget
-                                        else knobs.budget, p_min=knobs.p_min)
+        draft = protocol.draft_settings(
+            n_max=0 if pair.no_draft else protocol.AUTO if knobs.adaptive_budget else knobs.budget, p_min=knobs.p_min
+        )
         client = ServerClient(server_url, api_key=knobs.api_key)
         try:
             if draft:
                 require_request_drafts(client)
             budget = None if pair.no_draft else request_budget(client, knobs.budget, adaptive=knobs.adaptive_budget)
-            return ask(client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp, seed=q.seed,
-                       drafting=None, budget=budget, on_text=on_text, draft=draft)
+            return ask(
+                client,
+                q.prompt,
+                q.images,
+                system=q.system,
+                max_tokens=q.max_tokens,
+                temp=q.temp,
+                seed=q.seed,
+                drafting=None,
+                budget=budget,
+                on_text=on_text,
+                draft=draft,
+            )
         finally:
             client.close()
 
     eng = engine or engine_mod.resolve_engine(llama_bin, rpc=bool(knobs.placement.rpc))
     cfg, files = prepare_server(pair, knobs, downloads, need_vision=bool(q.images), engine=eng)
-    cfg, auto = chosen_server(eng, cfg, Want(budget=knobs.auto_budget, p_min=knobs.auto_p_min,
-                                             adaptive=knobs.adaptive_budget, category=knobs.category))
+    cfg, auto = chosen_server(
+        eng,
+        cfg,
+        Want(
+            budget=knobs.auto_budget, p_min=knobs.auto_p_min, adaptive=knobs.adaptive_budget, category=knobs.category
+        ),
+    )
     if auto is not None and (on_notice or on_status):
         (on_notice or on_status)(auto.message)  # type: ignore[misc]
     if auto is not None and auto.without_draft:
         if compare:
-            raise UsageError(f"--compare --budget {ADAPTIVE if knobs.adaptive_budget else AUTO}: this tuning leaves "
-                             "no draft worth loading (above); compare a fixed budget with --budget N")
+            raise UsageError(
+                f"--compare --budget {ADAPTIVE if knobs.adaptive_budget else AUTO}: this tuning leaves "
+                "no draft worth loading (above); compare a fixed budget with --budget N"
+            )
         files = replace(files, draft=None)
     n_max = cfg.n_max
     if on_status:
-        on_status(f"loading {files.target.name}" + (f" + draft {files.draft.name} (budget {n_max})" if files.draft else ""))
+        on_status(
+            f"loading {files.target.name}" + (f" + draft {files.draft.name} (budget {n_max})" if files.draft else "")
+        )
         if cfg.placement.rpc:
             on_status(placement_mod.describe(cfg.placement))
     with LlamaServer(eng, cfg) as srv:
@@ -267,9 +313,20 @@ def answer(
             on_server(srv)
         assert srv.client is not None
         try:
-            result = ask(srv.client, q.prompt, q.images, system=q.system, max_tokens=q.max_tokens, temp=q.temp,
-                         seed=q.seed, drafting=cfg.speculates, budget=n_max, on_text=on_text,
-                         argv=srv.argv, files=files.by_role())
+            result = ask(
+                srv.client,
+                q.prompt,
+                q.images,
+                system=q.system,
+                max_tokens=q.max_tokens,
+                temp=q.temp,
+                seed=q.seed,
+                drafting=cfg.speculates,
+                budget=n_max,
+                on_text=on_text,
+                argv=srv.argv,
+                files=files.by_role(),
+            )
         except ServerError as e:
             # a crash mid-generation becomes "llama-server failed during generation: ..."; a dropped
             # connection (kind crash) waits for the process to finish dying, an HTTP error does not
@@ -285,20 +342,32 @@ def answer(
         if on_status:
             on_status(f"plain decoding of the same question (loading {files.target.name} without the draft)")
         messages = protocol.build_messages(q.prompt, [im.data_url for im in q.images], q.system)
-        result = replace(result, comparison=compare_with_plain(eng, cfg, messages, result.text,
-                                                               max_tokens=q.max_tokens, seed=q.seed))
+        result = replace(
+            result,
+            comparison=compare_with_plain(eng, cfg, messages, result.text, max_tokens=q.max_tokens, seed=q.seed),
+        )
     return result
 
 
 def _set_at_start(pair: PairSpec, knobs: ServerKnobs) -> list[str]:
     """The options given that only a server's start can use (their CLI names, in the order of `--help`).
     --budget N|adaptive, --p-min P and --no-draft are the request's own (dspark's patched llama-server)."""
-    given = {"--model": pair.model, "--target": pair.target, "--draft": pair.draft, "--mmproj": pair.mmproj,
-             "--draft-key": pair.draft_key, "--spec": pair.speculation, "--budget auto": knobs.auto_budget, "--p-min auto": knobs.auto_p_min,
-             "--category": knobs.category,
-             "--ctx": knobs.ctx, "--threads": knobs.threads, "--ngl": knobs.ngl,
-             "--rpc/--split-mode/--tensor-split/--main-gpu/--draft-device": knobs.placement != Placement(),
-             "arguments after --": knobs.extra_args}
+    given = {
+        "--model": pair.model,
+        "--target": pair.target,
+        "--draft": pair.draft,
+        "--mmproj": pair.mmproj,
+        "--draft-key": pair.draft_key,
+        "--spec": pair.speculation,
+        "--budget auto": knobs.auto_budget,
+        "--p-min auto": knobs.auto_p_min,
+        "--category": knobs.category,
+        "--ctx": knobs.ctx,
+        "--threads": knobs.threads,
+        "--ngl": knobs.ngl,
+        "--rpc/--split-mode/--tensor-split/--main-gpu/--draft-device": knobs.placement != Placement(),
+        "arguments after --": knobs.extra_args,
+    }
     return [flag for flag, value in given.items() if value not in (None, False, ())]
 
 
@@ -338,18 +407,31 @@ def run(
     """Answer one prompt (with images) through DSpark speculative decoding: the Python API of `dspark run`
     (``dsparkcli.run``). Keyword arguments as the CLI's options (``budget="auto"``, ``p_min="auto"``: the
     stored tuning); see ``answer``."""
-    question = Question(prompt, tuple(load_image(p) for p in images), system=system, max_tokens=max_tokens,
-                        temp=temp, seed=seed)
+    question = Question(
+        prompt, tuple(load_image(p) for p in images), system=system, max_tokens=max_tokens, temp=temp, seed=seed
+    )
     return answer(
         question,
         PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft),
-        ServerKnobs(budget=None if budget in (AUTO, ADAPTIVE) else budget,  # type: ignore[arg-type]
-                    p_min=None if p_min == AUTO else p_min,  # type: ignore[arg-type]
-                    adaptive_budget=budget == ADAPTIVE,
-                    ctx=ctx, threads=threads, ngl=ngl, extra_args=tuple(extra_args), api_key=api_key,
-                    auto_budget=budget == AUTO, auto_p_min=p_min == AUTO, category=category,
-                    placement=placement),
+        ServerKnobs(
+            budget=None if budget in (AUTO, ADAPTIVE) else budget,  # type: ignore[arg-type]
+            p_min=None if p_min == AUTO else p_min,  # type: ignore[arg-type]
+            adaptive_budget=budget == ADAPTIVE,
+            ctx=ctx,
+            threads=threads,
+            ngl=ngl,
+            extra_args=tuple(extra_args),
+            api_key=api_key,
+            auto_budget=budget == AUTO,
+            auto_p_min=p_min == AUTO,
+            category=category,
+            placement=placement,
+        ),
         Downloads(yes=yes, confirm=confirm, on_progress=on_progress),
-        server_url=server_url, engine=engine, llama_bin=llama_bin, on_text=on_text, on_status=on_status,
+        server_url=server_url,
+        engine=engine,
+        llama_bin=llama_bin,
+        on_text=on_text,
+        on_status=on_status,
         on_server=on_server,
     )

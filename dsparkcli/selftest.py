@@ -59,8 +59,17 @@ def _timings(resp: dict) -> tuple[int, int]:
     return protocol.timings_drafts(resp.get("timings") or {})
 
 
-def _check(name: str, pred: synth.Prediction, *, n_max: int, p_min: float, n_predict: int, draft_n: int,
-           accepted: int, tokens_match: bool) -> SelftestCheck:
+def _check(
+    name: str,
+    pred: synth.Prediction,
+    *,
+    n_max: int,
+    p_min: float,
+    n_predict: int,
+    draft_n: int,
+    accepted: int,
+    tokens_match: bool,
+) -> SelftestCheck:
     diffs = []
     if not tokens_match:
         diffs.append("output differs")
@@ -68,24 +77,43 @@ def _check(name: str, pred: synth.Prediction, *, n_max: int, p_min: float, n_pre
         diffs.append(f"draft_n {draft_n} != {pred.draft_n}")
     if accepted != pred.draft_n_accepted:
         diffs.append(f"draft_n_accepted {accepted} != {pred.draft_n_accepted}")
-    return SelftestCheck(name=name, n_max=n_max, p_min=p_min, n_predict=n_predict, expected_draft_n=pred.draft_n,
-                         observed_draft_n=draft_n, expected_accepted=pred.draft_n_accepted, observed_accepted=accepted,
-                         tokens_match=tokens_match, ok=not diffs, detail="; ".join(diffs))
+    return SelftestCheck(
+        name=name,
+        n_max=n_max,
+        p_min=p_min,
+        n_predict=n_predict,
+        expected_draft_n=pred.draft_n,
+        observed_draft_n=draft_n,
+        expected_accepted=pred.draft_n_accepted,
+        observed_accepted=accepted,
+        tokens_match=tokens_match,
+        ok=not diffs,
+        detail="; ".join(diffs),
+    )
 
 
-def _completion(client: ServerClient, man: synth.Manifest, prompt: list[int], *, n_max: int, p_min: float,
-                n_predict: int) -> tuple[SelftestCheck, synth.Prediction]:
+def _completion(
+    client: ServerClient, man: synth.Manifest, prompt: list[int], *, n_max: int, p_min: float, n_predict: int
+) -> tuple[SelftestCheck, synth.Prediction]:
     resp = client.completion(protocol.completion_payload(prompt, n_predict=n_predict))
     pred = synth.predict(man, prompt, n_max=n_max, p_min=p_min, n_predict=n_predict)
     draft_n, accepted = _timings(resp)
-    check = _check(f"completion prompt={','.join(map(str, prompt))}", pred, n_max=n_max, p_min=p_min,
-                   n_predict=n_predict, draft_n=draft_n, accepted=accepted,
-                   tokens_match=list(resp.get("tokens", [])) == list(pred.tokens))
+    check = _check(
+        f"completion prompt={','.join(map(str, prompt))}",
+        pred,
+        n_max=n_max,
+        p_min=p_min,
+        n_predict=n_predict,
+        draft_n=draft_n,
+        accepted=accepted,
+        tokens_match=list(resp.get("tokens", [])) == list(pred.tokens),
+    )
     return check, pred
 
 
-def _chat_image(client: ServerClient, man: synth.Manifest, image: Path, *, n_max: int, p_min: float,
-                n_predict: int) -> tuple[SelftestCheck, synth.Prediction]:
+def _chat_image(
+    client: ServerClient, man: synth.Manifest, image: Path, *, n_max: int, p_min: float, n_predict: int
+) -> tuple[SelftestCheck, synth.Prediction]:
     url = protocol.image_data_url("image/png", image.read_bytes())
     messages = protocol.build_messages("What is in this image?", [url])
     resp = client.chat({"messages": messages, "temperature": 0, "max_tokens": n_predict})
@@ -96,8 +124,16 @@ def _chat_image(client: ServerClient, man: synth.Manifest, image: Path, *, n_max
     pred = synth.predict_from_last(man, last, n_max=n_max, p_min=p_min, n_predict=n_predict)
     draft_n, accepted = _timings(resp)
     text = resp["choices"][0]["message"].get("content") or ""
-    check = _check("chat with image", pred, n_max=n_max, p_min=p_min, n_predict=n_predict, draft_n=draft_n,
-                   accepted=accepted, tokens_match=text == pred.text)
+    check = _check(
+        "chat with image",
+        pred,
+        n_max=n_max,
+        p_min=p_min,
+        n_predict=n_predict,
+        draft_n=draft_n,
+        accepted=accepted,
+        tokens_match=text == pred.text,
+    )
     return check, pred
 
 
@@ -123,13 +159,28 @@ def _metrics_check(client: ServerClient, preds: list[synth.Prediction], n_max: i
         diffs.append(f"draft_tokens_total {drafted} != {exp_drafted}")
     if accepted != exp_accepted:
         diffs.append(f"accepted_tokens_total {accepted} != {exp_accepted}")
-    return SelftestCheck(name=f"/metrics after {len(preds)} requests", n_max=n_max, p_min=0.0, n_predict=0,
-                         expected_draft_n=exp_drafted, observed_draft_n=drafted, expected_accepted=exp_accepted,
-                         observed_accepted=accepted, tokens_match=True, ok=not diffs, detail="; ".join(diffs))
+    return SelftestCheck(
+        name=f"/metrics after {len(preds)} requests",
+        n_max=n_max,
+        p_min=0.0,
+        n_predict=0,
+        expected_draft_n=exp_drafted,
+        observed_draft_n=drafted,
+        expected_accepted=exp_accepted,
+        observed_accepted=accepted,
+        tokens_match=True,
+        ok=not diffs,
+        detail="; ".join(diffs),
+    )
 
 
-def run_selftest(llama_bin: str | None = None, *, engine: Engine | None = None, threads: int | None = 1,
-                 on_check: Callable[[SelftestCheck], None] | None = None) -> SelftestResult:
+def run_selftest(
+    llama_bin: str | None = None,
+    *,
+    engine: Engine | None = None,
+    threads: int | None = 1,
+    on_check: Callable[[SelftestCheck], None] | None = None,
+) -> SelftestResult:
     """Run the known-answer checks on the engine's llama-server. Raises ServerError if it cannot start.
 
     One thread is plenty for these tiny models, and on a busy CPU it is much faster than two: llama.cpp's
@@ -146,13 +197,21 @@ def run_selftest(llama_bin: str | None = None, *, engine: Engine | None = None, 
             on_check(check)
 
     with tempfile.TemporaryDirectory(prefix="dspark-selftest-") as tmp:
-        pair = synth.write_pair(tmp, accept_rate=ACCEPT_RATE, confidence=True, vision=True, seed=SEED,
-                                block_size=BLOCK_SIZE)
+        pair = synth.write_pair(
+            tmp, accept_rate=ACCEPT_RATE, confidence=True, vision=True, seed=SEED, block_size=BLOCK_SIZE
+        )
         man = synth.load_manifest(pair.manifest)
 
         # 1. full block, image projector loaded: two /completion prompts, a chat with an image, /metrics
-        cfg = ServerConfig(model=pair.target, draft=pair.draft, mmproj=pair.mmproj, n_max=BLOCK_SIZE, p_min=0.0,
-                           ctx=CTX, threads=threads)
+        cfg = ServerConfig(
+            model=pair.target,
+            draft=pair.draft,
+            mmproj=pair.mmproj,
+            n_max=BLOCK_SIZE,
+            p_min=0.0,
+            ctx=CTX,
+            threads=threads,
+        )
         with LlamaServer(eng, cfg, startup_timeout=120) as srv:
             logs.append(str(srv.log_path))
             preds = []
@@ -171,5 +230,12 @@ def run_selftest(llama_bin: str | None = None, *, engine: Engine | None = None, 
             logs.append(str(srv.log_path))
             record(_completion(srv.client, man, [1, 2, 3], n_max=3, p_min=0.5, n_predict=32)[0])
 
-    return SelftestResult(ok=all(c.ok for c in checks), server=str(eng.server), backend=eng.backend, commit=eng.commit,
-                          seconds=time.monotonic() - start, checks=tuple(checks), log_paths=tuple(logs))
+    return SelftestResult(
+        ok=all(c.ok for c in checks),
+        server=str(eng.server),
+        backend=eng.backend,
+        commit=eng.commit,
+        seconds=time.monotonic() - start,
+        checks=tuple(checks),
+        log_paths=tuple(logs),
+    )

@@ -43,20 +43,37 @@ class VllmCommand:
         return prefix + shlex.join(self.argv)
 
     def to_record(self, key_from: str = '"$DSPARK_API_KEY"') -> dict[str, object]:
-        return {"argv": list(self.argv), "speculative_config": self.speculative_config,
-                "env": sorted(self.env), "shell": self.shell_line(key_from)}
+        return {
+            "argv": list(self.argv),
+            "speculative_config": self.speculative_config,
+            "env": sorted(self.env),
+            "shell": self.shell_line(key_from),
+        }
 
 
-def serve_command(pair: ModelPair, *, host: str = "127.0.0.1", port: int = 8000, budget: int | None = None,
-                  api_key: str | None = None, extra_args: Sequence[str] = ()) -> VllmCommand:
+def serve_command(
+    pair: ModelPair,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    budget: int | None = None,
+    api_key: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> VllmCommand:
     """``vllm serve`` for ``pair`` with its DSpark draft; ``budget`` overrides num_speculative_tokens."""
     recipe = pair.vllm
     if recipe is None:
-        raise UsageError(f"pair {pair.name} has no [pairs.{pair.name}.vllm] table (the hub ids of its safetensors "
-                         "target and DSpark draft): add one to your models.toml to serve it with vLLM")
+        raise UsageError(
+            f"pair {pair.name} has no [pairs.{pair.name}.vllm] table (the hub ids of its safetensors "
+            "target and DSpark draft): add one to your models.toml to serve it with vLLM"
+        )
     n_spec = budget or recipe.num_speculative_tokens or pair.budget
-    spec: dict[str, object] = {"method": METHOD, "model": recipe.draft, "num_speculative_tokens": n_spec,
-                               "enable_adaptive_verification": False}
+    spec: dict[str, object] = {
+        "method": METHOD,
+        "model": recipe.draft,
+        "num_speculative_tokens": n_spec,
+        "enable_adaptive_verification": False,
+    }
     if recipe.draft_revision:
         spec["revision"] = recipe.draft_revision
     argv = ["vllm", "serve", recipe.target, "--host", host, "--port", str(port)]
@@ -66,13 +83,19 @@ def serve_command(pair: ModelPair, *, host: str = "127.0.0.1", port: int = 8000,
     if recipe.max_model_len:
         argv += ["--max-model-len", str(recipe.max_model_len)]
     argv += [
-        "--attention-backend", ATTENTION_BACKEND,
-        "--mm-encoder-attn-backend", ATTENTION_BACKEND,
-        "--max-num-seqs", "1",
+        "--attention-backend",
+        ATTENTION_BACKEND,
+        "--mm-encoder-attn-backend",
+        ATTENTION_BACKEND,
+        "--max-num-seqs",
+        "1",
         "--disable-custom-all-reduce",
-        "--compilation-config", json.dumps({"pass_config": {"fuse_allreduce_rms": False}}),
-        "--default-chat-template-kwargs", json.dumps({"enable_thinking": False}),
-        "--speculative-config", json.dumps(spec),
+        "--compilation-config",
+        json.dumps({"pass_config": {"fuse_allreduce_rms": False}}),
+        "--default-chat-template-kwargs",
+        json.dumps({"enable_thinking": False}),
+        "--speculative-config",
+        json.dumps(spec),
         *extra_args,
     ]
     env = {API_KEY_ENV: api_key} if api_key else {}
@@ -83,10 +106,13 @@ def run(cmd: VllmCommand) -> int:
     """Run vLLM as a supervised child until it exits or Ctrl-C (then SIGTERM, SIGKILL after 10 s)."""
     exe = shutil.which(cmd.argv[0])
     if exe is None:
-        raise UsageError("vllm is not installed here (pip install vllm on the GPU machine); "
-                         "`dspark serve --engine vllm --print` shows the command to run there")
-    proc = subprocess.Popen([exe, *cmd.argv[1:]], env={**os.environ, **cmd.env}, stdin=subprocess.DEVNULL,
-                            preexec_fn=die_with_parent)
+        raise UsageError(
+            "vllm is not installed here (pip install vllm on the GPU machine); "
+            "`dspark serve --engine vllm --print` shows the command to run there"
+        )
+    proc = subprocess.Popen(
+        [exe, *cmd.argv[1:]], env={**os.environ, **cmd.env}, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+    )
     try:
         rc = proc.wait()
     finally:

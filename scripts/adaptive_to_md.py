@@ -19,7 +19,6 @@ from dsparkcli.bench.records import read_jsonl  # noqa: E402
 from dsparkcli.budget.record import TuningRecord  # noqa: E402
 from scripts import tune_to_md  # noqa: E402
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

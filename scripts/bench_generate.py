@@ -50,12 +50,25 @@ def main() -> None:
         toks = sum(len(r) for r in res)
         return res, {"s": round(dt, 2), "tokens": toks, "tok_s": round(toks / dt, 1)}
 
-    batched, rb = timed(lambda: [r for i in range(0, len(prompts), a.pool)
-                                 for r in target.generate(prompts[i:i + a.pool], a.max_new, stop)])
+    batched, rb = timed(
+        lambda: [
+            r
+            for i in range(0, len(prompts), a.pool)
+            for r in target.generate(prompts[i : i + a.pool], a.max_new, stop)
+        ]
+    )
     cont, rc = timed(lambda: target.generate_continuous(prompts, a.max_new, stop, slots=a.pool))
-    out = {"device": a.device, "dtype": a.dtype, "n": len(prompts), "pool": a.pool, "max_new": a.max_new,
-           "batched": rb, "continuous": rc, "speedup": round(rc["tok_s"] / rb["tok_s"], 2),
-           "mean_answer": round(rc["tokens"] / len(prompts), 1)}
+    out = {
+        "device": a.device,
+        "dtype": a.dtype,
+        "n": len(prompts),
+        "pool": a.pool,
+        "max_new": a.max_new,
+        "batched": rb,
+        "continuous": rc,
+        "speedup": round(rc["tok_s"] / rb["tok_s"], 2),
+        "mean_answer": round(rc["tokens"] / len(prompts), 1),
+    }
     if a.check_exact:
         out["answers_differing"] = sum(x != y for x, y in zip(batched, cont))
     print(json.dumps(out))

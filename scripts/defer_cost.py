@@ -18,12 +18,14 @@ import json
 import sys
 from pathlib import Path
 
-from dsparkcli.bench import prompts as kit, stats
+from dsparkcli.bench import prompts as kit
+from dsparkcli.bench import stats
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
 from dsparkcli.bench.records import ALL
 from dsparkcli.bench.run import run_bench
 from dsparkcli.budget import rule as budget
-from dsparkcli.llama import engine as engine_mod, patches
+from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import patches
 from dsparkcli.llama.server import split_server_args
 
 
@@ -48,10 +50,20 @@ def main() -> int:
     table = args.out / "never-draft.cost.txt"  # plain 1 ms a token, any draft 1000 ms a step: k = 0 always
     table.write_text(budget.format_cost_table({0: 1.0, 1: 1000.0}, 0.0, "defer_cost.py: every draft loses"))
     d = Draft("draft", args.draft)
-    plan = BenchPlan(target=args.target, drafts=(d,), budgets=(), reps=args.reps, warmup=1, n_predict=args.n_predict,
-                     prompts=kit.select(kit.load_prompts(), ["text"], limit=args.limit), ctx=4096, seed=1,
-                     threads=args.threads, extra_args=tuple(extra),
-                     explicit_arms=(Arm("draft@k0", d, 1, p_min=0.0, cost_table=table),))
+    plan = BenchPlan(
+        target=args.target,
+        drafts=(d,),
+        budgets=(),
+        reps=args.reps,
+        warmup=1,
+        n_predict=args.n_predict,
+        prompts=kit.select(kit.load_prompts(), ["text"], limit=args.limit),
+        ctx=4096,
+        seed=1,
+        threads=args.threads,
+        extra_args=tuple(extra),
+        explicit_arms=(Arm("draft@k0", d, 1, p_min=0.0, cost_table=table),),
+    )
     jsonl = args.out / "defer-cost.jsonl"
     rows = []
     settings = [x.strip() for x in args.settings.split(",") if x.strip()]
@@ -65,24 +77,53 @@ def main() -> int:
                 res = run_bench(engine, plan, out=jsonl, run_id=setting if args.rounds == 1 else f"{setting}-r{rnd}")
             for s in res.summaries:
                 if s["category"] == ALL:
-                    rows.append({"defer": defer, "round": rnd, "config": s["config"], "tok_s": s["tok_s"],
-                                 "speedup": s.get("speedup"), "identical": s.get("identical"),
-                                 "drafted": s.get("drafted")})
-                    print(f"{'deferred' if defer else 'per step':>9} r{rnd} {s['config']:>9}: "
-                          f"{s['tok_s']['median']:.1f} tok/s ({s['tok_s']['min']:.1f}-{s['tok_s']['max']:.1f})  "
-                          f"speedup {s.get('speedup') or 1.0:.3f}", flush=True)
+                    rows.append(
+                        {
+                            "defer": defer,
+                            "round": rnd,
+                            "config": s["config"],
+                            "tok_s": s["tok_s"],
+                            "speedup": s.get("speedup"),
+                            "identical": s.get("identical"),
+                            "drafted": s.get("drafted"),
+                        }
+                    )
+                    print(
+                        f"{'deferred' if defer else 'per step':>9} r{rnd} {s['config']:>9}: "
+                        f"{s['tok_s']['median']:.1f} tok/s ({s['tok_s']['min']:.1f}-{s['tok_s']['max']:.1f})  "
+                        f"speedup {s.get('speedup') or 1.0:.3f}",
+                        flush=True,
+                    )
     paired = {}
     for setting in settings:
         ratios = [r["speedup"] for r in rows if r["defer"] == (setting == "defer") and r["config"] != "plain"]
         paired[setting] = stats.spread(ratios)
-        print(f"{setting}: draft@k0 / plain over {len(ratios)} round(s): median {paired[setting]['median']:.3f} "
-              f"({paired[setting]['min']:.3f}-{paired[setting]['max']:.3f})")
-    (args.out / "defer-cost.json").write_text(json.dumps({
-        "kind": "defer-cost", "engine": {"commit": engine.commit, "backend": engine.backend,
-                                         "dir": engine.bin_dir.parent.parent.name},
-        "target": str(args.target), "draft": str(args.draft), "reps": args.reps, "rounds": args.rounds, "n_predict": args.n_predict,
-        "paired_speedup": paired,
-        "server_args": extra, "rows": rows}, indent=1) + "\n")
+        print(
+            f"{setting}: draft@k0 / plain over {len(ratios)} round(s): median {paired[setting]['median']:.3f} "
+            f"({paired[setting]['min']:.3f}-{paired[setting]['max']:.3f})"
+        )
+    (args.out / "defer-cost.json").write_text(
+        json.dumps(
+            {
+                "kind": "defer-cost",
+                "engine": {
+                    "commit": engine.commit,
+                    "backend": engine.backend,
+                    "dir": engine.bin_dir.parent.parent.name,
+                },
+                "target": str(args.target),
+                "draft": str(args.draft),
+                "reps": args.reps,
+                "rounds": args.rounds,
+                "n_predict": args.n_predict,
+                "paired_speedup": paired,
+                "server_args": extra,
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0
 
 

@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     req = [r for r in recs if r["record"] == "request"]
     plain = {r["prompt_id"]: r["tokens"] for r in req if r["config"] == "plain" and r["rep"] == 0}
     target, _ = load_target(a.target)
-    cfg = ServerConfig(model=a.target, draft=None, mmproj=None, n_max=None, p_min=None, ctx=2048, threads=1,
-                       synth_len=None)
+    cfg = ServerConfig(
+        model=a.target, draft=None, mmproj=None, n_max=None, p_min=None, ctx=2048, threads=1, synth_len=None
+    )
     with LlamaServer(resolve_engine(), cfg) as srv:
         ids = {pid: srv.client.tokenize(text) for pid, text in prompts.items()}
 
@@ -57,17 +58,34 @@ def main(argv: list[str] | None = None) -> int:
         if len(first) >= a.limit:
             break
         d = r.get("first_divergence")
-        if r["config"] == "plain" or r["rep"] != 0 or d is None or d >= len(plain[r["prompt_id"]]) or d >= len(r["tokens"]):
+        if (
+            r["config"] == "plain"
+            or r["rep"] != 0
+            or d is None
+            or d >= len(plain[r["prompt_id"]])
+            or d >= len(r["tokens"])
+        ):
             continue
         margin, top2 = margins_at(r["prompt_id"], d)[-1]
         first.append(margin)
         swaps += int({plain[r["prompt_id"]][d], r["tokens"][d]} == set(top2))
     every = [m for pid in list(plain)[: a.baseline_prompts] for m, _ in margins_at(pid, None)]
-    doc = {"records": str(a.records), "target": str(a.target), "divergences": len(first), "top2_swaps": swaps,
-           "margin_at_divergence": {"median": statistics.median(first), "p90": sorted(first)[int(0.9 * len(first))],
-                                    "max": max(first)},
-           "margin_every_position": {"positions": len(every), "median": statistics.median(every),
-                                     "share_below_0.25": sum(m < 0.25 for m in every) / len(every)}}
+    doc = {
+        "records": str(a.records),
+        "target": str(a.target),
+        "divergences": len(first),
+        "top2_swaps": swaps,
+        "margin_at_divergence": {
+            "median": statistics.median(first),
+            "p90": sorted(first)[int(0.9 * len(first))],
+            "max": max(first),
+        },
+        "margin_every_position": {
+            "positions": len(every),
+            "median": statistics.median(every),
+            "share_below_0.25": sum(m < 0.25 for m in every) / len(every),
+        },
+    }
     text = json.dumps(doc, indent=1)
     if a.out:
         a.out.write_text(text + "\n")

@@ -18,13 +18,16 @@ import sys
 from pathlib import Path
 
 from dsparkcli import requant
-from dsparkcli.gguf import reader
 from dsparkcli.errors import DsparkError
+from dsparkcli.gguf import reader
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1], epilog=__doc__[__doc__.index("    python"):],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[1],
+        epilog=__doc__[__doc__.index("    python") :],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("gguf", type=Path, help="input GGUF")
     ap.add_argument("--heads", default="q8_0", help="type for markov_w1, markov_w2, fc (q8_0, q6_K, bf16)")
     ap.add_argument("--tensor", action="append", default=[], metavar="NAME=TYPE", help="override, repeatable")
@@ -33,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         header = reader.read_header(args.gguf)
-        tensors = requant.plan_tensors(header, heads=args.heads, overrides=args.tensor,
-                                       allow_requantize=args.allow_requantize)
+        tensors = requant.plan_tensors(
+            header, heads=args.heads, overrides=args.tensor, allow_requantize=args.allow_requantize
+        )
     except DsparkError as e:
         print(f"gguf_tensor_type_map: error: {e}", file=sys.stderr)
         return e.exit_code

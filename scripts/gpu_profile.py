@@ -81,9 +81,26 @@ class NcuServer(LlamaServer):
 def ncu_argv(ncu: str, skip: int, count: int, csv_path: Path) -> tuple[str, ...]:
     """One metric (one pass, no replay of the kernel), warm caches and the GPU's own clocks: the times
     are those of the launch as the server would run it, not a cold-cache base-clock figure."""
-    return (ncu, "--target-processes", "all", "--metrics", profile.TIME_METRIC, "--csv", "--print-units", "base",
-            "--cache-control", "none", "--clock-control", "none",
-            "--launch-skip", str(skip), "--launch-count", str(count), "--log-file", str(csv_path))
+    return (
+        ncu,
+        "--target-processes",
+        "all",
+        "--metrics",
+        profile.TIME_METRIC,
+        "--csv",
+        "--print-units",
+        "base",
+        "--cache-control",
+        "none",
+        "--clock-control",
+        "none",
+        "--launch-skip",
+        str(skip),
+        "--launch-count",
+        str(count),
+        "--log-file",
+        str(csv_path),
+    )
 
 
 def synth_len(args: argparse.Namespace, budget: int | None) -> float | None:
@@ -95,9 +112,15 @@ def _config(args: argparse.Namespace, budget: int | None, *, stats: bool = False
     # -lv 4 prints the draft's statistics (its time per call) after each request, as scripts/gpu_sweep.py's
     # step-cost cells did; only in the timing runs (the profiled one needs no log)
     lv = ("-lv", "4") if stats and budget else ()
-    return ServerConfig(model=args.target, draft=args.draft if budget else None, n_max=budget,
-                        synth_len=synth_len(args, budget), ctx=args.ctx, threads=args.threads,
-                        extra_args=(*lv, *args.server_args))
+    return ServerConfig(
+        model=args.target,
+        draft=args.draft if budget else None,
+        n_max=budget,
+        synth_len=synth_len(args, budget),
+        ctx=args.ctx,
+        threads=args.threads,
+        extra_args=(*lv, *args.server_args),
+    )
 
 
 def _payload(n_predict: int) -> dict[str, Any]:
@@ -116,10 +139,19 @@ def timing_run(args: argparse.Namespace, engine: Any, name: str, budget: int | N
             m0 = protocol.SpecCounters.from_metrics(srv.client.metrics())
             resp = srv.client.completion(_payload(args.n_predict))
             moved = protocol.SpecCounters.from_metrics(srv.client.metrics()).minus(m0)
-            rec = {"record": "timing", "config": name, "budget": budget, "synth_len": synth_len(args, budget),
-                   "synthetic": synth_len(args, budget) is not None, "n_predict": args.n_predict, "rep": rep,
-                   **profile.server_step(resp["timings"], moved.steps),
-                   "metrics_drafted": moved.drafted, "metrics_accepted": moved.accepted, "t_draft_ms": None}
+            rec = {
+                "record": "timing",
+                "config": name,
+                "budget": budget,
+                "synth_len": synth_len(args, budget),
+                "synthetic": synth_len(args, budget) is not None,
+                "n_predict": args.n_predict,
+                "rep": rep,
+                **profile.server_step(resp["timings"], moved.steps),
+                "metrics_drafted": moved.drafted,
+                "metrics_accepted": moved.accepted,
+                "t_draft_ms": None,
+            }
             if budget:
                 n_new, now = draft_stats(srv.log_path, n_stats, wait_s=wait if n_stats else 0.0)
                 if now is not None and last is not None and n_new > n_stats and now[1] > last[1]:
@@ -137,8 +169,13 @@ def kernel_run(args: argparse.Namespace, engine: Any, name: str, budget: int | N
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.unlink(missing_ok=True)
     t0 = time.monotonic()
-    srv = NcuServer(engine, _config(args, budget), log_dir=args.log_dir, startup_timeout=600,
-                    ncu_argv=ncu_argv(args.ncu, args.skip, args.count, csv_path))
+    srv = NcuServer(
+        engine,
+        _config(args, budget),
+        log_dir=args.log_dir,
+        startup_timeout=600,
+        ncu_argv=ncu_argv(args.ncu, args.skip, args.count, csv_path),
+    )
     with srv:
         srv.client.completion(_payload(args.ncu_n_predict))
     text = csv_path.read_text(errors="replace") if csv_path.is_file() else ""
@@ -148,10 +185,21 @@ def kernel_run(args: argparse.Namespace, engine: Any, name: str, budget: int | N
         said = " | ".join([ln for ln in text.splitlines() if ln.startswith("==")][-3:]) or srv.log_tail(5)
         raise RuntimeError(f"{e}; ncu said: {said}") from None
     prof = profile.step_profile(kernels)
-    return [{"record": "kernels", "config": name, "budget": budget, "synth_len": synth_len(args, budget),
-            "launch_skip": args.skip, "launch_count": args.count, "n_predict": args.ncu_n_predict,
-            "period": prof.period, "steps_in_window": prof.steps, "wall_s": round(time.monotonic() - t0, 1),
-            **profile.kernels_record(kernels)}]
+    return [
+        {
+            "record": "kernels",
+            "config": name,
+            "budget": budget,
+            "synth_len": synth_len(args, budget),
+            "launch_skip": args.skip,
+            "launch_count": args.count,
+            "n_predict": args.ncu_n_predict,
+            "period": prof.period,
+            "steps_in_window": prof.steps,
+            "wall_s": round(time.monotonic() - t0, 1),
+            **profile.kernels_record(kernels),
+        }
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--draft", type=Path, required=True)
     ap.add_argument("--budgets", type=int, nargs="+", default=[1, 3, 7, 10, 15])
-    ap.add_argument("--synth-len", type=float, default=None,
-                    help="SYNTHETIC acceptance (--spec-synth-len), at most k+1 per budget")
+    ap.add_argument(
+        "--synth-len", type=float, default=None, help="SYNTHETIC acceptance (--spec-synth-len), at most k+1 per budget"
+    )
     ap.add_argument("--n-predict", type=int, default=256, help="tokens of each timed request")
     ap.add_argument("--reps", type=int, default=3, help="timed requests per configuration")
     ap.add_argument("--ncu-n-predict", type=int, default=160, help="tokens of the request under ncu")
@@ -168,8 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=8000, help="ncu --launch-count (kernels in the window)")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--no-ncu", action="store_true", help="server timings only (the CPU smoke)")
-    ap.add_argument("--no-plain", action="store_true",
-                    help="budgets only (a later call adding budgets to a label whose plain is measured)")
+    ap.add_argument(
+        "--no-plain",
+        action="store_true",
+        help="budgets only (a later call adding budgets to a label whose plain is measured)",
+    )
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
@@ -180,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     engine = describe(resolve_engine())
     configs: list[tuple[str, int | None]] = ([] if args.no_plain else [("plain", None)]) + [
-        (f"k{k}", k) for k in args.budgets]
+        (f"k{k}", k) for k in args.budgets
+    ]
     failed = 0
     with open(args.out, "a") as sink:
+
         def write(rec: dict[str, Any]) -> None:
             sink.write(json.dumps({**rec, "engine": {"commit": engine.commit, "backend": engine.backend}}) + "\n")
             sink.flush()
@@ -195,14 +249,24 @@ def main(argv: list[str] | None = None) -> int:
                     recs = run(args, engine, name, budget)
                 except Exception as e:  # noqa: BLE001 - one configuration's failure is a record, not the end
                     failed += 1
-                    write({"record": "error", "config": name, "phase": run.__name__, "error": f"{type(e).__name__}: {e}"[:500]})
+                    write(
+                        {
+                            "record": "error",
+                            "config": name,
+                            "phase": run.__name__,
+                            "error": f"{type(e).__name__}: {e}"[:500],
+                        }
+                    )
                     print(f"{name} {run.__name__}: FAILED {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                     continue
                 for rec in recs:
                     write(rec)
                 rec = profile.median_timing(recs) if recs[0]["record"] == "timing" else recs[0]
-                extra = (f"t_step {rec['t_step_ms']:.3f} ms, {rec['tokens_per_step']:.2f} tok/step"
-                         if rec["record"] == "timing" else f"{len(rec['kernels'])} kernels, period {rec['period']}")
+                extra = (
+                    f"t_step {rec['t_step_ms']:.3f} ms, {rec['tokens_per_step']:.2f} tok/step"
+                    if rec["record"] == "timing"
+                    else f"{len(rec['kernels'])} kernels, period {rec['period']}"
+                )
                 print(f"{name} {run.__name__}: {extra} ({time.monotonic() - t0:.1f} s)", flush=True)
     return 1 if failed else 0
 

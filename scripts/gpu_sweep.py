@@ -49,11 +49,20 @@ if TYPE_CHECKING:
 
 SCHEMA = "dspark-gpu-sweep/1"
 # upstream acceptance lengths per category (upstream_facts.md; BF16 pair, self-reported)
-CATEGORIES: dict[str, float] = {"general": 3.501, "ocr": 5.407, "mmmu": 5.098, "charxiv": 5.479,
-                                "mathvista": 6.126, "math": 6.687, "code": 7.387}
+CATEGORIES: dict[str, float] = {
+    "general": 3.501,
+    "ocr": 5.407,
+    "mmmu": 5.098,
+    "charxiv": 5.479,
+    "mathvista": 6.126,
+    "math": 6.687,
+    "code": 7.387,
+}
 BUDGETS = (1, 2, 3, 5, 7, 10, 15)
-_STATS_RE = re.compile(r"statistics\s+draft-dspark: #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"
-                       r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms")
+_STATS_RE = re.compile(
+    r"statistics\s+draft-dspark: #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?"
+    r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms"
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +82,9 @@ class Config:
         return f"L{self.synth_len:g}-k{self.budget}"
 
 
-def grid(budgets: tuple[int, ...], categories: dict[str, float], with_cost: bool,
-         cost_n_predict: tuple[int, ...] = (128,)) -> list[Config]:
+def grid(
+    budgets: tuple[int, ...], categories: dict[str, float], with_cost: bool, cost_n_predict: tuple[int, ...] = (128,)
+) -> list[Config]:
     """Spec configurations, most informative first: budgets near each L before far ones, then (with_cost)
     the all-rejected step-cost cells at every budget, then all-accepted cells for budgets no L reaches."""
     cells = [Config(cat, L, k) for cat, L in categories.items() for k in budgets if k >= L - 1]
@@ -96,8 +106,14 @@ class Sink:
         self.run_id = run_id
 
     def write(self, rtype: str, **fields: Any) -> dict[str, Any]:
-        rec = {"schema": SCHEMA, "type": rtype, "run_id": self.run_id, "synthetic": True,
-               "ts": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **fields}
+        rec = {
+            "schema": SCHEMA,
+            "type": rtype,
+            "run_id": self.run_id,
+            "synthetic": True,
+            "ts": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            **fields,
+        }
         self.lines.write(rec)
         return rec
 
@@ -127,10 +143,16 @@ def measure_hbm(sink: Sink, gib: float = 4.0, reps: int = 20) -> None:
     gbps = [moved / t / 1e9 for t in times]
     from dsparkcli.bench.provenance import gpu_facts  # needs platformdirs: see the imports at the top
 
-    sink.write("hbm", method="torch dst.copy_(src), bytes moved = 2 x size", size_bytes=n * 4, reps=reps,
-               gb_per_s=spread(gbps, count=True), device=torch.cuda.get_device_name(0),
-               torch_version=torch.__version__,
-               gpu=gpu_facts())
+    sink.write(
+        "hbm",
+        method="torch dst.copy_(src), bytes moved = 2 x size",
+        size_bytes=n * 4,
+        reps=reps,
+        gb_per_s=spread(gbps, count=True),
+        device=torch.cuda.get_device_name(0),
+        torch_version=torch.__version__,
+        gpu=gpu_facts(),
+    )
 
 
 # ------------------------------------------------------------------ servers
@@ -148,11 +170,19 @@ def _server_cfg(args: argparse.Namespace, pair: dict[str, Path], c: Config, load
     if args.cpu:
         extra += ["--no-repack"]  # a native build's AMX repack segfaults on these quantised files
     return ServerConfig(
-        model=pair["target"], draft=pair["draft"] if c.budget is not None else None,
-        n_max=c.budget, n_min=0 if c.budget is not None else None, p_min=0.0 if c.budget is not None else None,
-        synth_len=c.synth_len, ngl=None if args.cpu else 99, ngld=None if (args.cpu or c.budget is None) else 99,
-        flash_attn=None if args.cpu else "on", ctx=args.ctx, threads=args.threads if args.cpu else None,
-        extra_args=tuple(extra))
+        model=pair["target"],
+        draft=pair["draft"] if c.budget is not None else None,
+        n_max=c.budget,
+        n_min=0 if c.budget is not None else None,
+        p_min=0.0 if c.budget is not None else None,
+        synth_len=c.synth_len,
+        ngl=None if args.cpu else 99,
+        ngld=None if (args.cpu or c.budget is None) else 99,
+        flash_attn=None if args.cpu else "on",
+        ctx=args.ctx,
+        threads=args.threads if args.cpu else None,
+        extra_args=tuple(extra),
+    )
 
 
 def _stats(log_path: Path | None, n_before: int, wait_s: float = 3.0) -> tuple[int, tuple[float, ...] | None]:
@@ -171,8 +201,18 @@ def _payload(args: argparse.Namespace, prompt: list[int], n_predict: int, seed: 
     return protocol.completion_payload(prompt, n_predict=n_predict, seed=seed, ignore_eos=True, return_tokens=False)
 
 
-def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str, prompt: list[int],
-               plain_ref: dict[int, float] | None, load_round: int | None = None) -> dict[str, Any]:
+def run_config(
+    args,
+    sink: Sink,
+    engine,
+    pair,
+    files,
+    c: Config,
+    load_mode: str,
+    prompt: list[int],
+    plain_ref: dict[int, float] | None,
+    load_round: int | None = None,
+) -> dict[str, Any]:
     from dsparkcli.llama.server import LlamaServer  # the server side: see the imports at the top
 
     cfg = _server_cfg(args, pair, c, load_mode)
@@ -192,13 +232,23 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
                 tm = resp["timings"]
                 steps = float(moved.steps)
                 rec: dict[str, Any] = {
-                    "config": c.key, "category": c.category, "synth_len": c.synth_len, "budget": c.budget,
-                    "n_predict": n_predict, "seed": seed, "rep": rep,
-                    "predicted_n": tm["predicted_n"], "predicted_ms": tm["predicted_ms"],
-                    "tok_s": tm["predicted_per_second"], "prompt_n": tm["prompt_n"], "prompt_ms": tm["prompt_ms"],
-                    "draft_n": tm.get("draft_n", 0), "draft_n_accepted": tm.get("draft_n_accepted", 0),
+                    "config": c.key,
+                    "category": c.category,
+                    "synth_len": c.synth_len,
+                    "budget": c.budget,
+                    "n_predict": n_predict,
+                    "seed": seed,
+                    "rep": rep,
+                    "predicted_n": tm["predicted_n"],
+                    "predicted_ms": tm["predicted_ms"],
+                    "tok_s": tm["predicted_per_second"],
+                    "prompt_n": tm["prompt_n"],
+                    "prompt_ms": tm["prompt_ms"],
+                    "draft_n": tm.get("draft_n", 0),
+                    "draft_n_accepted": tm.get("draft_n_accepted", 0),
                     "steps": steps,
-                    "metrics_drafted": float(moved.drafted), "metrics_accepted": float(moved.accepted),
+                    "metrics_drafted": float(moved.drafted),
+                    "metrics_accepted": float(moved.accepted),
                 }
                 if c.budget is not None:
                     rec["mean_len"] = protocol.mean_acceptance_length(rec["draft_n_accepted"], steps)
@@ -218,13 +268,24 @@ def run_config(args, sink: Sink, engine, pair, files, c: Config, load_mode: str,
         verify = measure_verify_cost(args, sink, srv, c) if c.budget is None and load_round is None else None
         srv.check_alive()
         argv = srv.argv
-    summary: dict[str, Any] = {"config": c.key, "category": c.category, "synth_len": c.synth_len, "budget": c.budget,
-                               "load_s": round(load_s, 3), "load_mode": load_mode, "server_argv": argv,
-                               "engine": {"commit": engine.commit, "backend": engine.backend, "version": engine.version},
-                               "gpu": args.gpu_name, "files": files, "by_n_predict": {}}
+    summary: dict[str, Any] = {
+        "config": c.key,
+        "category": c.category,
+        "synth_len": c.synth_len,
+        "budget": c.budget,
+        "load_s": round(load_s, 3),
+        "load_mode": load_mode,
+        "server_argv": argv,
+        "engine": {"commit": engine.commit, "backend": engine.backend, "version": engine.version},
+        "gpu": args.gpu_name,
+        "files": files,
+        "by_n_predict": {},
+    }
     for n_predict, recs in per_np.items():
-        s = {"tok_s": spread([r["tok_s"] for r in recs], count=True),
-             "t_step_ms": spread([r["t_step_ms"] for r in recs if r.get("t_step_ms")], count=True)}
+        s = {
+            "tok_s": spread([r["tok_s"] for r in recs], count=True),
+            "t_step_ms": spread([r["t_step_ms"] for r in recs if r.get("t_step_ms")], count=True),
+        }
         if c.budget is not None:
             s["mean_len"] = spread([r["mean_len"] for r in recs if r.get("mean_len")], count=True)
             s["t_draft_ms"] = spread([r["t_draft_ms"] for r in recs if r.get("t_draft_ms")], count=True)
@@ -252,12 +313,14 @@ def measure_verify_cost(args, sink: Sink, srv, c: Config) -> dict[str, float]:
         ms = []
         for rep in range(args.verify_reps):
             prompt = [(17 + 31 * i + 7 * rep) % 1000 + 10 for i in range(m)]
-            resp = srv.client.completion(protocol.completion_payload(prompt, n_predict=1, seed=0, ignore_eos=True,
-                                                                     return_tokens=None))
+            resp = srv.client.completion(
+                protocol.completion_payload(prompt, n_predict=1, seed=0, ignore_eos=True, return_tokens=None)
+            )
             if resp["timings"]["prompt_n"] == m:
                 ms.append(resp["timings"]["prompt_ms"])
-        sink.write("verify_cost", m=m, prompt_ms=spread(ms, count=True),
-                   method="prompt eval of m fresh tokens, plain server")
+        sink.write(
+            "verify_cost", m=m, prompt_ms=spread(ms, count=True), method="prompt eval of m fresh tokens, plain server"
+        )
         if ms:
             out[str(m)] = statistics.median(ms)
     return out
@@ -288,8 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-reps", type=int, default=5)
     ap.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     ap.add_argument("--categories", nargs="+", default=list(CATEGORIES), help="subset of: " + " ".join(CATEGORIES))
-    ap.add_argument("--with-cost", action="store_true",
-                    help="also run L = 1 (all rejected) at every budget, and L = k+1 where no category reaches k")
+    ap.add_argument(
+        "--with-cost",
+        action="store_true",
+        help="also run L = 1 (all rejected) at every budget, and L = k+1 where no category reaches k",
+    )
     ap.add_argument("--cost-n-predict", type=int, nargs="+", default=[128], help="n_predict of the L = 1 cells")
     ap.add_argument("--part", type=int, default=1, help="this call's share of the grid (1-based)")
     ap.add_argument("--parts", type=int, default=1, help="how many calls share the grid")
@@ -304,13 +370,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-arg", action="append", help="extra llama-server argument (repeatable)")
     ap.add_argument("--no-overhead", action="store_true", help="skip the dspark-vs-bare-client measurement")
     ap.add_argument("--run-id", default=None)
-    ap.add_argument("--loads", type=int, default=1,
-                    help="> 1: load-to-load variation: every --only configuration (and plain) in N interleaved "
-                         "rounds, one server load each, ratios against the same round's plain")
+    ap.add_argument(
+        "--loads",
+        type=int,
+        default=1,
+        help="> 1: load-to-load variation: every --only configuration (and plain) in N interleaved "
+        "rounds, one server load each, ratios against the same round's plain",
+    )
     ap.add_argument("--only", nargs="+", default=None, help="configuration keys to run, e.g. L5.407-k5 L1-k7")
     ap.add_argument("--resume", type=Path, action="append", help="JSONL of an earlier call: skip its configurations")
-    ap.add_argument("--mirror", type=Path, default=None,
-                    help="also append every record here (a warm machine's /tmp: the next call resumes from it)")
+    ap.add_argument(
+        "--mirror",
+        type=Path,
+        default=None,
+        help="also append every record here (a warm machine's /tmp: the next call resumes from it)",
+    )
     args = ap.parse_args(argv)
 
     run_id = args.run_id or f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
@@ -332,15 +406,25 @@ def main(argv: list[str] | None = None) -> int:
     args.budgets = tuple(sorted(set(args.budgets)))
     args.log_dir = args.log_dir or args.out.parent / "logs"
     man = json.loads(args.manifest.read_text())
-    pair = {"target": args.manifest.parent / man["target"]["file"], "draft": args.manifest.parent / man["draft"]["file"]}
-    files = {role: {"file": man[role]["file"], "bytes": man[role]["bytes"], "sha256": man[role]["sha256"],
-                    "sha256_source": "hashed while written (synth_shapes)"} for role in ("target", "draft")}
+    pair = {
+        "target": args.manifest.parent / man["target"]["file"],
+        "draft": args.manifest.parent / man["draft"]["file"],
+    }
+    files = {
+        role: {
+            "file": man[role]["file"],
+            "bytes": man[role]["bytes"],
+            "sha256": man[role]["sha256"],
+            "sha256_source": "hashed while written (synth_shapes)",
+        }
+        for role in ("target", "draft")
+    }
     engine = engine_mod.describe(engine_mod.resolve_engine(args.llama_bin))
     gpu = gpu_facts()
     args.gpu_name = gpu.get("name", "unknown")
     cats = {k: CATEGORIES[k] for k in args.categories}
     cells = grid(args.budgets, cats, args.with_cost, tuple(args.cost_n_predict))
-    mine = cells[args.part - 1::args.parts]
+    mine = cells[args.part - 1 :: args.parts]
     if args.only:
         by_key = {c.key: c for c in cells}
         unknown = [k for k in args.only if k not in by_key]
@@ -361,13 +445,32 @@ def main(argv: list[str] | None = None) -> int:
                 if r.get("type") == "config" and r.get("budget") is not None:
                     args.done |= {(r["config"], int(n)) for n in r["by_n_predict"]}
         mine = [c for c in mine if any((c.key, n) not in args.done for n in (c.n_predict or args.n_predict))]
-    sink.write("provenance", dspark_version=__version__, argv=sys.argv if argv is None else argv,
-               engine={"server": str(engine.server), "commit": engine.commit, "version": engine.version,
-                       "backend": engine.backend}, gpu=gpu, manifest=man, files=files,
-               plan={"n_predict": args.n_predict, "reps": args.reps, "budgets": list(args.budgets),
-                     "categories": cats, "part": args.part, "parts": args.parts,
-                     "configs": [c.key + f"/{c.category}" for c in mine], "seed_base": args.seed, "loads": args.loads,
-                     "request": "greedy /completion, ignore_eos, cache_prompt false, 32-token id prompt, 1 warm-up"})
+    sink.write(
+        "provenance",
+        dspark_version=__version__,
+        argv=sys.argv if argv is None else argv,
+        engine={
+            "server": str(engine.server),
+            "commit": engine.commit,
+            "version": engine.version,
+            "backend": engine.backend,
+        },
+        gpu=gpu,
+        manifest=man,
+        files=files,
+        plan={
+            "n_predict": args.n_predict,
+            "reps": args.reps,
+            "budgets": list(args.budgets),
+            "categories": cats,
+            "part": args.part,
+            "parts": args.parts,
+            "configs": [c.key + f"/{c.category}" for c in mine],
+            "seed_base": args.seed,
+            "loads": args.loads,
+            "request": "greedy /completion, ignore_eos, cache_prompt false, 32-token id prompt, 1 warm-up",
+        },
+    )
 
     vocab = man["target"]["shape"]["vocab"]
     prompt = [(1009 * i + 7) % (vocab - 200) + 100 for i in range(32)]
@@ -381,8 +484,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plain = run_config(args, sink, engine, pair, files, Config("plain", None, None), load_mode, prompt, None)
     except Exception as e:  # no baseline, no ratios: say so and let the caller try another target
-        sink.write("error", config="plain", category="plain", error=f"{type(e).__name__}: {e}"[:2000],
-                   log_tail=getattr(e, "log_tail", "")[-4000:])
+        sink.write(
+            "error",
+            config="plain",
+            category="plain",
+            error=f"{type(e).__name__}: {e}"[:2000],
+            log_tail=getattr(e, "log_tail", "")[-4000:],
+        )
         print(f"plain baseline failed: {e}", file=sys.stderr)
         return 6
     plain_ref = {int(k): v["tok_s"]["median"] for k, v in plain["by_n_predict"].items()}
@@ -392,23 +500,32 @@ def main(argv: list[str] | None = None) -> int:
     est = plain["load_s"] * 1.3 + tokens / max(plain_ref[min(plain_ref)], 1e-6) * 1.2 + 3.0
     for i, c in enumerate(mine):
         if left() < est:
-            sink.write("skipped", configs=[x.key + f"/{x.category}" for x in mine[i:]],
-                       reason=f"deadline: {left():.0f} s left, a configuration takes ~{est:.0f} s")
+            sink.write(
+                "skipped",
+                configs=[x.key + f"/{x.category}" for x in mine[i:]],
+                reason=f"deadline: {left():.0f} s left, a configuration takes ~{est:.0f} s",
+            )
             break
         t_start = time.monotonic()
         try:
             run_config(args, sink, engine, pair, files, c, load_mode, prompt, plain_ref)
         except Exception as e:  # one failing configuration must not lose the rest of the sweep
-            sink.write("error", config=c.key, category=c.category, error=f"{type(e).__name__}: {e}"[:2000],
-                       log_tail=getattr(e, "log_tail", "")[-4000:])
+            sink.write(
+                "error",
+                config=c.key,
+                category=c.category,
+                error=f"{type(e).__name__}: {e}"[:2000],
+                log_tail=getattr(e, "log_tail", "")[-4000:],
+            )
         est = max(est, (time.monotonic() - t_start) * 1.1)
     if not args.no_overhead and left() > est + 30:
         measure_overhead(args, sink, engine, pair, load_mode)
     return 0
 
 
-def replicate(args, sink: Sink, engine, pair, files, configs: list[Config], load_mode: str, prompt: list[int],
-              left) -> int:
+def replicate(
+    args, sink: Sink, engine, pair, files, configs: list[Config], load_mode: str, prompt: list[int], left
+) -> int:
     """Load-to-load variation: round r loads plain, then each configuration, each in its own server; every
     ratio is against round r's plain. Interleaving rounds keeps slow drift out of the comparison."""
     est = 0.0
@@ -416,16 +533,35 @@ def replicate(args, sink: Sink, engine, pair, files, configs: list[Config], load
     for r in range(args.loads):
         for i, c in enumerate([Config("plain", None, None)] + configs):
             if left() < est:
-                sink.write("skipped", configs=[f"{x.key}/{x.category}" for x in configs[max(i - 1, 0):]],
-                           reason=f"deadline in round {r}: {left():.0f} s left, a load takes ~{est:.0f} s")
+                sink.write(
+                    "skipped",
+                    configs=[f"{x.key}/{x.category}" for x in configs[max(i - 1, 0) :]],
+                    reason=f"deadline in round {r}: {left():.0f} s left, a load takes ~{est:.0f} s",
+                )
                 return 0
             t_start = time.monotonic()
             try:
-                rec = run_config(args, sink, engine, pair, files, c, load_mode, prompt,
-                                 None if c.budget is None else plain_ref, load_round=r)
+                rec = run_config(
+                    args,
+                    sink,
+                    engine,
+                    pair,
+                    files,
+                    c,
+                    load_mode,
+                    prompt,
+                    None if c.budget is None else plain_ref,
+                    load_round=r,
+                )
             except Exception as e:  # noqa: BLE001 - keep the other loads
-                sink.write("error", config=c.key, category=c.category, load_round=r,
-                           error=f"{type(e).__name__}: {e}"[:2000], log_tail=getattr(e, "log_tail", "")[-4000:])
+                sink.write(
+                    "error",
+                    config=c.key,
+                    category=c.category,
+                    load_round=r,
+                    error=f"{type(e).__name__}: {e}"[:2000],
+                    log_tail=getattr(e, "log_tail", "")[-4000:],
+                )
                 if c.budget is None:
                     return 6
                 continue
@@ -441,11 +577,19 @@ def measure_overhead(args, sink: Sink, engine, pair, load_mode: str) -> None:
     from dsparkcli.llama.server import LlamaServer
 
     try:
-        with LlamaServer(engine, _server_cfg(args, pair, Config("plain", None, None), load_mode), log_dir=args.log_dir) as srv:
+        with LlamaServer(
+            engine, _server_cfg(args, pair, Config("plain", None, None), load_mode), log_dir=args.log_dir
+        ) as srv:
             res = overhead.measure(srv.client, "Count from one to one hundred.", reps=3, n_predict=min(args.n_predict))
-        sink.write("overhead", decode_ratio=res.decode_ratio, ttft_delta_s=res.ttft_delta_s,
-                   bare_decode_tok_s=list(res.bare_decode_tok_s), dspark_decode_tok_s=list(res.dspark_decode_tok_s),
-                   reps=res.reps, n_predict=res.n_predict)
+        sink.write(
+            "overhead",
+            decode_ratio=res.decode_ratio,
+            ttft_delta_s=res.ttft_delta_s,
+            bare_decode_tok_s=list(res.bare_decode_tok_s),
+            dspark_decode_tok_s=list(res.dspark_decode_tok_s),
+            reps=res.reps,
+            n_predict=res.n_predict,
+        )
     except Exception as e:  # noqa: BLE001 - optional extra: record why, keep the sweep's data
         sink.write("overhead", error=f"{type(e).__name__}: {e}"[:1000])
 

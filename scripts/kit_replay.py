@@ -38,20 +38,33 @@ def main() -> int:
     engine = engine_mod.describe(engine_mod.resolve_engine())
     cfg = ServerConfig(model=args.target, draft=None, ctx=4096, threads=args.threads)
     with LlamaServer(engine, cfg) as srv:  # the engine's tokenizer, not a second one
+
         def progress(r: replay.ReplayedRequest) -> None:
-            print(f"  {r.prompt_id} @{r.budget}: engine {r.engine_accepted}/{r.engine_drafted}, "
-                  f"torch {r.accepted}/{r.drafted}", file=sys.stderr, flush=True)
+            print(
+                f"  {r.prompt_id} @{r.budget}: engine {r.engine_accepted}/{r.engine_drafted}, "
+                f"torch {r.accepted}/{r.drafted}",
+                file=sys.stderr,
+                flush=True,
+            )
 
         rows = replay.replay(records, target, draft, srv.client.tokenize, budgets=args.budget, on_request=progress)
     summary = replay.summarise(rows, records)
-    print(f"{'category':8} {'k':>2} {'engine acc/drafted':>19} {'torch acc/drafted':>18} {'engine len':>10} {'torch len':>9}")
+    print(
+        f"{'category':8} {'k':>2} {'engine acc/drafted':>19} {'torch acc/drafted':>18} {'engine len':>10} {'torch len':>9}"
+    )
     for s in summary:
         e = f"{s.engine_mean_length:.3f}" if s.engine_mean_length is not None else "-"
         t = f"{s.mean_length:.3f}" if s.mean_length is not None else "-"
-        print(f"{s.category:8} {s.budget:>2} {s.engine_accepted:>9}/{s.engine_drafted:<9} "
-              f"{s.accepted:>8}/{s.drafted:<9} {e:>10} {t:>9}")
-    doc = {**replay.record_header("kit-replay", engine, bench=args.bench, target=args.target, draft=args.draft),
-           "budgets": args.budget, "summary": [s.to_record() for s in summary], "requests": [asdict(r) for r in rows]}
+        print(
+            f"{s.category:8} {s.budget:>2} {s.engine_accepted:>9}/{s.engine_drafted:<9} "
+            f"{s.accepted:>8}/{s.drafted:<9} {e:>10} {t:>9}"
+        )
+    doc = {
+        **replay.record_header("kit-replay", engine, bench=args.bench, target=args.target, draft=args.draft),
+        "budgets": args.budget,
+        "summary": [s.to_record() for s in summary],
+        "requests": [asdict(r) for r in rows],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, doc, indent=1)
     return 0

@@ -27,11 +27,16 @@ def section(path: Path) -> str:
         raise SystemExit(f"load_to_md: {path} is not a --concurrency run")
     engine = prov.get("engine") or {}
     files = prov.get("files") or {}
-    names = ", ".join(f"{role} `{Path(str(f.get('path', '?'))).name}` (sha256 `{str(f.get('sha256', ''))[:16]}…`)"
-                      for role, f in files.items() if f)
-    head = (f"Run `{records[0].get('run_id')}` on {prov.get('gpu', '?')}, llama.cpp {engine.get('commit', '?')} "
-            f"({engine.get('backend', '?')}); {names}; {prov.get('n_predict')} new tokens, {prov.get('reps')} passes "
-            f"per cell, clients {prov.get('concurrency')}. Records: `{path}`.")
+    names = ", ".join(
+        f"{role} `{Path(str(f.get('path', '?'))).name}` (sha256 `{str(f.get('sha256', ''))[:16]}…`)"
+        for role, f in files.items()
+        if f
+    )
+    head = (
+        f"Run `{records[0].get('run_id')}` on {prov.get('gpu', '?')}, llama.cpp {engine.get('commit', '?')} "
+        f"({engine.get('backend', '?')}); {names}; {prov.get('n_predict')} new tokens, {prov.get('reps')} passes "
+        f"per cell, clients {prov.get('concurrency')}. Records: `{path}`."
+    )
     return f"{head}\n\n{report.to_markdown(rows)}"
 
 

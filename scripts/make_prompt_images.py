@@ -50,12 +50,23 @@ def _save(fig, path: Path, colors: int = 48) -> None:
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
     plt.close(fig)
     buf.seek(0)
-    img = Image.open(buf).convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    img = (
+        Image.open(buf)
+        .convert("RGB")
+        .quantize(colors=colors, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    )
     img.save(path, format="PNG", optimize=True)
 
 
-def _text_image(lines: list[str], path: Path, *, family: str = "DejaVu Sans", size: int = 11,
-                box: bool = False, title: str | None = None) -> None:
+def _text_image(
+    lines: list[str],
+    path: Path,
+    *,
+    family: str = "DejaVu Sans",
+    size: int = 11,
+    box: bool = False,
+    title: str | None = None,
+) -> None:
     fig = _fig()
     ax = fig.add_axes([0, 0, 1, 1])
     ax.set_axis_off()
@@ -128,16 +139,31 @@ def mmmu_incline(p: Path) -> None:
 
 def mmmu_food_web(p: Path) -> None:
     fig, ax = _diagram()
-    nodes = {"Grass": (2, 1), "Algae": (7.5, 1), "Rabbit": (1, 3.5), "Grasshopper": (3.5, 3.2),
-             "Snail": (7.5, 3.2), "Frog": (5, 4.8), "Fox": (2, 6.3), "Heron": (7, 6.3)}
-    edges = [("Grass", "Rabbit"), ("Grass", "Grasshopper"), ("Algae", "Snail"), ("Grasshopper", "Frog"),
-             ("Snail", "Frog"), ("Rabbit", "Fox"), ("Frog", "Fox"), ("Frog", "Heron"), ("Snail", "Heron")]
+    nodes = {
+        "Grass": (2, 1),
+        "Algae": (7.5, 1),
+        "Rabbit": (1, 3.5),
+        "Grasshopper": (3.5, 3.2),
+        "Snail": (7.5, 3.2),
+        "Frog": (5, 4.8),
+        "Fox": (2, 6.3),
+        "Heron": (7, 6.3),
+    }
+    edges = [
+        ("Grass", "Rabbit"),
+        ("Grass", "Grasshopper"),
+        ("Algae", "Snail"),
+        ("Grasshopper", "Frog"),
+        ("Snail", "Frog"),
+        ("Rabbit", "Fox"),
+        ("Frog", "Fox"),
+        ("Frog", "Heron"),
+        ("Snail", "Heron"),
+    ]
     for a, b in edges:
-        ax.annotate("", xy=nodes[b], xytext=nodes[a],
-                    arrowprops=dict(arrowstyle="->", lw=1.5, shrinkA=14, shrinkB=14))
+        ax.annotate("", xy=nodes[b], xytext=nodes[a], arrowprops=dict(arrowstyle="->", lw=1.5, shrinkA=14, shrinkB=14))
     for name, (x, y) in nodes.items():
-        ax.text(x, y, name, ha="center", va="center", fontsize=10,
-                bbox=dict(boxstyle="round", fc="#e8f4e0", ec="k"))
+        ax.text(x, y, name, ha="center", va="center", fontsize=10, bbox=dict(boxstyle="round", fc="#e8f4e0", ec="k"))
     ax.text(5, 7.2, "Pond-edge food web (arrows point from food to eater)", ha="center", fontsize=10)
     _save(fig, p, colors=12)
 
@@ -156,8 +182,9 @@ def mmmu_punnett(p: Path) -> None:
         for j, h in enumerate(cols):
             x = 3.4 + 2.4 * j
             ax.add_patch(patches.Rectangle((x, y - 0.55), 2.4, 1.1, fill=False, lw=1.5))
-            geno = "".join(sorted(g[0] + h[0], key=lambda t: (t.lower(), t.islower()))) + \
-                "".join(sorted(g[1] + h[1], key=lambda t: (t.lower(), t.islower())))
+            geno = "".join(sorted(g[0] + h[0], key=lambda t: (t.lower(), t.islower()))) + "".join(
+                sorted(g[1] + h[1], key=lambda t: (t.lower(), t.islower()))
+            )
             if i == 1 and j == 0:
                 geno = "?"
             ax.text(x + 1.2, y, geno, ha="center", va="center", fontsize=12)
@@ -168,8 +195,13 @@ def mmmu_punnett(p: Path) -> None:
 def mmmu_timeline(p: Path) -> None:
     fig = _fig()
     ax = fig.add_axes([0.25, 0.15, 0.7, 0.75])
-    eras = [("Bronze Age (region A)", -3300, -1200), ("Iron Age (region A)", -1200, -550),
-            ("Classical period", -550, 330), ("Late antiquity", 250, 650), ("Early medieval", 500, 1000)]
+    eras = [
+        ("Bronze Age (region A)", -3300, -1200),
+        ("Iron Age (region A)", -1200, -550),
+        ("Classical period", -550, 330),
+        ("Late antiquity", 250, 650),
+        ("Early medieval", 500, 1000),
+    ]
     for i, (_, a, b) in enumerate(eras):
         ax.barh(i, b - a, left=a, color=f"C{i}")
     ax.set_yticks(range(len(eras)))
@@ -235,7 +267,9 @@ def mv_circle_square(p: Path) -> None:
     ax.set_axis_off()
     ax.add_patch(patches.Circle((0, 0), 3, fill=False, lw=2))
     r = 3 / np.sqrt(2)
-    ax.add_patch(patches.Polygon([(-r, -r), (r, -r), (r, r), (-r, r)], closed=True, fill=True, fc="#f2c14e", ec="k", lw=2))
+    ax.add_patch(
+        patches.Polygon([(-r, -r), (r, -r), (r, r), (-r, r)], closed=True, fill=True, fc="#f2c14e", ec="k", lw=2)
+    )
     ax.plot([0, 3], [0, 0], "k--")
     ax.text(1.5, 0.15, "r = 3", ha="center", fontsize=12)
     ax.plot(0, 0, "ko", ms=3)
@@ -329,12 +363,15 @@ def cx_stacked_area(p: Path) -> None:
 def cx_heatmap(p: Path) -> None:
     fig = _fig()
     ax = fig.add_axes([0.15, 0.12, 0.65, 0.78])
-    data = np.array([[0.91, 0.72, 0.40, 0.15], [0.80, 0.85, 0.52, 0.22], [0.55, 0.61, 0.88, 0.47],
-                     [0.20, 0.33, 0.58, 0.93]])
+    data = np.array(
+        [[0.91, 0.72, 0.40, 0.15], [0.80, 0.85, 0.52, 0.22], [0.55, 0.61, 0.88, 0.47], [0.20, 0.33, 0.58, 0.93]]
+    )
     im = ax.imshow(data, cmap="viridis", vmin=0, vmax=1)
     for i in range(4):
         for j in range(4):
-            ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", color="w" if data[i, j] < 0.6 else "k", fontsize=9)
+            ax.text(
+                j, i, f"{data[i, j]:.2f}", ha="center", va="center", color="w" if data[i, j] < 0.6 else "k", fontsize=9
+            )
     ax.set_xticks(range(4))
     ax.set_xticklabels(["en", "de", "fr", "ja"])
     ax.set_yticks(range(4))
@@ -381,56 +418,143 @@ def cx_dual_axis(p: Path) -> None:
 
 
 def ocr_receipt(p: Path) -> None:
-    _text_image(["CORNER BAKERY  #0417", "2 x Rye loaf            7.80", "1 x Cinnamon roll       2.95",
-                 "3 x Oat cookie          4.50", "1 x Flat white          3.40", "Subtotal               18.65",
-                 "VAT 7%                  1.31", "TOTAL                  19.96", "Paid by card ****5521"],
-                p, family="DejaVu Sans Mono", size=11, box=True, title="RECEIPT")
+    _text_image(
+        [
+            "CORNER BAKERY  #0417",
+            "2 x Rye loaf            7.80",
+            "1 x Cinnamon roll       2.95",
+            "3 x Oat cookie          4.50",
+            "1 x Flat white          3.40",
+            "Subtotal               18.65",
+            "VAT 7%                  1.31",
+            "TOTAL                  19.96",
+            "Paid by card ****5521",
+        ],
+        p,
+        family="DejaVu Sans Mono",
+        size=11,
+        box=True,
+        title="RECEIPT",
+    )
 
 
 def ocr_notice(p: Path) -> None:
-    _text_image(["The north entrance will be closed", "from Monday 3 March to Friday 14 March",
-                 "for repairs to the staircase.", "", "Please use the east entrance on", "Wharf Lane.",
-                 "Lifts remain available 07:00-22:00."], p, size=13, box=True, title="NOTICE TO VISITORS")
+    _text_image(
+        [
+            "The north entrance will be closed",
+            "from Monday 3 March to Friday 14 March",
+            "for repairs to the staircase.",
+            "",
+            "Please use the east entrance on",
+            "Wharf Lane.",
+            "Lifts remain available 07:00-22:00.",
+        ],
+        p,
+        size=13,
+        box=True,
+        title="NOTICE TO VISITORS",
+    )
 
 
 def ocr_timetable(p: Path) -> None:
-    _text_image(["Stop            Bus 12   Bus 12   Bus 40", "Harbour Sq.     06:55    07:25    07:40",
-                 "Mill Road       07:03    07:33    07:51", "Station         07:12    07:42    --",
-                 "Hospital        07:20    07:50    08:04", "University      07:31    08:01    08:15"],
-                p, family="DejaVu Sans Mono", size=11, title="Weekday timetable")
+    _text_image(
+        [
+            "Stop            Bus 12   Bus 12   Bus 40",
+            "Harbour Sq.     06:55    07:25    07:40",
+            "Mill Road       07:03    07:33    07:51",
+            "Station         07:12    07:42    --",
+            "Hospital        07:20    07:50    08:04",
+            "University      07:31    08:01    08:15",
+        ],
+        p,
+        family="DejaVu Sans Mono",
+        size=11,
+        title="Weekday timetable",
+    )
 
 
 def ocr_paragraph(p: Path) -> None:
-    _text_image(["Dear Ms. Okafor,", "", "Thank you for returning the signed lease.",
-                 "Your keys can be collected from the office", "on Thursday after 2 pm. The deposit of",
-                 "950 pounds was received on 11 June.", "", "Kind regards,", "P. Lindqvist"],
-                p, family="DejaVu Serif", size=12)
+    _text_image(
+        [
+            "Dear Ms. Okafor,",
+            "",
+            "Thank you for returning the signed lease.",
+            "Your keys can be collected from the office",
+            "on Thursday after 2 pm. The deposit of",
+            "950 pounds was received on 11 June.",
+            "",
+            "Kind regards,",
+            "P. Lindqvist",
+        ],
+        p,
+        family="DejaVu Serif",
+        size=12,
+    )
 
 
 def ocr_code(p: Path) -> None:
-    _text_image(["def moving_average(xs, k):", "    out = []", "    total = sum(xs[:k])",
-                 "    out.append(total / k)", "    for i in range(k, len(xs)):",
-                 "        total += xs[i] - xs[i - k]", "        out.append(total / k)", "    return out"],
-                p, family="DejaVu Sans Mono", size=12, title="snippet.py")
+    _text_image(
+        [
+            "def moving_average(xs, k):",
+            "    out = []",
+            "    total = sum(xs[:k])",
+            "    out.append(total / k)",
+            "    for i in range(k, len(xs)):",
+            "        total += xs[i] - xs[i - k]",
+            "        out.append(total / k)",
+            "    return out",
+        ],
+        p,
+        family="DejaVu Sans Mono",
+        size=12,
+        title="snippet.py",
+    )
 
 
 def ocr_form(p: Path) -> None:
-    _text_image(["Name:            Tomasz Wierzbicki", "Date of birth:   1987-09-23",
-                 "Membership no.:  LX-20931", "Plan:            Family (2 adults, 1 child)",
-                 "Start date:      01/04/2025", "Monthly fee:     EUR 64.00", "Signature:       T. Wierzbicki"],
-                p, family="DejaVu Sans Mono", size=11, box=True, title="MEMBERSHIP FORM")
+    _text_image(
+        [
+            "Name:            Tomasz Wierzbicki",
+            "Date of birth:   1987-09-23",
+            "Membership no.:  LX-20931",
+            "Plan:            Family (2 adults, 1 child)",
+            "Start date:      01/04/2025",
+            "Monthly fee:     EUR 64.00",
+            "Signature:       T. Wierzbicki",
+        ],
+        p,
+        family="DejaVu Sans Mono",
+        size=11,
+        box=True,
+        title="MEMBERSHIP FORM",
+    )
 
 
 IMAGES = {
-    "mmmu_circuit.png": mmmu_circuit, "mmmu_supply_demand.png": mmmu_supply_demand,
-    "mmmu_incline.png": mmmu_incline, "mmmu_food_web.png": mmmu_food_web, "mmmu_punnett.png": mmmu_punnett,
+    "mmmu_circuit.png": mmmu_circuit,
+    "mmmu_supply_demand.png": mmmu_supply_demand,
+    "mmmu_incline.png": mmmu_incline,
+    "mmmu_food_web.png": mmmu_food_web,
+    "mmmu_punnett.png": mmmu_punnett,
     "mmmu_timeline.png": mmmu_timeline,
-    "mv_triangle.png": mv_triangle, "mv_parabola.png": mv_parabola, "mv_bar_counts.png": mv_bar_counts,
-    "mv_circle_square.png": mv_circle_square, "mv_scatter.png": mv_scatter, "mv_clock.png": mv_clock,
-    "cx_lines.png": cx_lines, "cx_grouped_bars.png": cx_grouped_bars, "cx_stacked_area.png": cx_stacked_area,
-    "cx_heatmap.png": cx_heatmap, "cx_boxplots.png": cx_boxplots, "cx_dual_axis.png": cx_dual_axis,
-    "ocr_receipt.png": ocr_receipt, "ocr_notice.png": ocr_notice, "ocr_timetable.png": ocr_timetable,
-    "ocr_paragraph.png": ocr_paragraph, "ocr_code.png": ocr_code, "ocr_form.png": ocr_form,
+    "mv_triangle.png": mv_triangle,
+    "mv_parabola.png": mv_parabola,
+    "mv_bar_counts.png": mv_bar_counts,
+    "mv_circle_square.png": mv_circle_square,
+    "mv_scatter.png": mv_scatter,
+    "mv_clock.png": mv_clock,
+    "cx_lines.png": cx_lines,
+    "cx_grouped_bars.png": cx_grouped_bars,
+    "cx_stacked_area.png": cx_stacked_area,
+    "cx_heatmap.png": cx_heatmap,
+    "cx_boxplots.png": cx_boxplots,
+    "cx_dual_axis.png": cx_dual_axis,
+    "ocr_receipt.png": ocr_receipt,
+    "ocr_notice.png": ocr_notice,
+    "ocr_timetable.png": ocr_timetable,
+    "ocr_paragraph.png": ocr_paragraph,
+    "ocr_code.png": ocr_code,
+    "ocr_form.png": ocr_form,
 }
 
 

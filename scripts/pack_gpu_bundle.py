@@ -34,14 +34,35 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TREE = Path("~/.cache/dspark/src/llama_cpp_python-0.3.36/vendor/llama.cpp").expanduser()
 ON_GPU_MACHINE = {"numpy", "torch", "pip", "setuptools", "wheel", "cmake", "ninja"}
 # optional heavy deps used lazily by commands the study does not run (report plots)
-SKIP_BY_DEFAULT = {"matplotlib", "contourpy", "cycler", "fonttools", "kiwisolver", "pyparsing", "python-dateutil", "six"}
+SKIP_BY_DEFAULT = {
+    "matplotlib",
+    "contourpy",
+    "cycler",
+    "fonttools",
+    "kiwisolver",
+    "pyparsing",
+    "python-dateutil",
+    "six",
+}
 EXCLUDE_DIRS = {".git", "docs", "media", "benches", "__pycache__", ".github", ".devops"}
 # not compiled by the CUDA server build (LLAMA_BUILD_TESTS/EXAMPLES=OFF; ggml adds a backend's folder only
 # when it is switched on); ggml-hip and ggml-musa stay, they compile ggml-cuda's sources
 # (scripts/ stays: tools/ui's build runs scripts/ui-assets.cmake; the H200 build of session 36 failed without it)
 EXCLUDE_TOP = {"tests", "examples", "conversion", "gguf-py", "grammars", "prompts", "ci"}
-EXCLUDE_BACKENDS = {"ggml-sycl", "ggml-vulkan", "ggml-opencl", "ggml-hexagon", "ggml-metal", "ggml-et",
-                    "ggml-webgpu", "ggml-openvino", "ggml-cann", "ggml-virtgpu", "ggml-zdnn", "ggml-zendnn"}
+EXCLUDE_BACKENDS = {
+    "ggml-sycl",
+    "ggml-vulkan",
+    "ggml-opencl",
+    "ggml-hexagon",
+    "ggml-metal",
+    "ggml-et",
+    "ggml-webgpu",
+    "ggml-openvino",
+    "ggml-cann",
+    "ggml-virtgpu",
+    "ggml-zdnn",
+    "ggml-zendnn",
+}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -56,9 +77,17 @@ def dependency_closure(root: str = "dspark", skip: set[str] | None = None) -> di
     skip = {_norm(s) for s in (skip or set())}
     seen: dict[str, str] = {}
     todo = [root]
-    env = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
-           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
-           "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    env = {
+        "python_version": "3.12",
+        "python_full_version": "3.12.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "os_name": "posix",
+        "extra": "",
+    }
     while todo:
         name = todo.pop()
         try:
@@ -85,9 +114,25 @@ def download_wheels(pins: dict[str, str], dest: Path) -> None:
     for name, version in sorted(pins.items()):
         if any(_norm(p.name.split("-")[0]) == name and f"-{version}-" in p.name for p in dest.glob("*.whl")):
             continue
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-               "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
-               "--abi", "none"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp312",
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+        ]
         for plat in PLATFORMS:
             cmd += ["--platform", plat]
         cmd += ["--platform", "any", "-d", str(dest), f"{name}=={version}"]
@@ -132,7 +177,9 @@ def build_info_patch(tree: Path) -> tuple[bytes, str, str]:
 
 def pack_tree(tree: Path, out: Path) -> int:
     if not (tree / "CMakeLists.txt").is_file():
-        raise SystemExit(f"{tree} is not a llama.cpp tree; build the CPU engine once (dspark engine build) or pass --tree")
+        raise SystemExit(
+            f"{tree} is not a llama.cpp tree; build the CPU engine once (dspark engine build) or pass --tree"
+        )
     if not (tree / "tools" / "ui").is_dir():
         raise SystemExit(f"{tree}/tools/ui is missing: llama-server's build needs it")
     files = sorted(p for p in tree.rglob("*") if (p.is_file() or p.is_symlink()) and _keep(p, tree))
@@ -180,15 +227,24 @@ def main(argv: list[str] | None = None) -> int:
             old.unlink()
     download_wheels(pins, wheels)
 
-    entries = [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": sha256(p)}
-               for p in [tar_path, *sorted(wheels.glob("*.whl"))]]
+    entries = [
+        {"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": sha256(p)}
+        for p in [tar_path, *sorted(wheels.glob("*.whl"))]
+    ]
     total = sum(e["bytes"] for e in entries)
-    bundle = {"llama_cpp_tree": str(args.tree), "tree_files": n_files, "pins": pins, "files": entries,
-              "total_bytes": total}
+    bundle = {
+        "llama_cpp_tree": str(args.tree),
+        "tree_files": n_files,
+        "pins": pins,
+        "files": entries,
+        "total_bytes": total,
+    }
     (out / "BUNDLE.json").write_text(json.dumps(bundle, indent=2) + "\n")
     print(f"{tar_path.name}: {tar_path.stat().st_size / 2**20:.1f} MiB ({n_files} files)")
-    print(f"wheels: {len(entries) - 1} ({sum(e['bytes'] for e in entries[1:]) / 2**20:.1f} MiB): "
-          + ", ".join(f"{n}=={v}" for n, v in sorted(pins.items())))
+    print(
+        f"wheels: {len(entries) - 1} ({sum(e['bytes'] for e in entries[1:]) / 2**20:.1f} MiB): "
+        + ", ".join(f"{n}=={v}" for n, v in sorted(pins.items()))
+    )
     print(f"total {total / 2**20:.1f} MiB in {out}")
     if total > args.max_mib * 2**20:
         print(f"error: bundle is over {args.max_mib} MiB", file=sys.stderr)

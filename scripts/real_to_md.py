@@ -28,8 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DISTILL = ROOT / "results/h200/real3/distill-report.json"
 LOAD = ROOT / "results/h200/real/load-real.jsonl"
 TUNE = ROOT / "results/h200/real/tune/tune.json"
-BENCHES = {"H200 (CUDA sm_90)": ROOT / "results/h200/real3/bench-h200.jsonl", "CPU (2 cores)": ROOT / "results/real3/bench-cpu.jsonl"}
-REPLAYS = {"H200 (CUDA sm_90)": ROOT / "results/h200/real3/replay-h200.json", "CPU (2 cores)": ROOT / "results/real3/replay-cpu.json"}
+BENCHES = {
+    "H200 (CUDA sm_90)": ROOT / "results/h200/real3/bench-h200.jsonl",
+    "CPU (2 cores)": ROOT / "results/real3/bench-cpu.jsonl",
+}
+REPLAYS = {
+    "H200 (CUDA sm_90)": ROOT / "results/h200/real3/replay-h200.json",
+    "CPU (2 cores)": ROOT / "results/real3/replay-cpu.json",
+}
 TRANSFER = ROOT / "results/real3/transfer-code.json"
 FIRST_DRAFT = "the first draft, sha256 `28cbc2a667e537d1…`"
 
@@ -43,7 +49,8 @@ def distill_section(rep: dict[str, Any]) -> list[str]:
     o = t["options"]
     best = t["best"]
     lines = [
-        "### The distill run (`dspark distill`, REAL)", "",
+        "### The distill run (`dspark distill`, REAL)",
+        "",
         f"- target sha256 `{rep['target_sha256'][:16]}…`, device {rep['device']}; draft `{Path(rep['out']).name}` "
         f"{rep['out_bytes']:,} bytes, sha256 `{rep['out_sha256'][:16]}…`",
         f"- draft: {t['config']['n_layer']} layers, block size {t['config']['block_size']}, taps "
@@ -59,9 +66,13 @@ def distill_section(rep: dict[str, Any]) -> list[str]:
         + "; loss "
         + " → ".join(f"{loss:.2f}" for _, loss in t["losses"]),
         f"- best held-out evaluation at step {best['step']:,} ({best['seconds']:.0f} s); simulated mean acceptance "
-        + (f"length on {t['val_sequences']} sequences of {o['val_groups']} prompt templates per category that "
-           "were held out whole (never trained on), per budget:" if o.get("val_groups") else
-           "length on 3 % held-out training sequences (same templates, so optimistic), per budget:"), "",
+        + (
+            f"length on {t['val_sequences']} sequences of {o['val_groups']} prompt templates per category that "
+            "were held out whole (never trained on), per budget:"
+            if o.get("val_groups")
+            else "length on 3 % held-out training sequences (same templates, so optimistic), per budget:"
+        ),
+        "",
         "| category | " + " | ".join(f"k={k + 1}" for k in range(len(next(iter(best["tau"].values()))))) + " |",
         "|---" * (1 + len(next(iter(best["tau"].values())))) + "|",
     ]
@@ -82,8 +93,10 @@ def step_costs(recs: list[dict[str, Any]]) -> list[str]:
                 budget[r["config"]] = r["budget"]
         elif r["record"] == "counters":
             steps[(r["config"], r["category"])] += r["steps"]
-    rows = ["| config | category | t1 plain (ms/token) | t_step (ms) | break-even τ | measured τ | bound τ·t1/t_step | measured speedup |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| config | category | t1 plain (ms/token) | t_step (ms) | break-even τ | measured τ | bound τ·t1/t_step | measured speedup |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     summaries = {(s["config"], s["category"]): s for s in stats.summarize(recs)}
     for (config, cat), (ms, _n) in sorted(gen.items(), key=lambda kv: (budget.get(kv[0][0], 0), kv[0][1])):
         if config == "plain" or not steps[(config, cat)]:
@@ -94,9 +107,12 @@ def step_costs(recs: list[dict[str, Any]]) -> list[str]:
         s = summaries.get((config, cat), {})
         tau = s.get("mean_length")
         speed = s.get("speedup")
-        rows.append(f"| {config} | {cat} | {t1:.3f} | {t_step:.3f} | {t_step / t1:.2f} | "
-                    f"{tau:.2f} | {tau * t1 / t_step:.2f}× | {speed:.2f}× |" if tau and speed else
-                    f"| {config} | {cat} | {t1:.3f} | {t_step:.3f} | {t_step / t1:.2f} | - | - | - |")
+        rows.append(
+            f"| {config} | {cat} | {t1:.3f} | {t_step:.3f} | {t_step / t1:.2f} | "
+            f"{tau:.2f} | {tau * t1 / t_step:.2f}× | {speed:.2f}× |"
+            if tau and speed
+            else f"| {config} | {cat} | {t1:.3f} | {t_step:.3f} | {t_step / t1:.2f} | - | - | - |"
+        )
     return rows
 
 
@@ -118,44 +134,68 @@ def bench_section(label: str, path: Path) -> list[str]:
     prov = next(r["provenance"] for r in recs if r.get("provenance"))
     eng = prov["engine"]
     summaries = stats.summarize(recs)
-    lines = [f"### {label}: plain vs the shipped draft (REAL acceptance)", "",
-             f"`{path.relative_to(ROOT)}`, run {', '.join(run_ids)}; engine {eng['commit']} {eng['backend']}, "
-             f"GPU {prov['gpu']}; n_predict {prov['n_predict']}, {prov['reps']} reps, greedy; flags "
-             f"`{_flags(next(r['server_argv'] for r in recs if r['record'] == 'counters'))}`",
-             "", report.to_markdown(summaries).rstrip("\n"), "",
-             "Step cost and the bound (plain's t1 from the same run):", "", *step_costs(recs), ""]
+    lines = [
+        f"### {label}: plain vs the shipped draft (REAL acceptance)",
+        "",
+        f"`{path.relative_to(ROOT)}`, run {', '.join(run_ids)}; engine {eng['commit']} {eng['backend']}, "
+        f"GPU {prov['gpu']}; n_predict {prov['n_predict']}, {prov['reps']} reps, greedy; flags "
+        f"`{_flags(next(r['server_argv'] for r in recs if r['record'] == 'counters'))}`",
+        "",
+        report.to_markdown(summaries).rstrip("\n"),
+        "",
+        "Step cost and the bound (plain's t1 from the same run):",
+        "",
+        *step_costs(recs),
+        "",
+    ]
     return lines
 
 
 def replay_section() -> list[str]:
     """scripts/kit_replay.py's records: the engine's counts next to the torch draft's on the same tokens."""
-    lines = ["### The same runs replayed by the torch draft (scripts/kit_replay.py)", "",
-             "Mean acceptance length per cell: llama-server's (its counters) / the torch draft's in the server's "
-             "loop on the same output tokens (accepted tokens in brackets).", ""]
+    lines = [
+        "### The same runs replayed by the torch draft (scripts/kit_replay.py)",
+        "",
+        "Mean acceptance length per cell: llama-server's (its counters) / the torch draft's in the server's "
+        "loop on the same output tokens (accepted tokens in brackets).",
+        "",
+    ]
     docs = {label: json.loads(path.read_text(encoding="utf-8")) for label, path in REPLAYS.items() if path.is_file()}
     for label, doc in docs.items():
-        lines += [f"{label}: `{REPLAYS[label].relative_to(ROOT)}` (bench sha256 `{doc['bench']['sha256'][:12]}…`, "
-                  f"draft `{doc['draft']['sha256'][:12]}…`, torch {doc['torch']} on the CPU)", "",
-                  "| budget | " + " | ".join(c for c in ("math", "code", "general", "all")) + " |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            f"{label}: `{REPLAYS[label].relative_to(ROOT)}` (bench sha256 `{doc['bench']['sha256'][:12]}…`, "
+            f"draft `{doc['draft']['sha256'][:12]}…`, torch {doc['torch']} on the CPU)",
+            "",
+            "| budget | " + " | ".join(c for c in ("math", "code", "general", "all")) + " |",
+            "|---|---|---|---|---|",
+        ]
         cells = {(r["category"], r["budget"]): r for r in doc["summary"]}
         for budget in sorted({b for _, b in cells}):
             row = []
             for cat in ("math", "code", "general", "all"):
                 r = cells.get((cat, budget))
-                row.append("–" if r is None or r["engine_mean_length"] is None else
-                           f"{r['engine_mean_length']:.3f} / {r['mean_length']:.3f} "
-                           f"({r['engine_accepted']} / {r['accepted']})")
+                row.append(
+                    "–"
+                    if r is None or r["engine_mean_length"] is None
+                    else f"{r['engine_mean_length']:.3f} / {r['mean_length']:.3f} "
+                    f"({r['engine_accepted']} / {r['accepted']})"
+                )
             lines.append(f"| {budget} | " + " | ".join(row) + " |")
         lines.append("")
     if TRANSFER.is_file():
         doc = json.loads(TRANSFER.read_text(encoding="utf-8"))
-        lines += [f"Transfer to unseen code tasks (`{TRANSFER.relative_to(ROOT)}`, scripts/draft_transfer.py; torch "
-                  f"replay at budget {doc['budget']}, {doc['n_predict']} greedy tokens per prompt):", "",
-                  "| prompt set | prompts | mean acceptance length | per prompt min-median-max |", "|---|---|---|---|"]
+        lines += [
+            f"Transfer to unseen code tasks (`{TRANSFER.relative_to(ROOT)}`, scripts/draft_transfer.py; torch "
+            f"replay at budget {doc['budget']}, {doc['n_predict']} greedy tokens per prompt):",
+            "",
+            "| prompt set | prompts | mean acceptance length | per prompt min-median-max |",
+            "|---|---|---|---|",
+        ]
         for r in doc["summary"]:
-            lines.append(f"| {r['set']} | {r['prompts']} | {r['mean_length']:.3f} | {r['per_prompt_min']:.2f}-"
-                         f"{r['per_prompt_median']:.2f}-{r['per_prompt_max']:.2f} |")
+            lines.append(
+                f"| {r['set']} | {r['prompts']} | {r['mean_length']:.3f} | {r['per_prompt_min']:.2f}-"
+                f"{r['per_prompt_median']:.2f}-{r['per_prompt_max']:.2f} |"
+            )
         lines.append("")
     return lines
 
@@ -169,12 +209,20 @@ def render() -> str:
     out += replay_section()
     if LOAD.is_file():
         text = load_to_md.section(LOAD).replace(f"{ROOT}/", "")
-        out += [f"### H200: many users at once (`dspark bench --concurrency`, REAL acceptance; {FIRST_DRAFT})", "",
-                text.rstrip("\n"), ""]
+        out += [
+            f"### H200: many users at once (`dspark bench --concurrency`, REAL acceptance; {FIRST_DRAFT})",
+            "",
+            text.rstrip("\n"),
+            "",
+        ]
     if TUNE.is_file():
         rec = TuningRecord.from_record(json.loads(TUNE.read_text(encoding="utf-8")))
-        out += [f"### H200: `dspark tune` on the real pair (REAL acceptance; {FIRST_DRAFT})", "",
-                tune_to_md.record_md(rec, str(TUNE.relative_to(ROOT))).rstrip("\n"), ""]
+        out += [
+            f"### H200: `dspark tune` on the real pair (REAL acceptance; {FIRST_DRAFT})",
+            "",
+            tune_to_md.record_md(rec, str(TUNE.relative_to(ROOT))).rstrip("\n"),
+            "",
+        ]
     return "\n".join(out)
 
 

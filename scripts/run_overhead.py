@@ -15,10 +15,10 @@ import tempfile
 from pathlib import Path
 
 from dsparkcli.bench import overhead, provenance
-from dsparkcli.synth import known_answer as synth
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.llama.server import LlamaServer, ServerConfig, split_server_args
+from dsparkcli.synth import known_answer as synth
 
 
 def main() -> int:
@@ -39,18 +39,26 @@ def main() -> int:
         else:
             pair = synth.write_pair(tmp, vocab=128, accept_rate=1.0, seed=0)
             target, draft = pair.target, pair.draft
-        cfg = ServerConfig(model=target, draft=draft, n_max=args.budget if draft else None, ctx=args.ctx,
-                           extra_args=tuple(extra))
+        cfg = ServerConfig(
+            model=target, draft=draft, n_max=args.budget if draft else None, ctx=args.ctx, extra_args=tuple(extra)
+        )
         with LlamaServer(eng, cfg) as srv:
-            result = overhead.measure(srv.client, "Count from one to a thousand.", reps=args.reps,
-                                      n_predict=args.n_predict)
-            record = {"kind": "run_overhead", **result.to_record(),
-                      "provenance": provenance.collect(eng, {"target": target, "draft": draft}, argv=srv.argv,
-                                                       reps=args.reps)}
+            result = overhead.measure(
+                srv.client, "Count from one to a thousand.", reps=args.reps, n_predict=args.n_predict
+            )
+            record = {
+                "kind": "run_overhead",
+                **result.to_record(),
+                "provenance": provenance.collect(
+                    eng, {"target": target, "draft": draft}, argv=srv.argv, reps=args.reps
+                ),
+            }
     with open(args.out, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-    print(f"decode tok/s ratio dspark/bare = {result.decode_ratio:.4f} (median of {args.reps}); "
-          f"TTFT delta = {1000 * result.ttft_delta_s:+.1f} ms")
+    print(
+        f"decode tok/s ratio dspark/bare = {result.decode_ratio:.4f} (median of {args.reps}); "
+        f"TTFT delta = {1000 * result.ttft_delta_s:+.1f} ms"
+    )
     return 0
 
 

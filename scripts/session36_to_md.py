@@ -36,16 +36,29 @@ def step_costs(doc: dict) -> list[str]:
         if r["table"] == "cost":
             cells.setdefault((r["switches"], r["config"]), []).append(r["ms"])
     configs = sorted({c for _, c in cells}, key=lambda c: (c != "plain", int(c.split("@")[1]) if "@" in c else 0))
-    out = ["| switch set | " + " | ".join(f"{c} ms" for c in configs) + " | "
-           + " | ".join(f"t_step({c.split('@')[1]}) / t1" for c in configs if c != "plain") + " |",
-           "|---|" + "---|" * (2 * len(configs) - 1)]
+    out = [
+        "| switch set | "
+        + " | ".join(f"{c} ms" for c in configs)
+        + " | "
+        + " | ".join(f"t_step({c.split('@')[1]}) / t1" for c in configs if c != "plain")
+        + " |",
+        "|---|" + "---|" * (2 * len(configs) - 1),
+    ]
     for name in doc["switch_sets"]:
         med = {c: statistics.median(cells[(name, c)]) for c in configs if (name, c) in cells}
         t1 = med["plain"]
-        out.append(f"| {SET_NAMES.get(name, name)} | " + " | ".join(
-            f"{med[c]:.3f} ({min(cells[(name, c)]):.3f}-{max(cells[(name, c)]):.3f})" if len(cells[(name, c)]) > 1
-            else f"{med[c]:.3f}" for c in configs)
-            + " | " + " | ".join(f"{med[c] / t1:.2f}" for c in configs if c != "plain") + " |")
+        out.append(
+            f"| {SET_NAMES.get(name, name)} | "
+            + " | ".join(
+                f"{med[c]:.3f} ({min(cells[(name, c)]):.3f}-{max(cells[(name, c)]):.3f})"
+                if len(cells[(name, c)]) > 1
+                else f"{med[c]:.3f}"
+                for c in configs
+            )
+            + " | "
+            + " | ".join(f"{med[c] / t1:.2f}" for c in configs if c != "plain")
+            + " |"
+        )
     return out
 
 
@@ -57,8 +70,12 @@ def budgets_table(rows: list) -> list[str]:
             configs.append(_get(s, "config"))
     cats = [c for c in dict.fromkeys(_get(s, "category") for s in rows)]
     short = {c: c.split("@")[1] if "@" in c else c for c in configs}
-    out = ["| category | plain tok/s (min-max) | " + " | ".join(f"{short[c]}" for c in configs if c != "plain")
-           + " | best |", "|---|---|" + "---|" * (len(configs) - 1) + "---|"]
+    out = [
+        "| category | plain tok/s (min-max) | "
+        + " | ".join(f"{short[c]}" for c in configs if c != "plain")
+        + " | best |",
+        "|---|---|" + "---|" * (len(configs) - 1) + "---|",
+    ]
     for cat in cats:
         by = {_get(s, "config"): s for s in rows if _get(s, "category") == cat}
         p = _get(by["plain"], "tok_s")
@@ -71,8 +88,11 @@ def budgets_table(rows: list) -> list[str]:
             cells.append(f"{_get(s, 'speedup'):.2f}×" + (f" ({L:.2f})" if L else " (no draft)"))
             if short[c].isdigit() and _get(s, "speedup") > best[1]:
                 best = (short[c], _get(s, "speedup"))
-        out.append(f"| {cat} | {p['median']:.0f} ({p['min']:.0f}-{p['max']:.0f}) | " + " | ".join(cells)
-                   + f" | {best[0]} ({best[1]:.2f}×) |")
+        out.append(
+            f"| {cat} | {p['median']:.0f} ({p['min']:.0f}-{p['max']:.0f}) | "
+            + " | ".join(cells)
+            + f" | {best[0]} ({best[1]:.2f}×) |"
+        )
     return out
 
 
@@ -86,18 +106,26 @@ def tune_table(record: dict) -> list[str]:
         if key in preds:
             off.append(abs(preds[key] / measured - 1))
     c = record["cost"]
-    lines = [f"cost model: t1 {c['t1_ms']:.3f} ms; t_step(k) " + ", ".join(
-        f"{k} {v:.2f}" for k, v in c["t_step_ms"].items()) + f" ms; s {c['s_ms']:.3f} ms per accepted token; "
-        + "; ".join(f"p-min {p} +{v:.3f} ms per block position a round" for p, v in c["p_min_ms"].items()), "",
+    lines = [
+        f"cost model: t1 {c['t1_ms']:.3f} ms; t_step(k) "
+        + ", ".join(f"{k} {v:.2f}" for k, v in c["t_step_ms"].items())
+        + f" ms; s {c['s_ms']:.3f} ms per accepted token; "
+        + "; ".join(f"p-min {p} +{v:.3f} ms per block position a round" for p, v in c["p_min_ms"].items()),
+        "",
         f"verified cells: {len(off)}; more than 10 % off: {sum(o > 0.10 for o in off)}; median |off| "
-        f"{100 * statistics.median(off):.0f} %", "",
-        "| category | mean len @k_max | choice | predicted | measured (tune's own cells) |", "|---|---|---|---|---|"]
+        f"{100 * statistics.median(off):.0f} %",
+        "",
+        "| category | mean len @k_max | choice | predicted | measured (tune's own cells) |",
+        "|---|---|---|---|---|",
+    ]
     acc = {a["category"]: a["mean_length"] for a in record["acceptance"]}
     for ch in record["choices"]:
         pick = "plain" if ch["plain"] else f"k={ch['budget']}" + (f", p={ch['p_min']}" if ch["p_min"] else "")
         pred = f"{ch['predicted']:.2f}×" if ch["predicted"] is not None else "-"
-        lines.append(f"| {ch['category']} | {acc.get(ch['category'], float('nan')):.2f} | {pick} | {pred} | "
-                     f"{ch['measured']:.2f}× |")
+        lines.append(
+            f"| {ch['category']} | {acc.get(ch['category'], float('nan')):.2f} | {pick} | {pred} | "
+            f"{ch['measured']:.2f}× |"
+        )
     return lines
 
 
@@ -105,15 +133,21 @@ def render(root: Path = DEFAULT) -> str:
     real = json.loads((root / "real-switches/step-switches.json").read_text())
     stand = json.loads((root / "standin/step-switches.json").read_text())
     w = []
-    w.append(f"#### Step costs, REAL pair (ms per token at --spec-synth-len 1; median of {real['rounds']} rounds, "
-             f"their range; {real['reps']} reps of {real['n_predict']} tokens each)")
+    w.append(
+        f"#### Step costs, REAL pair (ms per token at --spec-synth-len 1; median of {real['rounds']} rounds, "
+        f"their range; {real['reps']} reps of {real['n_predict']} tokens each)"
+    )
     w += ["", *step_costs(real), ""]
-    w.append(f"#### Step costs, full-width stand-in (SYNTHETIC; {stand['rounds']} round, {stand['reps']} reps of "
-             f"{stand['n_predict']} tokens)")
+    w.append(
+        f"#### Step costs, full-width stand-in (SYNTHETIC; {stand['rounds']} round, {stand['reps']} reps of "
+        f"{stand['n_predict']} tokens)"
+    )
     w += ["", *step_costs(stand), ""]
     kit = stats.summarize(read_jsonl(root / "real-kit/bench.jsonl"))
-    w.append("#### The kit's text prompts, budgets 1-6 vs plain (REAL acceptance; speedup (mean acceptance length); "
-             "2 rounds)")
+    w.append(
+        "#### The kit's text prompts, budgets 1-6 vs plain (REAL acceptance; speedup (mean acceptance length); "
+        "2 rounds)"
+    )
     w += ["", *budgets_table(kit), ""]
     for name, title in (("tune-kit", "the kit's text categories"), ("tune-mt", "MT-bench's first turns")):
         w.append(f"#### `dspark tune` on {title} (REAL acceptance)")

@@ -23,7 +23,8 @@ from dsparkcli.bench.plan import Arm, BenchPlan, Draft
 from dsparkcli.bench.prompts import FIXED_SYNTHETIC
 from dsparkcli.bench.run import new_pool, run_bench
 from dsparkcli.bench.stats import ms_per_token
-from dsparkcli.llama import engine as engine_mod, patches
+from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import patches
 from dsparkcli.llama.server import split_server_args
 from dsparkcli.synth.full_width import measurement_pair
 
@@ -50,14 +51,28 @@ def main() -> int:
         return 2
     d = Draft("draft", draft)
     arms = tuple(Arm(f"cost@{k}", d, k, p_min=0.0, synth_len=1.0) for k in sorted(args.budgets))
-    plan = BenchPlan(target=target, drafts=(d,), budgets=(), prompts=(PROMPT,), reps=args.reps, warmup=1,
-                     n_predict=args.n_predict, ctx=2048, threads=args.threads, seed=1, ignore_eos=True,
-                     extra_args=tuple(extra), explicit_arms=arms)
+    plan = BenchPlan(
+        target=target,
+        drafts=(d,),
+        budgets=(),
+        prompts=(PROMPT,),
+        reps=args.reps,
+        warmup=1,
+        n_predict=args.n_predict,
+        ctx=2048,
+        threads=args.threads,
+        seed=1,
+        ignore_eos=True,
+        extra_args=tuple(extra),
+        explicit_arms=arms,
+    )
     jsonl = args.out / "shared-step-cost.jsonl"
 
     rows = []
-    print(f"engine {engine.bin_dir.parent.parent.name}; ms per token at --spec-synth-len 1 (median, min-max of "
-          f"{args.reps} reps)")
+    print(
+        f"engine {engine.bin_dir.parent.parent.name}; ms per token at --spec-synth-len 1 (median, min-max of "
+        f"{args.reps} reps)"
+    )
     for copy_all in (False, True) if args.copy_all else (False,):
         tag = "-copy-all" if copy_all else ""
         with patches.switched_off(("0004",) if copy_all else ()):  # 0004 off: every snapshot copied
@@ -68,18 +83,41 @@ def main() -> int:
             ra, rb = a.get(name), b.get(name)
             if not ra or not rb:
                 continue
-            row = {"config": name, "copy_all_snapshots": copy_all, "own_ms": ra["median"],
-                   "own_range": [ra["lo"], ra["hi"]], "shared_ms": rb["median"], "shared_range": [rb["lo"], rb["hi"]],
-                   "shared_over_own": rb["median"] / ra["median"]}
+            row = {
+                "config": name,
+                "copy_all_snapshots": copy_all,
+                "own_ms": ra["median"],
+                "own_range": [ra["lo"], ra["hi"]],
+                "shared_ms": rb["median"],
+                "shared_range": [rb["lo"], rb["hi"]],
+                "shared_over_own": rb["median"] / ra["median"],
+            }
             rows.append(row)
-            print(f"{name:>8}{' (0004 off)' if copy_all else ''}: own {ra['median']:.3f} ({ra['lo']:.3f}-"
-                  f"{ra['hi']:.3f})  shared {rb['median']:.3f} ({rb['lo']:.3f}-{rb['hi']:.3f})  shared/own "
-                  f"{row['shared_over_own']:.3f}")
-    (args.out / "shared-step-cost.json").write_text(json.dumps({
-        "kind": "shared-step-cost", "engine": {"commit": engine.commit, "backend": engine.backend,
-                                               "dir": engine.bin_dir.parent.parent.name},
-        "target": str(target), "draft": str(draft), "reps": args.reps, "n_predict": args.n_predict,
-        "server_args": extra, "rows": rows}, indent=1) + "\n")
+            print(
+                f"{name:>8}{' (0004 off)' if copy_all else ''}: own {ra['median']:.3f} ({ra['lo']:.3f}-"
+                f"{ra['hi']:.3f})  shared {rb['median']:.3f} ({rb['lo']:.3f}-{rb['hi']:.3f})  shared/own "
+                f"{row['shared_over_own']:.3f}"
+            )
+    (args.out / "shared-step-cost.json").write_text(
+        json.dumps(
+            {
+                "kind": "shared-step-cost",
+                "engine": {
+                    "commit": engine.commit,
+                    "backend": engine.backend,
+                    "dir": engine.bin_dir.parent.parent.name,
+                },
+                "target": str(target),
+                "draft": str(draft),
+                "reps": args.reps,
+                "n_predict": args.n_predict,
+                "server_args": extra,
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0
 
 

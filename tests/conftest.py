@@ -21,8 +21,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # apart (DSPARK_ENGINE_DIR) would survive that isolation, and a test that builds into its own cache would
     # build into (and overwrite the record of) the user's engine instead. It happened here once.
     if os.environ.get("DSPARK_ENGINE_DIR"):
-        pytest.exit("unset DSPARK_ENGINE_DIR to run the tests: they isolate the engine through DSPARK_CACHE_DIR "
-                    "(`make test` builds or reuses the engine under the default cache)", returncode=2)
+        pytest.exit(
+            "unset DSPARK_ENGINE_DIR to run the tests: they isolate the engine through DSPARK_CACHE_DIR "
+            "(`make test` builds or reuses the engine under the default cache)",
+            returncode=2,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +44,8 @@ def cli(request: pytest.FixtureRequest):
     that starts no engine runs it in this process (the same code, without a new interpreter each time); an
     engine or timing test, or a call that sets an environment read at import, gets a subprocess."""
     if os.environ.get("DSPARK_TEST_CLI") == "subprocess" or any(
-            m.name in SUBPROCESS_LANES for m in request.node.iter_markers()):
+        m.name in SUBPROCESS_LANES for m in request.node.iter_markers()
+    ):
         return run_cli
     return run_cli_in_process
 
@@ -113,7 +117,7 @@ def _lanes(item: pytest.Item) -> set[str]:
         lanes.add("torch")
     roots = [getattr(item, "function", None)]
     info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
+    for defs in info.name2fixturedefs.values() if info else ():
         roots += [d.func for d in defs if getattr(d.func, "__module__", "") == getattr(module, "__name__", None)]
     seen: set = set()
     for root in filter(None, roots):

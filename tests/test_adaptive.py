@@ -17,15 +17,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support.cli import REPO, interrupt_when
 
 from dsparkcli import runner
-from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.budget import rule as budget
-from dsparkcli.llama import protocol
+from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import protocol
 from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
 from dsparkcli.synth import known_answer as synth
+from support.cli import REPO, interrupt_when
 
 BLOCK = 8
 PROMPTS = (([1, 2, 3], 48), ([77], 29), ([5, 100, 42], 40), ([126], 3))
@@ -40,16 +40,19 @@ def patched(engine) -> engine_mod.Engine:
     """The session's engine must carry dspark's patches (`make test` builds it so): a failure, not a skip."""
     caps = engine_mod.capabilities(engine)
     assert caps.request_draft_params and caps.adaptive_budget, (
-        f"{engine.server} lacks dspark's patch series: run `dspark engine build` (patched by default)")
+        f"{engine.server} lacks dspark's patch series: run `dspark engine build` (patched by default)"
+    )
     return engine
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory) -> dict[str, synth.SynthPair]:
     root = tmp_path_factory.mktemp("pairs")
-    return {"0.7": synth.write_pair(root / "q07", accept_rate=0.7, seed=11, block_size=BLOCK),
-            "0.3": synth.write_pair(root / "q03", accept_rate=0.3, seed=5, block_size=BLOCK),
-            "conf": synth.write_pair(root / "conf", accept_rate=0.7, confidence=True, seed=3, block_size=BLOCK)}
+    return {
+        "0.7": synth.write_pair(root / "q07", accept_rate=0.7, seed=11, block_size=BLOCK),
+        "0.3": synth.write_pair(root / "q03", accept_rate=0.3, seed=5, block_size=BLOCK),
+        "conf": synth.write_pair(root / "conf", accept_rate=0.7, confidence=True, seed=3, block_size=BLOCK),
+    }
 
 
 def table_file(tmp_path: Path, points: dict[int, float], s: float) -> tuple[Path, budget.CostTable]:
@@ -64,8 +67,11 @@ def serve(engine, pair: synth.SynthPair, tmp_path: Path, **kw) -> LlamaServer:
 
 
 def complete(client: ServerClient, prompt: list[int], n_predict: int, **draft) -> dict:
-    return client.completion(protocol.completion_payload(prompt, n_predict=n_predict, response_fields=None,
-                                                         draft=protocol.draft_settings(**draft) or None))
+    return client.completion(
+        protocol.completion_payload(
+            prompt, n_predict=n_predict, response_fields=None, draft=protocol.draft_settings(**draft) or None
+        )
+    )
 
 
 def drafts(resp: dict) -> tuple[int, int]:
@@ -103,8 +109,12 @@ def test_requests_set_their_own_n_max_n_min_and_p_min(patched, pairs, tmp_path):
         assert len(seen) > 6  # the cases really differ
         assert synth.predict(man, [77], n_max=BLOCK, n_predict=29, request_n_max=0).draft_n == 0
         # out-of-range values are the request's error (HTTP 400), not a silent clamp
-        for field, value in ((protocol.SPEC_N_MAX, -1), (protocol.SPEC_N_MAX, "7"), (protocol.SPEC_P_MIN, 1.5),
-                             (protocol.SPEC_N_MAX, protocol.AUTO)):  # auto: this server has no cost table
+        for field, value in (
+            (protocol.SPEC_N_MAX, -1),
+            (protocol.SPEC_N_MAX, "7"),
+            (protocol.SPEC_P_MIN, 1.5),
+            (protocol.SPEC_N_MAX, protocol.AUTO),
+        ):  # auto: this server has no cost table
             with pytest.raises(ServerError, match="400|speculative"):
                 srv.client.completion({"prompt": [1], "n_predict": 4, field: value})
 
@@ -133,9 +143,13 @@ def test_adaptive_choices_and_counters_equal_the_replay(patched, pairs, tmp_path
     expected = [k for p in preds for k in p.budgets]
     assert chosen == expected  # the engine's own sequence of choices, step for step
     assert protocol.budget_chosen(metrics) == {k: n for k, n in sorted(Counter(expected).items())} | {
-        k: 0 for k in range(max(expected) + 1) if k not in expected}
+        k: 0 for k in range(max(expected) + 1) if k not in expected
+    }
     counters = protocol.SpecCounters.from_metrics(metrics)
-    assert (counters.drafted, counters.accepted) == (sum(p.draft_n for p in preds), sum(p.draft_n_accepted for p in preds))
+    assert (counters.drafted, counters.accepted) == (
+        sum(p.draft_n for p in preds),
+        sum(p.draft_n_accepted for p in preds),
+    )
     assert len(set(expected)) >= 2  # the budget really moves within and across requests
 
 
@@ -179,17 +193,32 @@ def drafts_of(pred: synth.Prediction) -> tuple[int, int]:
 def test_cost_tables_the_engine_and_dspark_refuse_alike(patched, tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("# c\ns 0.5\n0 10\n2 14  # between: 1 is priced as 2\n5 20.5\n")
-    assert budget.parse_cost_table(good.read_text()).step_ms == (10.0, 14.0, 14.0, 14.0 + 6.5 * 1 / 3, 14.0 + 6.5 * 2 / 3, 20.5)
+    assert budget.parse_cost_table(good.read_text()).step_ms == (
+        10.0,
+        14.0,
+        14.0,
+        14.0 + 6.5 * 1 / 3,
+        14.0 + 6.5 * 2 / 3,
+        20.5,
+    )
     for text in ("s 0.5\n", "0 10\nx 3\n", "0 10\n1 2 3\n", "0 10\n1 -2\n", "0 0\n1 3\n", "0 10\n2000 3\n"):
         bad = tmp_path / "bad.txt"
         bad.write_text(text)
         with pytest.raises(budget.CostTableError):
             budget.parse_cost_table(text)
-        proc = __import__("subprocess").run([str(patched.server), "--spec-cost-table", str(bad), "-m", "/nonexistent"],
-                                            capture_output=True, text=True, timeout=60)
+        proc = __import__("subprocess").run(
+            [str(patched.server), "--spec-cost-table", str(bad), "-m", "/nonexistent"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode != 0 and "--spec-cost-table" in (proc.stdout + proc.stderr), text
-    proc = __import__("subprocess").run([str(patched.server), "--spec-draft-n-max", "auto", "-m", "/nonexistent"],
-                                        capture_output=True, text=True, timeout=60)
+    proc = __import__("subprocess").run(
+        [str(patched.server), "--spec-draft-n-max", "auto", "-m", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "needs --spec-cost-table" in proc.stdout + proc.stderr
 
 
@@ -199,8 +228,12 @@ def test_run_against_a_server_sends_its_own_budget(patched, pairs, cli, tmp_path
     man = synth.load_manifest(pair.manifest)
     with serve(patched, pair, tmp_path, n_max=BLOCK) as srv:
         last = synth.last_prompt_token(man, srv.client.apply_template(protocol.build_messages("hello there")))
-        for flags, kw in ((("--budget", "2"), {"request_n_max": 2}), (("--no-draft",), {"request_n_max": 0}),
-                          (("--p-min", "0.5"), {"p_min": 0.5}), ((), {})):
+        for flags, kw in (
+            (("--budget", "2"), {"request_n_max": 2}),
+            (("--no-draft",), {"request_n_max": 0}),
+            (("--p-min", "0.5"), {"p_min": 0.5}),
+            ((), {}),
+        ):
             proc = cli("run", "--server", srv.url, "hello there", "-n", "30", "--json", *flags)
             assert proc.returncode == 0, proc.stderr
             got = json.loads(proc.stdout)
@@ -246,17 +279,31 @@ def _store_tuning(engine, pair, cost) -> str:
 
     cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=8, ctx=1024, threads=1)
     key = store.key_for(engine, cfg)
-    store.save(TuningRecord(key=key, cost=cost, acceptance=(), predictions=(), choices=(), verified=(),
-                            budgets=(1, 8), timings_s={}, created="2026-12-01T00:00:00+00:00", run_id="r",
-                            jsonl="x.jsonl"))
+    store.save(
+        TuningRecord(
+            key=key,
+            cost=cost,
+            acceptance=(),
+            predictions=(),
+            choices=(),
+            verified=(),
+            budgets=(1, 8),
+            timings_s={},
+            created="2026-12-01T00:00:00+00:00",
+            run_id="r",
+            jsonl="x.jsonl",
+        )
+    )
     return key.id
 
 
 # t1 and t_step(1) of the CPU's tuning of the real pair, and a k = 8 step: 2 / 21.24 and 9 / 82.96 tokens per
 # ms against plain's 1 / 8.18, so k = 8 is the best length and still 0.89x plain: no draft can pay
 HOPELESS = dict(t1_ms=8.18, t_step_ms=((1, 20.87), (8, 80.0)), s_ms=0.37)
-NO_DRAFT_NOTE = ("no draft can pay even with every token accepted (best: k = 8, 0.89x plain), so the draft is not "
-                 "loaded and every request decodes as plain does (--budget N keeps it)")
+NO_DRAFT_NOTE = (
+    "no draft can pay even with every token accepted (best: k = 8, 0.89x plain), so the draft is not "
+    "loaded and every request decodes as plain does (--budget N keeps it)"
+)
 
 
 def test_adaptive_leaves_out_a_draft_no_acceptance_can_pay_for(patched, pairs, tmp_path, monkeypatch):
@@ -273,8 +320,11 @@ def test_adaptive_leaves_out_a_draft_no_acceptance_can_pay_for(patched, pairs, t
     assert "-md" not in served.argv(patched.server, 0) and category_budgets(choice) == {}
     key_id = _store_tuning(patched, pair, CostModel(t1_ms=8.18, t_step_ms=((1, 10.0), (8, 30.0)), s_ms=0.37))
     served, choice = chosen_server(patched, cfg, Want(adaptive=True))  # 2.0x at k = 8
-    assert choice.message == (f"adaptive budget: llama.cpp picks 0..8 per step from tuning {key_id}'s step "
-                              "costs (measured at k = 1, 8)") and not choice.without_draft
+    assert (
+        choice.message
+        == (f"adaptive budget: llama.cpp picks 0..8 per step from tuning {key_id}'s step costs (measured at k = 1, 8)")
+        and not choice.without_draft
+    )
     assert served.draft == pair.draft and served.n_max == protocol.AUTO and served.cost_table == choice.cost_table
 
 
@@ -285,8 +335,11 @@ def test_run_serve_and_bench_adaptive_without_a_draft_worth_loading(patched, pai
     from dsparkcli.budget.model import CostModel
 
     pair = pairs["0.7"]
-    env = {"DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-           "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    env = {
+        "DSPARK_LLAMA_BIN": str(patched.bin_dir),
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
     monkeypatch.setenv("DSPARK_CACHE_DIR", env["DSPARK_CACHE_DIR"])
     _store_tuning(patched, pair, CostModel(**HOPELESS))
     files = ["--target", str(pair.target), "--draft", str(pair.draft), "--threads", "1", "--ctx", "1024"]
@@ -300,20 +353,42 @@ def test_run_serve_and_bench_adaptive_without_a_draft_worth_loading(patched, pai
     assert "-md" not in json.loads(proc.stdout)["argv"]
     proc = cli("run", *files, "hello there", "-n", "16", "--budget", "adaptive", "--compare", env=env)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
-        "dspark: error: --compare --budget adaptive: this tuning leaves no draft worth loading")
+        "dspark: error: --compare --budget adaptive: this tuning leaves no draft worth loading"
+    )
 
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(f'{{"id": "a-{i}", "category": "alpha", "prompt": "question {i}"}}\n' for i in range(2)))
+    prompts.write_text(
+        "".join(f'{{"id": "a-{i}", "category": "alpha", "prompt": "question {i}"}}\n' for i in range(2))
+    )
     out = tmp_path / "b.jsonl"
-    proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "2", "adaptive", "--reps", "1", "-n", "16",
-               "--json", "--out", str(out), env=env)
+    proc = cli(
+        "bench",
+        *files,
+        "--prompts",
+        str(prompts),
+        "--budget",
+        "2",
+        "adaptive",
+        "--reps",
+        "1",
+        "-n",
+        "16",
+        "--json",
+        "--out",
+        str(out),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert NO_DRAFT_NOTE in proc.stderr
     rows = {(s["config"], s["category"]): s for s in json.loads(proc.stdout)["summaries"]}
     adaptive = rows[("draft-dspark@adaptive", "all")]
     assert adaptive["drafted"] == 0 and adaptive["identical"] == adaptive["prompts"] == 2
     assert rows[("draft-dspark@2", "all")]["drafted"] > 0
-    argv = {r["config"]: r["server_argv"] for r in map(json.loads, out.read_text().splitlines()) if r["record"] == "request"}
+    argv = {
+        r["config"]: r["server_argv"]
+        for r in map(json.loads, out.read_text().splitlines())
+        if r["record"] == "request"
+    }
     assert "-md" not in argv["draft-dspark@adaptive"] and "-md" in argv["draft-dspark@2"]
 
 
@@ -322,15 +397,37 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
     stored cost table with --budget adaptive (one line saying which), outputs identical to plain."""
     # always right, a target dear enough that drafting pays on a CPU (test_tune's "right" pair)
     pair = synth.write_pair(tmp_path / "pair", accept_rate=1.0, seed=3, block_size=BLOCK, target_layers=24)
-    env = {"DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-           "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    env = {
+        "DSPARK_LLAMA_BIN": str(patched.bin_dir),
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(f'{{"id": "{c}-{i}", "category": "{c}", "prompt": "{c} question {i}"}}\n'
-                               for c in ("alpha", "beta") for i in range(2)))
+    prompts.write_text(
+        "".join(
+            f'{{"id": "{c}-{i}", "category": "{c}", "prompt": "{c} question {i}"}}\n'
+            for c in ("alpha", "beta")
+            for i in range(2)
+        )
+    )
     files = ["--target", str(pair.target), "--draft", str(pair.draft)]
     common = ["--threads", "1", "--ctx", "1024"]
-    proc = cli("tune", *files, "--prompts", str(prompts), "--budgets", "1", "4", "8", "-n", "48", *common,
-               "--adaptive", "--json", env=env)
+    proc = cli(
+        "tune",
+        *files,
+        "--prompts",
+        str(prompts),
+        "--budgets",
+        "1",
+        "4",
+        "8",
+        "-n",
+        "48",
+        *common,
+        "--adaptive",
+        "--json",
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     measured = {(v["category"], v["candidate"]) for v in doc["verified"]}
@@ -349,22 +446,56 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
         assert result["budget"] == protocol.AUTO and result["timings"]["draft_budget_steps"] > 0
     else:
         assert result["budget"] is None and "no draft can pay even with every token accepted" in proc.stderr
-    proc = cli("run", *files, "hello there", "-n", "8", "--threads", "2", "--ctx", "1024", "--budget", "adaptive",
-               "--json", env=env)  # another -t: no cost table for it, so the default budget, the setting named
+    proc = cli(
+        "run",
+        *files,
+        "hello there",
+        "-n",
+        "8",
+        "--threads",
+        "2",
+        "--ctx",
+        "1024",
+        "--budget",
+        "adaptive",
+        "--json",
+        env=env,
+    )  # another -t: no cost table for it, so the default budget, the setting named
     assert proc.returncode == 0 and json.loads(proc.stdout)["budget"] == 5
-    assert ("--budget adaptive: no tuning matches this pair, engine and settings: it was tuned with --threads 1 "
-            "(here 2); using budget 5") in proc.stderr
+    assert (
+        "--budget adaptive: no tuning matches this pair, engine and settings: it was tuned with --threads 1 "
+        "(here 2); using budget 5"
+    ) in proc.stderr
 
     out = tmp_path / "b.jsonl"
-    proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "2", "adaptive", "--reps", "1", "-n", "24",
-               *common, "--json", "--out", str(out), env=env)
+    proc = cli(
+        "bench",
+        *files,
+        "--prompts",
+        str(prompts),
+        "--budget",
+        "2",
+        "adaptive",
+        "--reps",
+        "1",
+        "-n",
+        "24",
+        *common,
+        "--json",
+        "--out",
+        str(out),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = {(s["config"], s["category"]): s for s in json.loads(proc.stdout)["summaries"]}
     assert {c for c, _ in rows} == {"plain", "draft-dspark@2", "draft-dspark@adaptive"}
     adaptive = rows[("draft-dspark@adaptive", "all")]
     assert adaptive["budget"] == 8 and adaptive["identical"] == adaptive["prompts"]
-    argv = next(r["server_argv"] for r in map(json.loads, out.read_text().splitlines())
-                if r["record"] == "request" and r["config"] == "draft-dspark@adaptive")
+    argv = next(
+        r["server_argv"]
+        for r in map(json.loads, out.read_text().splitlines())
+        if r["record"] == "request" and r["config"] == "draft-dspark@adaptive"
+    )
     if best > 1.0:
         assert argv[argv.index("--spec-draft-n-max") + 1] == "auto" and "--spec-cost-table" in argv
     else:  # the same table run and bench read: the arm's server runs without the draft, as run's did
@@ -388,8 +519,9 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
     def ask() -> subprocess.CompletedProcess[str]:
         return cli("run", "--server", url, "hello there", "-n", "24", "--budget", "adaptive", "--json", env=env)
 
-    rc, stdout, stderr, asked = interrupt_when(["serve", *files, *common, "--budget", "adaptive", "--port", str(port),
-                                                "--json"], healthy, env=env, before=ask)
+    rc, stdout, stderr, asked = interrupt_when(
+        ["serve", *files, *common, "--budget", "adaptive", "--port", str(port), "--json"], healthy, env=env, before=ask
+    )
     assert rc == 0, stderr
     assert "adaptive budget: llama.cpp picks 0..8" in stderr and asked.returncode == 0, asked.stderr
     if best > 1.0:
@@ -402,12 +534,29 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
 def test_the_real_pair_script_runs_here(patched, tmp_path):
     """scripts/adaptive_real.sh (the CPU and H200 measurement) with tiny settings on a known-answer pair."""
     pair = synth.write_pair(tmp_path / "pair", accept_rate=1.0, seed=3, block_size=BLOCK, target_layers=24)
-    env = {**os.environ, "DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-           "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"), "PYTHONPATH": str(REPO), "PYTHON": sys.executable,
-           "LIMIT": "1", "N": "16", "REPS": "1", "THREADS": "1", "BUDGETS": "1 3", "SERVER_ARGS": ""}
+    env = {
+        **os.environ,
+        "DSPARK_LLAMA_BIN": str(patched.bin_dir),
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+        "PYTHONPATH": str(REPO),
+        "PYTHON": sys.executable,
+        "LIMIT": "1",
+        "N": "16",
+        "REPS": "1",
+        "THREADS": "1",
+        "BUDGETS": "1 3",
+        "SERVER_ARGS": "",
+    }
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", "scripts/adaptive_real.sh", str(pair.target), str(pair.draft), str(out)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "scripts/adaptive_real.sh", str(pair.target), str(pair.draft), str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     assert any(v["candidate"] == "adaptive" for v in json.loads((out / "tune.json").read_text())["verified"])
     configs = {s["config"] for s in json.loads((out / "bench.json").read_text())["summaries"]}
@@ -425,23 +574,58 @@ def test_bench_budget_auto_serves_each_category_its_own_pick(patched, pairs, cli
     from dsparkcli.budget.record import TuningRecord
 
     pair = pairs["0.7"]
-    env = {"DSPARK_LLAMA_BIN": str(patched.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-           "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    env = {
+        "DSPARK_LLAMA_BIN": str(patched.bin_dir),
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
     monkeypatch.setenv("DSPARK_CACHE_DIR", env["DSPARK_CACHE_DIR"])
     cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=8, ctx=1024, threads=1)
-    choices = (Choice("alpha", Candidate(3, 0.0), 1.2, 1.3), Choice("beta", None, None, None),
-               Choice(OVERALL, None, None, None))
-    store.save(TuningRecord(key=store.key_for(patched, cfg), cost=CostModel(t1_ms=8.0, t_step_ms=((1, 9.0), (3, 11.0)),
-                                                                            s_ms=0.3),
-                            acceptance=(), predictions=(), choices=choices, budgets=(1, 3),
-                            created="2026-12-02T00:00:00+00:00", run_id="r", jsonl="x.jsonl"))
+    choices = (
+        Choice("alpha", Candidate(3, 0.0), 1.2, 1.3),
+        Choice("beta", None, None, None),
+        Choice(OVERALL, None, None, None),
+    )
+    store.save(
+        TuningRecord(
+            key=store.key_for(patched, cfg),
+            cost=CostModel(t1_ms=8.0, t_step_ms=((1, 9.0), (3, 11.0)), s_ms=0.3),
+            acceptance=(),
+            predictions=(),
+            choices=choices,
+            budgets=(1, 3),
+            created="2026-12-02T00:00:00+00:00",
+            run_id="r",
+            jsonl="x.jsonl",
+        )
+    )
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(f'{{"id": "{c}-{i}", "category": "{c}", "prompt": "question {i} of {c}"}}\n'
-                               for c in ("alpha", "beta") for i in range(2)))
+    prompts.write_text(
+        "".join(
+            f'{{"id": "{c}-{i}", "category": "{c}", "prompt": "question {i} of {c}"}}\n'
+            for c in ("alpha", "beta")
+            for i in range(2)
+        )
+    )
     out = tmp_path / "b.jsonl"
     files = ["--target", str(pair.target), "--draft", str(pair.draft), "--threads", "1", "--ctx", "1024"]
-    proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "3", "auto", "--reps", "1", "-n", "24",
-               "--json", "--out", str(out), env=env)
+    proc = cli(
+        "bench",
+        *files,
+        "--prompts",
+        str(prompts),
+        "--budget",
+        "3",
+        "auto",
+        "--reps",
+        "1",
+        "-n",
+        "24",
+        "--json",
+        "--out",
+        str(out),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--budget auto per category: alpha 3, beta plain (one server at the largest" in proc.stderr
     reqs = [r for r in map(json.loads, out.read_text().splitlines()) if r["record"] == "request"]

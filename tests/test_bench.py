@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from support.chat_oracle import expected_chat
-from support.cli import interrupt_when
 
 from dsparkcli.bench import prompts, stats
 from dsparkcli.bench import run as bench
@@ -25,6 +23,8 @@ from dsparkcli.bench.records import from_record, read_jsonl
 from dsparkcli.errors import BenchError
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
+from support.chat_oracle import expected_chat
+from support.cli import interrupt_when
 
 N = 32
 REPS = 2
@@ -73,10 +73,36 @@ def bench_run(engine, vpair, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("bench-out")
     out, plot = tmp / "results.jsonl", tmp / "plot.png"
-    proc = run_cli("bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--mmproj", str(vpair.mmproj),
-                   "--budget", *map(str, BUDGETS), "--limit", "1", "--reps", str(REPS), "--warmup", "1",
-                   "-n", str(N), "-t", "1", "--ctx", "1024", "--json", "--out", str(out), "--plot", str(plot),
-                   env=_env(engine), timeout=120)
+    proc = run_cli(
+        "bench",
+        "--target",
+        str(vpair.target),
+        "--draft",
+        str(vpair.draft),
+        "--mmproj",
+        str(vpair.mmproj),
+        "--budget",
+        *map(str, BUDGETS),
+        "--limit",
+        "1",
+        "--reps",
+        str(REPS),
+        "--warmup",
+        "1",
+        "-n",
+        str(N),
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--json",
+        "--out",
+        str(out),
+        "--plot",
+        str(plot),
+        env=_env(engine),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), _records(out), out, plot
 
@@ -93,8 +119,10 @@ def test_every_figure_equals_the_prediction(bench_run, kit_subset, predictions):
             accepted = REPS * sum(pr.draft_n_accepted for pr in preds)
             steps = REPS * sum(pr.steps for pr in preds)
             width = max(len(pr.accepted_per_pos) for pr in preds)
-            per_pos = [REPS * sum(pr.accepted_per_pos[i] if i < len(pr.accepted_per_pos) else 0 for pr in preds)
-                       for i in range(width)]
+            per_pos = [
+                REPS * sum(pr.accepted_per_pos[i] if i < len(pr.accepted_per_pos) else 0 for pr in preds)
+                for i in range(width)
+            ]
             while per_pos and per_pos[-1] == 0:  # the server lists positions only up to the last one used
                 per_pos.pop()
             row = rows[(f"draft-dspark@{b}", category)]
@@ -103,7 +131,7 @@ def test_every_figure_equals_the_prediction(bench_run, kit_subset, predictions):
             assert row["mean_length"] == 1 + accepted / steps
             assert row["acceptance_rate"] == accepted / drafted
             assert row["accepted_per_pos"][: len(per_pos)] == per_pos
-            assert all(v == 0 for v in row["accepted_per_pos"][len(per_pos):])
+            assert all(v == 0 for v in row["accepted_per_pos"][len(per_pos) :])
             assert row["acceptance_per_pos"][: len(per_pos)] == [v / steps for v in per_pos]
             assert row["identical"] == row["prompts"] == len(chosen) and row["identical_pct"] == 100.0
             assert row["divergent"] == []
@@ -143,12 +171,18 @@ def test_records_carry_provenance(bench_run, engine, vpair):
         assert prov["engine"]["version"] == engine.version
         assert prov["reps"] == REPS and prov["n_predict"] == N
         # a `dspark synth` pair is SYNTHETIC even without --spec-synth-len (its heads are scripted)
-        assert prov["synthetic"] is True and prov["acceptance"] == "SYNTHETIC" and "scripted pair" in prov["acceptance_why"]
+        assert (
+            prov["synthetic"] is True
+            and prov["acceptance"] == "SYNTHETIC"
+            and "scripted pair" in prov["acceptance_why"]
+        )
         assert "bench" in prov["argv"] and "--budget" in prov["argv"]
         assert isinstance(prov["gpu"], str) and prov["gpu"]
         datetime.fromisoformat(prov["timestamp"])
         files = prov["files"]
-        assert files["target"]["sha256"] == sha[vpair.target] and files["target"]["size"] == vpair.target.stat().st_size
+        assert (
+            files["target"]["sha256"] == sha[vpair.target] and files["target"]["size"] == vpair.target.stat().st_size
+        )
         assert files["draft:draft-dspark"]["sha256"] == sha[vpair.draft]
         assert files["mmproj"]["sha256"] == sha[vpair.mmproj]
     # the summaries in the JSONL are the ones printed, and summarize() rebuilds them from the raw records
@@ -176,9 +210,33 @@ def test_a_draft_that_drafts_nothing_is_an_error(cli, engine, tmp_path):
     """Confidence head + --p-min 1.0: every block is cut before its first slot, so nothing is drafted."""
     pair = synth.write_pair(tmp_path / "conf", vocab=128, confidence=True, seed=2)
     out = tmp_path / "r.jsonl"
-    proc = cli("bench", "--target", str(pair.target), "--draft", f"conf={pair.draft}", "--budget", "4",
-               "--category", "math", "--limit", "2", "--reps", "2", "-n", "16", "-t", "1", "--ctx", "512",
-               "--p-min", "1.0", "--out", str(out), env=_env(engine), timeout=120)
+    proc = cli(
+        "bench",
+        "--target",
+        str(pair.target),
+        "--draft",
+        f"conf={pair.draft}",
+        "--budget",
+        "4",
+        "--category",
+        "math",
+        "--limit",
+        "2",
+        "--reps",
+        "2",
+        "-n",
+        "16",
+        "-t",
+        "1",
+        "--ctx",
+        "512",
+        "--p-min",
+        "1.0",
+        "--out",
+        str(out),
+        env=_env(engine),
+        timeout=120,
+    )
     assert proc.returncode == BenchError.exit_code, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("dspark: error: configuration conf@4 drafted nothing in 2 requests")
@@ -193,9 +251,34 @@ def test_rounds_run_the_configurations_in_turn_and_count_every_rep(cli, engine, 
     """--rounds 2 --reps 1: plain, the draft, plain, the draft (a fresh server each time), rep numbers 0 and 1,
     identity against the same round's plain, and summaries over both rounds with exact counts."""
     out = tmp_path / "r.jsonl"
-    proc = cli("bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3",
-               "--category", "text", "--limit", "1", "--reps", "1", "--rounds", "2", "-n", "24", "-t", "1",
-               "--ctx", "1024", "--json", "--out", str(out), env=_env(engine), timeout=180)
+    proc = cli(
+        "bench",
+        "--target",
+        str(vpair.target),
+        "--draft",
+        str(vpair.draft),
+        "--budget",
+        "3",
+        "--category",
+        "text",
+        "--limit",
+        "1",
+        "--reps",
+        "1",
+        "--rounds",
+        "2",
+        "-n",
+        "24",
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--json",
+        "--out",
+        str(out),
+        env=_env(engine),
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     records = _records(out)
     requests = [r for r in records if r["record"] == "request"]
@@ -206,33 +289,61 @@ def test_rounds_run_the_configurations_in_turn_and_count_every_rep(cli, engine, 
     assert blocks == [("plain", 0), ("draft-dspark@3", 0), ("plain", 1), ("draft-dspark@3", 1)]
     drafts = [r for r in requests if r["config"] != "plain"]
     assert all(r["identical_to_plain"] for r in drafts) and len(drafts) == 6
-    by_rep = {rep: [(r["prompt_id"], r["tokens"], r["draft_n"], r["draft_n_accepted"]) for r in drafts if r["rep"] == rep]
-              for rep in (0, 1)}
+    by_rep = {
+        rep: [(r["prompt_id"], r["tokens"], r["draft_n"], r["draft_n_accepted"]) for r in drafts if r["rep"] == rep]
+        for rep in (0, 1)
+    }
     assert by_rep[0] == by_rep[1]  # a known-answer pair: the second round repeats the first exactly
     rows = {(s["config"], s["category"]): s for s in json.loads(proc.stdout)["summaries"]}
     row = rows[("draft-dspark@3", "all")]
     assert (row["reps"], row["requests"], row["prompts"]) == (2, 6, 3)
     assert row["timings_drafted"] == sum(r["draft_n"] for r in drafts)
     counters = [r for r in records if r["record"] == "counters"]
-    assert sorted((c["rep"], c["category"]) for c in counters) == sorted((rep, c) for rep in (0, 1)
-                                                                          for c in ("math", "code", "general"))
+    assert sorted((c["rep"], c["category"]) for c in counters) == sorted(
+        (rep, c) for rep in (0, 1) for c in ("math", "code", "general")
+    )
     assert row["drafted"] == sum(c["drafted"] for c in counters) == row["timings_drafted"]
     assert rows[("plain", "all")]["requests"] == 6
     assert {r["provenance"]["rounds"] for r in records if r.get("provenance")} == {2}
     # one request at a time only: a --concurrency run has its own repeated passes
-    proc = cli("bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3",
-               "--rounds", "2", "--concurrency", "1", "2", "--out", str(tmp_path / "c.jsonl"), env=_env(engine))
+    proc = cli(
+        "bench",
+        "--target",
+        str(vpair.target),
+        "--draft",
+        str(vpair.draft),
+        "--budget",
+        "3",
+        "--rounds",
+        "2",
+        "--concurrency",
+        "1",
+        "2",
+        "--out",
+        str(tmp_path / "c.jsonl"),
+        env=_env(engine),
+    )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
-        "dspark: error: --rounds is for one request at a time: a --concurrency run repeats passes (--reps)")
+        "dspark: error: --rounds is for one request at a time: a --concurrency run repeats passes (--reps)"
+    )
 
 
 def test_n_min_above_budget_drafts_nothing(engine, tmp_path):
     """--spec-draft-n-min 8 with budget 3: every 3-token draft is discarded (core API, extra server args)."""
     pair = synth.write_pair(tmp_path / "p", vocab=128, seed=3)
     kit = prompts.select(prompts.load_prompts(), ["code"], limit=1)
-    plan = BenchPlan(target=pair.target, drafts=(Draft("d", pair.draft),), budgets=(3,), prompts=kit,
-                           reps=1, warmup=0, n_predict=16, ctx=512, threads=1,
-                           extra_args=("--spec-draft-n-min", "8"))
+    plan = BenchPlan(
+        target=pair.target,
+        drafts=(Draft("d", pair.draft),),
+        budgets=(3,),
+        prompts=kit,
+        reps=1,
+        warmup=0,
+        n_predict=16,
+        ctx=512,
+        threads=1,
+        extra_args=("--spec-draft-n-min", "8"),
+    )
     with pytest.raises(BenchError, match=r"^configuration d@3 drafted nothing in 1 requests"):
         bench.run_bench(engine, plan, out=tmp_path / "r.jsonl")
 
@@ -245,14 +356,26 @@ def test_whole_bench_overhead_is_within_15_percent(engine, tmp_path):
     """
     pair = synth.write_pair(tmp_path / "p512", vocab=512, vision=True, seed=1)
     kit = prompts.select(prompts.load_prompts(), None, limit=1)
-    plan = BenchPlan(target=pair.target, mmproj=pair.mmproj, drafts=(Draft("d", pair.draft),),
-                           budgets=(3, 7), prompts=kit, reps=2, warmup=1, n_predict=128, ctx=1024, threads=1,
-                           ignore_eos=True)
+    plan = BenchPlan(
+        target=pair.target,
+        mmproj=pair.mmproj,
+        drafts=(Draft("d", pair.draft),),
+        budgets=(3, 7),
+        prompts=kit,
+        reps=2,
+        warmup=1,
+        n_predict=128,
+        ctx=1024,
+        threads=1,
+        ignore_eos=True,
+    )
     result = bench.run_bench(engine, plan, out=tmp_path / "r.jsonl")
     ov = result.overhead
-    print(f"overhead: wall {ov.wall_s:.3f} s, generation {ov.generation_s:.3f} s, load {ov.load_s:.3f} s, "
-          f"round trips {ov.request_s:.3f} s, hashing {ov.provenance_s:.3f} s, stops {ov.stop_s:.3f} s, "
-          f"ratio {ov.ratio:.3f}")
+    print(
+        f"overhead: wall {ov.wall_s:.3f} s, generation {ov.generation_s:.3f} s, load {ov.load_s:.3f} s, "
+        f"round trips {ov.request_s:.3f} s, hashing {ov.provenance_s:.3f} s, stops {ov.stop_s:.3f} s, "
+        f"ratio {ov.ratio:.3f}"
+    )
     assert ov.generation_s > 0 and ov.load_s > 0 and ov.stop_s > 0 and ov.provenance_s > 0
     assert ov.wall_s > ov.request_s + ov.load_s + ov.stop_s + ov.provenance_s  # the parts fit in the whole
     assert ov.ratio_after_hashing < ov.ratio
@@ -273,10 +396,37 @@ def test_whole_bench_overhead_is_within_15_percent(engine, tmp_path):
 @pytest.mark.parametrize("fmt", ["json", "csv", "md", "table"])
 def test_synth_len_is_labelled_synthetic_in_every_format(cli, engine, vpair, tmp_path, fmt):
     plot = tmp_path / "p.png"
-    proc = cli("bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3",
-               "--synth-len", "2", "--category", "math", "--limit", "1", "--reps", "1", "-n", "24", "-t", "1",
-               "--ctx", "512", "--format", fmt, "--out", str(tmp_path / "r.jsonl"), "--plot", str(plot),
-               env={**_env(engine), "COLUMNS": "250"}, timeout=120)
+    proc = cli(
+        "bench",
+        "--target",
+        str(vpair.target),
+        "--draft",
+        str(vpair.draft),
+        "--budget",
+        "3",
+        "--synth-len",
+        "2",
+        "--category",
+        "math",
+        "--limit",
+        "1",
+        "--reps",
+        "1",
+        "-n",
+        "24",
+        "-t",
+        "1",
+        "--ctx",
+        "512",
+        "--format",
+        fmt,
+        "--out",
+        str(tmp_path / "r.jsonl"),
+        "--plot",
+        str(plot),
+        env={**_env(engine), "COLUMNS": "250"},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "SYNTHETIC acceptance (--spec-synth-len 2)" in proc.stderr
     if fmt == "json":
@@ -304,9 +454,33 @@ def _requests_in(out: Path, *, after_a_summary: bool = False, but: str | None = 
 def test_ctrl_c_stops_servers_and_keeps_the_records(engine, vpair, tmp_path):
     out = tmp_path / "r.jsonl"
     rc, _, stderr, servers = interrupt_when(
-        ["bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3", "5", "7",
-         "--category", "text", "--reps", "50", "-n", "64", "-t", "1", "--ctx", "512", "--out", str(out)],
-        lambda: _requests_in(out) >= 5, env=_env(engine), before=lambda: _servers_of(vpair.target))
+        [
+            "bench",
+            "--target",
+            str(vpair.target),
+            "--draft",
+            str(vpair.draft),
+            "--budget",
+            "3",
+            "5",
+            "7",
+            "--category",
+            "text",
+            "--reps",
+            "50",
+            "-n",
+            "64",
+            "-t",
+            "1",
+            "--ctx",
+            "512",
+            "--out",
+            str(out),
+        ],
+        lambda: _requests_in(out) >= 5,
+        env=_env(engine),
+        before=lambda: _servers_of(vpair.target),
+    )
     assert servers, "no llama-server running for the bench"
     assert rc == 130, stderr
     assert stderr.strip().splitlines()[-1].startswith("dspark: error: interrupted: ")
@@ -323,14 +497,42 @@ def test_ctrl_c_prints_the_table_of_what_was_measured(engine, vpair, tmp_path):
     one line, exit 130, every record kept."""
     out = tmp_path / "r.jsonl"
     rc, stdout, stderr, _ = interrupt_when(
-        ["bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3", "5", "7",
-         "--category", "text", "--limit", "1", "--reps", "40", "-n", "32", "-t", "1", "--ctx", "512",
-         "--out", str(out), "--format", "json"],
-        lambda: _requests_in(out, after_a_summary=True, but="plain") >= 4, env=_env(engine), timeout=120)
+        [
+            "bench",
+            "--target",
+            str(vpair.target),
+            "--draft",
+            str(vpair.draft),
+            "--budget",
+            "3",
+            "5",
+            "7",
+            "--category",
+            "text",
+            "--limit",
+            "1",
+            "--reps",
+            "40",
+            "-n",
+            "32",
+            "-t",
+            "1",
+            "--ctx",
+            "512",
+            "--out",
+            str(out),
+            "--format",
+            "json",
+        ],
+        lambda: _requests_in(out, after_a_summary=True, but="plain") >= 4,
+        env=_env(engine),
+        timeout=120,
+    )
     assert rc == 130, stderr
     assert stderr.strip().splitlines()[1:] == [  # after the SYNTHETIC label of the scripted pair
         "dspark: error: interrupted: the table above is what was measured (2 of 4 configurations begun); "
-        f"the records measured so far are in {out}"], stderr
+        f"the records measured so far are in {out}"
+    ], stderr
     doc = json.loads(stdout)
     assert doc["partial"] is True
     records = _records(out)
@@ -352,12 +554,41 @@ def test_ctrl_c_inside_a_block_counts_its_drafts_and_md_says_interrupted(engine,
     INTERRUPTED title. The known-answer pair gives each finished request's drafts exactly."""
     out, b3 = tmp_path / "r.jsonl", "draft-dspark@3"
     rc, stdout, stderr, _ = interrupt_when(
-        ["bench", "--target", str(vpair.target), "--draft", str(vpair.draft), "--budget", "3", "--category", "math",
-         "--reps", "1", "--warmup", "0", "-n", "128", "-t", "1", "--ctx", "512", "--out", str(out), "--format", "md"],
-        lambda: _requests_in(out, after_a_summary=True, but="plain") >= 2, env=_env(engine), timeout=120)
+        [
+            "bench",
+            "--target",
+            str(vpair.target),
+            "--draft",
+            str(vpair.draft),
+            "--budget",
+            "3",
+            "--category",
+            "math",
+            "--reps",
+            "1",
+            "--warmup",
+            "0",
+            "-n",
+            "128",
+            "-t",
+            "1",
+            "--ctx",
+            "512",
+            "--out",
+            str(out),
+            "--format",
+            "md",
+        ],
+        lambda: _requests_in(out, after_a_summary=True, but="plain") >= 2,
+        env=_env(engine),
+        timeout=120,
+    )
     assert rc == 130, stderr
-    assert stderr.strip().splitlines()[-1].startswith("dspark: error: interrupted: the table above is what was "
-                                                      "measured (2 of 2 configurations begun)"), stderr
+    assert (
+        stderr.strip()
+        .splitlines()[-1]
+        .startswith("dspark: error: interrupted: the table above is what was measured (2 of 2 configurations begun)")
+    ), stderr
     records = _records(out)
     finished = [r for r in records if r["record"] == "request" and r["config"] == b3]
     # the case at hand: cut inside budget 3's one block of 12 math prompts, so no counters record covers them
@@ -365,16 +596,22 @@ def test_ctrl_c_inside_a_block_counts_its_drafts_and_md_says_interrupted(engine,
     man = synth.load_manifest(vpair.manifest)
     kit = {p.id: p for p in prompts.select(prompts.load_prompts(), ["math"], None)}
     with LlamaServer(engine, ServerConfig(model=vpair.target, threads=1, ctx=1024)) as srv:
-        preds = [expected_chat(srv.client, man, kit[r["prompt_id"]].messages(), n_max=3, n_predict=128)
-                 for r in finished]
-    assert [(r["draft_n"], r["draft_n_accepted"]) for r in finished] == [(p.draft_n, p.draft_n_accepted) for p in preds]
+        preds = [
+            expected_chat(srv.client, man, kit[r["prompt_id"]].messages(), n_max=3, n_predict=128) for r in finished
+        ]
+    assert [(r["draft_n"], r["draft_n_accepted"]) for r in finished] == [
+        (p.draft_n, p.draft_n_accepted) for p in preds
+    ]
     drafted, accepted = sum(p.draft_n for p in preds), sum(p.draft_n_accepted for p in preds)
     assert drafted > accepted > 0
 
     lines = stdout.splitlines()
     assert lines[0].startswith("**INTERRUPTED, what was measured so far: dspark bench: plain vs draft budgets"), stdout
-    cells = {tuple(c.strip() for c in ln.strip("|").split("|"))[:2]: [c.strip() for c in ln.strip("|").split("|")]
-             for ln in lines if ln.startswith("| ")}
+    cells = {
+        tuple(c.strip() for c in ln.strip("|").split("|"))[:2]: [c.strip() for c in ln.strip("|").split("|")]
+        for ln in lines
+        if ln.startswith("| ")
+    }
     col = {name: i for i, name in enumerate(cells[("config", "category")])}
     for category in ("math", "all"):
         row = cells[(b3, category)]
@@ -438,12 +675,42 @@ def test_model_from_the_registry_fetches_and_labels_drafts(cli, engine, tmp_path
         hub.add_file("o/t", "mmproj-mlp.gguf", good.mmproj.read_bytes())
         hub.add_file("o/d", "good/draft-dspark.gguf", good.draft.read_bytes())
         hub.add_file("o/d", "half/draft-dspark.gguf", half.draft.read_bytes())
-        env = {**_env(engine), "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"),
-               "DSPARK_CONFIG_DIR": str(cfg), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-               "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0"}
-        proc = cli("bench", "--model", "synthpair", "--draft", "good", "--draft", "half", "--category", "ocr",
-                   "--category", "math", "--limit", "1", "--reps", "1", "-n", "24", "-t", "1", "--ctx", "512",
-                   "--yes", "--json", env=env, timeout=120)
+        env = {
+            **_env(engine),
+            "HF_ENDPOINT": hub.endpoint,
+            "HF_HOME": str(tmp_path / "hf"),
+            "DSPARK_CONFIG_DIR": str(cfg),
+            "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_OFFLINE": "0",
+        }
+        proc = cli(
+            "bench",
+            "--model",
+            "synthpair",
+            "--draft",
+            "good",
+            "--draft",
+            "half",
+            "--category",
+            "ocr",
+            "--category",
+            "math",
+            "--limit",
+            "1",
+            "--reps",
+            "1",
+            "-n",
+            "24",
+            "-t",
+            "1",
+            "--ctx",
+            "512",
+            "--yes",
+            "--json",
+            env=env,
+            timeout=120,
+        )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     rows = {(s["config"], s["category"]): s for s in doc["summaries"]}

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from support.chat_oracle import expected_chat
-from support.cli import run_cli
 
 from dsparkcli.bench import prompts, report, stats
 from dsparkcli.bench.plan import BenchPlan, Draft
@@ -24,6 +22,8 @@ from dsparkcli.bench.records import from_record, read_jsonl
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
+from support.chat_oracle import expected_chat
+from support.cli import run_cli
 
 N = 32
 REPS = 2
@@ -53,10 +53,36 @@ def predicted(engine, pair, kit):
 def run(engine, pair, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("load-bench")
     out, plot = tmp / "r.jsonl", tmp / "load.png"
-    proc = run_cli("bench", "--target", str(pair.target), "--draft", str(pair.draft), "--budget", str(BUDGET),
-                   "--concurrency", *map(str, LEVELS), "--category", "text", "--limit", "1", "--reps", str(REPS),
-                   "-n", str(N), "-t", "1", "--ctx", "512", "--json", "--out", str(out), "--plot", str(plot),
-                   env={"DSPARK_LLAMA_BIN": str(engine.bin_dir)}, timeout=180)
+    proc = run_cli(
+        "bench",
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+        "--budget",
+        str(BUDGET),
+        "--concurrency",
+        *map(str, LEVELS),
+        "--category",
+        "text",
+        "--limit",
+        "1",
+        "--reps",
+        str(REPS),
+        "-n",
+        str(N),
+        "-t",
+        "1",
+        "--ctx",
+        "512",
+        "--json",
+        "--out",
+        str(out),
+        "--plot",
+        str(plot),
+        env={"DSPARK_LLAMA_BIN": str(engine.bin_dir)},
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), [json.loads(ln) for ln in out.read_text().splitlines()], out, plot
 
@@ -77,8 +103,11 @@ def test_every_request_of_every_client_is_its_own_prediction(run, kit, predicted
     # each client asks the whole kit in every pass, starting at its own prompt
     for c in LEVELS:
         for client in range(c):
-            mine = [r["prompt_id"] for r in requests if (r["config"], r["concurrency"], r["client"], r["rep"])
-                    == ("plain", c, client, 0)]
+            mine = [
+                r["prompt_id"]
+                for r in requests
+                if (r["config"], r["concurrency"], r["client"], r["rep"]) == ("plain", c, client, 0)
+            ]
             start = client * len(kit) // c
             assert mine == [p.id for p in [*kit[start:], *kit[:start]]]
 
@@ -98,8 +127,11 @@ def test_figures_come_from_their_records(run, kit):
         assert row["tok_s"] == {"median": statistics.median(agg), "min": min(agg), "max": max(agg)}
         assert row["requests"] == len(reqs) and row["tokens"] == len(reqs) * N
         lat = sorted(r["request_ms"] for r in reqs)
-        assert row["latency_ms"] == {"p50": lat[math.ceil(0.5 * len(lat)) - 1],
-                                     "p95": lat[math.ceil(0.95 * len(lat)) - 1], "max": lat[-1]}
+        assert row["latency_ms"] == {
+            "p50": lat[math.ceil(0.5 * len(lat)) - 1],
+            "p95": lat[math.ceil(0.95 * len(lat)) - 1],
+            "max": lat[-1],
+        }
         ttft = sorted(r["ttft_ms"] for r in reqs)
         assert row["ttft_ms"]["max"] == ttft[-1] and row["ttft_ms"]["p50"] == ttft[math.ceil(0.5 * len(ttft)) - 1]
         assert row["request_tok_s"]["median"] == statistics.median(r["tok_s"] for r in reqs)
@@ -114,8 +146,10 @@ def test_one_client_counts_exactly_as_predicted(run, kit, predicted):
     row = next(s for s in doc["summaries"] if s["config"] != "plain" and s["concurrency"] == 1)
     preds = [predicted[p.id] for p in kit]
     assert (row["drafted"], row["accepted"], row["steps"]) == (
-        REPS * sum(p.draft_n for p in preds), REPS * sum(p.draft_n_accepted for p in preds),
-        REPS * sum(p.steps for p in preds))
+        REPS * sum(p.draft_n for p in preds),
+        REPS * sum(p.draft_n_accepted for p in preds),
+        REPS * sum(p.steps for p in preds),
+    )
     assert row["mean_length"] == 1 + row["accepted"] / row["steps"]
 
 
@@ -155,24 +189,56 @@ def test_every_format_shows_the_load_columns(run, engine, pair, tmp_path):
     assert "| config | clients | agg tok/s |" in md and md.strip().splitlines()[-1].startswith("crossover: ")
     with Image.open(plot) as im:
         assert im.format == "PNG" and im.height >= 800
-    proc = run_cli("bench", "--target", str(pair.target), "--draft", str(pair.draft), "--budget", "3",
-                   "--concurrency", "2", "--category", "math", "--limit", "1", "--reps", "1", "-n", "8", "-t", "1",
-                   "--ctx", "256", "--out", str(tmp_path / "t.jsonl"), env={"DSPARK_LLAMA_BIN": str(engine.bin_dir),
-                                                                          "COLUMNS": "250"}, timeout=120)
+    proc = run_cli(
+        "bench",
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+        "--budget",
+        "3",
+        "--concurrency",
+        "2",
+        "--category",
+        "math",
+        "--limit",
+        "1",
+        "--reps",
+        "1",
+        "-n",
+        "8",
+        "-t",
+        "1",
+        "--ctx",
+        "256",
+        "--out",
+        str(tmp_path / "t.jsonl"),
+        env={"DSPARK_LLAMA_BIN": str(engine.bin_dir), "COLUMNS": "250"},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "TTFT ms p50/p95/max" in proc.stdout and "crossover: draft-dspark@3" in proc.stdout
 
 
 def test_concurrency_values_are_checked(pair, kit):
-    plan = BenchPlan(target=pair.target, drafts=(Draft("d", pair.draft),), budgets=(3,), prompts=kit,
-                     concurrency=(2, 2))
+    plan = BenchPlan(
+        target=pair.target, drafts=(Draft("d", pair.draft),), budgets=(3,), prompts=kit, concurrency=(2, 2)
+    )
     with pytest.raises(UsageError, match="--concurrency values must be distinct"):
         plan.validate()
     with pytest.raises(UsageError, match=r"--concurrency values must be >= 1 \(got 0, 2\)"):
-        BenchPlan(target=pair.target, drafts=(Draft("d", pair.draft),), budgets=(3,), prompts=kit,
-                  concurrency=(0, 2)).validate()
-    assert BenchPlan(target=Path("t"), drafts=(Draft("d", Path("d")),), budgets=(3, 5), prompts=kit, reps=2,
-                     warmup=1, concurrency=(1, 4)).total_requests() == 3 * (1 + 4) * (1 + 3 * 2)
+        BenchPlan(
+            target=pair.target, drafts=(Draft("d", pair.draft),), budgets=(3,), prompts=kit, concurrency=(0, 2)
+        ).validate()
+    assert BenchPlan(
+        target=Path("t"),
+        drafts=(Draft("d", Path("d")),),
+        budgets=(3, 5),
+        prompts=kit,
+        reps=2,
+        warmup=1,
+        concurrency=(1, 4),
+    ).total_requests() == 3 * (1 + 4) * (1 + 3 * 2)
 
 
 def test_a_dropped_connection_is_sent_again_and_a_dead_server_named(engine, pair) -> None:
@@ -189,9 +255,11 @@ def test_a_dropped_connection_is_sent_again_and_a_dead_server_named(engine, pair
             def send():
                 calls.append(1)
                 if len(calls) <= drops:
-                    raise ServerError("connection to llama-server lost during generation: RemoteProtocolError",
-                                      kind="crash")
+                    raise ServerError(
+                        "connection to llama-server lost during generation: RemoteProtocolError", kind="crash"
+                    )
                 return srv.client.completion({"prompt": [1, 2, 3], "n_predict": 4, "temperature": 0})
+
             return send
 
         r = _surviving(srv, "plain x16", flaky(1))

@@ -71,16 +71,23 @@ def test_collect_block(engine, tmp_path, monkeypatch):
     _fake_smi(tmp_path, 'echo "NVIDIA H200"\n')
     t = tmp_path / "t.gguf"
     t.write_bytes(b"target")
-    block = provenance.collect(engine, {"target": t, "mmproj": None}, argv=["dspark", "bench", "--budget", "5"],
-                               reps=3, extra={"run_id": "r"})
+    block = provenance.collect(
+        engine, {"target": t, "mmproj": None}, argv=["dspark", "bench", "--budget", "5"], reps=3, extra={"run_id": "r"}
+    )
     assert block["dspark_version"] == __version__
     build = provenance.build_record(engine)
-    assert block["engine"] == {"server": str(engine.server), "version": engine.version, "commit": engine.commit,
-                               "backend": engine.backend, "build": build}
+    assert block["engine"] == {
+        "server": str(engine.server),
+        "version": engine.version,
+        "commit": engine.commit,
+        "backend": engine.backend,
+        "build": build,
+    }
     assert block["gpu"] == "NVIDIA H200"
     assert block["argv"] == ["dspark", "bench", "--budget", "5"] and block["reps"] == 3 and block["run_id"] == "r"
-    assert block["files"] == {"target": {"path": str(t.resolve()), "size": 6,
-                                         "sha256": hashlib.sha256(b"target").hexdigest()}}
+    assert block["files"] == {
+        "target": {"path": str(t.resolve()), "size": 6, "sha256": hashlib.sha256(b"target").hexdigest()}
+    }
     assert datetime.fromisoformat(block["timestamp"]).tzinfo is not None
 
 
@@ -92,7 +99,9 @@ def test_commit_falls_back_to_the_build_record(tmp_path):
     bin_dir.mkdir(parents=True)
     record = {"commit": "srcf0a45bab", "backend": "cuda", "cuda_arch": "90", "built_at": "2026-11-30T16:13:25Z"}
     (bin_dir.parent.parent / "engine.json").write_text(json.dumps(record))
-    eng = Engine(server=bin_dir / "llama-server", bin_dir=bin_dir, source="cache", version="", commit="", backend="cuda")
+    eng = Engine(
+        server=bin_dir / "llama-server", bin_dir=bin_dir, source="cache", version="", commit="", backend="cuda"
+    )
     block = provenance.collect(eng, {}, argv=[], reps=1)
     assert block["engine"]["commit"] == "srcf0a45bab" and block["engine"]["build"] == record
     assert provenance.build_record(Engine(server=tmp_path / "x", bin_dir=tmp_path, source="path")) is None

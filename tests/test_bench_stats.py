@@ -11,17 +11,36 @@ from dsparkcli.llama.protocol import SpecCounters, mean_acceptance_length
 
 
 def req(config, category, prompt_id, rep, n, ms, tokens=None, first_div=None, draft=None, budget=None, sha="h"):
-    rec = {"record": "request", "config": config, "draft": draft, "budget": budget, "category": category,
-           "prompt_id": prompt_id, "rep": rep, "n_predicted": n, "predicted_ms": ms, "synthetic": False,
-           "tokens": tokens or [], "output_sha256": sha}
+    rec = {
+        "record": "request",
+        "config": config,
+        "draft": draft,
+        "budget": budget,
+        "category": category,
+        "prompt_id": prompt_id,
+        "rep": rep,
+        "n_predicted": n,
+        "predicted_ms": ms,
+        "synthetic": False,
+        "tokens": tokens or [],
+        "output_sha256": sha,
+    }
     if config != "plain":
         rec.update({"identical_to_plain": first_div is None, "first_divergence": first_div, "plain_sha256": "h"})
     return rec
 
 
 def ctr(config, category, rep, drafted, accepted, steps, per_pos):
-    return {"record": "counters", "config": config, "category": category, "rep": rep, "drafted": drafted,
-            "accepted": accepted, "steps": steps, "accepted_per_pos": per_pos}
+    return {
+        "record": "counters",
+        "config": config,
+        "category": category,
+        "rep": rep,
+        "drafted": drafted,
+        "accepted": accepted,
+        "steps": steps,
+        "accepted_per_pos": per_pos,
+    }
 
 
 def test_spread_median_min_max():
@@ -38,14 +57,17 @@ def test_speedup_and_mean_length():
     assert mean_acceptance_length(0, 0) is None
 
 
-@pytest.mark.parametrize("ref,other,expected", [
-    ([1, 2, 3], [1, 2, 3], None),
-    ([1, 2, 3], [1, 9, 3], 1),
-    ([1, 2, 3], [7, 2, 3], 0),
-    ([1, 2, 3], [1, 2], 2),  # a prefix diverges where it ends
-    ([1, 2], [1, 2, 3], 2),
-    ([], [], None),
-])
+@pytest.mark.parametrize(
+    "ref,other,expected",
+    [
+        ([1, 2, 3], [1, 2, 3], None),
+        ([1, 2, 3], [1, 9, 3], 1),
+        ([1, 2, 3], [7, 2, 3], 0),
+        ([1, 2, 3], [1, 2], 2),  # a prefix diverges where it ends
+        ([1, 2], [1, 2, 3], 2),
+        ([], [], None),
+    ],
+)
 def test_first_divergence(ref, other, expected):
     assert stats.first_divergence(ref, other) == expected
 
@@ -56,19 +78,30 @@ def test_hashes_tell_outputs_apart():
 
 
 def test_parse_counters_and_delta():
-    before = SpecCounters.from_metrics({
-        "llamacpp:spec_decode_num_draft_tokens_total": 10.0, "llamacpp:spec_decode_num_accepted_tokens_total": 6.0,
-        "llamacpp:spec_decode_num_drafts_total": 4.0,
-        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}': 4.0,
-        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"}': 2.0,
-    })
+    before = SpecCounters.from_metrics(
+        {
+            "llamacpp:spec_decode_num_draft_tokens_total": 10.0,
+            "llamacpp:spec_decode_num_accepted_tokens_total": 6.0,
+            "llamacpp:spec_decode_num_drafts_total": 4.0,
+            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}': 4.0,
+            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"}': 2.0,
+        }
+    )
     assert before.to_record() == {"drafted": 10, "accepted": 6, "steps": 4, "accepted_per_pos": [4, 2]}
     after = SpecCounters.from_record({"drafted": 25, "accepted": 17, "steps": 9, "accepted_per_pos": [9, 6, 2]})
-    assert after.minus(before).to_record() == {"drafted": 15, "accepted": 11, "steps": 5,
-                                               "accepted_per_pos": [5, 4, 2]}
+    assert after.minus(before).to_record() == {
+        "drafted": 15,
+        "accepted": 11,
+        "steps": 5,
+        "accepted_per_pos": [5, 4, 2],
+    }
     # nothing speculative yet: every counter reads 0 and the per-position list is empty
-    assert SpecCounters.from_metrics({"llamacpp:tokens_predicted_total": 5.0}).to_record() == \
-        {"drafted": 0, "accepted": 0, "steps": 0, "accepted_per_pos": []}
+    assert SpecCounters.from_metrics({"llamacpp:tokens_predicted_total": 5.0}).to_record() == {
+        "drafted": 0,
+        "accepted": 0,
+        "steps": 0,
+        "accepted_per_pos": [],
+    }
 
 
 @pytest.fixture
@@ -84,27 +117,39 @@ def records():
       all d@5   : rep0 250/750 = 333.3/s, rep1 250/500 = 500/s                            -> median 416.7
     """
     recs = [
-        req("plain", "code", "c1", 0, 100, 1000.0), req("plain", "code", "c2", 0, 100, 1000.0),
+        req("plain", "code", "c1", 0, 100, 1000.0),
+        req("plain", "code", "c2", 0, 100, 1000.0),
         req("plain", "ocr", "o1", 0, 50, 500.0),
-        req("plain", "code", "c1", 1, 100, 500.0), req("plain", "code", "c2", 1, 100, 500.0),
+        req("plain", "code", "c1", 1, 100, 500.0),
+        req("plain", "code", "c2", 1, 100, 500.0),
         req("plain", "ocr", "o1", 1, 50, 250.0),
     ]
     d = {"draft": "d", "budget": 5}
     recs += [
-        req("d@5", "code", "c1", 0, 100, 250.0, **d), req("d@5", "code", "c2", 0, 100, 250.0, first_div=17, sha="x", **d),
+        req("d@5", "code", "c1", 0, 100, 250.0, **d),
+        req("d@5", "code", "c2", 0, 100, 250.0, first_div=17, sha="x", **d),
         req("d@5", "ocr", "o1", 0, 50, 250.0, **d),
-        req("d@5", "code", "c1", 1, 100, 200.0, **d), req("d@5", "code", "c2", 1, 100, 200.0, first_div=12, sha="y", **d),
+        req("d@5", "code", "c1", 1, 100, 200.0, **d),
+        req("d@5", "code", "c2", 1, 100, 200.0, first_div=12, sha="y", **d),
         req("d@5", "ocr", "o1", 1, 50, 100.0, **d),
-        ctr("d@5", "code", 0, 100, 60, 20, [18, 15, 12, 9, 6]), ctr("d@5", "ocr", 0, 40, 10, 10, [6, 3, 1, 0, 0]),
-        ctr("d@5", "code", 1, 100, 60, 20, [18, 15, 12, 9, 6]), ctr("d@5", "ocr", 1, 40, 10, 10, [6, 3, 1]),
+        ctr("d@5", "code", 0, 100, 60, 20, [18, 15, 12, 9, 6]),
+        ctr("d@5", "ocr", 0, 40, 10, 10, [6, 3, 1, 0, 0]),
+        ctr("d@5", "code", 1, 100, 60, 20, [18, 15, 12, 9, 6]),
+        ctr("d@5", "ocr", 1, 40, 10, 10, [6, 3, 1]),
     ]
     return recs
 
 
 def test_summarize_by_hand(records):
     rows = {(r["config"], r["category"]): r for r in stats.summarize(records, {"code": 7.387, "ocr": 5.407})}
-    assert list(rows) == [("plain", "code"), ("plain", "ocr"), ("plain", "all"),
-                          ("d@5", "code"), ("d@5", "ocr"), ("d@5", "all")]
+    assert list(rows) == [
+        ("plain", "code"),
+        ("plain", "ocr"),
+        ("plain", "all"),
+        ("d@5", "code"),
+        ("d@5", "ocr"),
+        ("d@5", "all"),
+    ]
     assert rows[("plain", "code")]["tok_s"] == {"median": 150.0, "min": 100.0, "max": 200.0}
     assert rows[("plain", "code")]["speedup"] == 1.0
     assert rows[("plain", "code")]["upstream_acceptance_length"] == 7.387
@@ -119,7 +164,9 @@ def test_summarize_by_hand(records):
     assert code["accepted_per_pos"] == [36, 30, 24, 18, 12]
     assert code["acceptance_per_pos"] == [0.9, 0.75, 0.6, 0.45, 0.3]
     assert (code["identical"], code["prompts"], code["identical_pct"]) == (1, 2, 50.0)
-    assert code["divergent"] == [{"prompt_id": "c2", "first_divergence": 12, "output_sha256": "y", "plain_sha256": "h"}]
+    assert code["divergent"] == [
+        {"prompt_id": "c2", "first_divergence": 12, "output_sha256": "y", "plain_sha256": "h"}
+    ]
     assert (code["prompts"], code["reps"], code["requests"], code["tokens"]) == (2, 2, 4, 400)
     assert code["upstream_acceptance_length"] == 7.387
 
@@ -139,8 +186,11 @@ def test_summarize_by_hand(records):
 
 
 def test_summarize_ignores_other_records_and_is_deterministic(records):
-    noise = [{"record": "prompt", "prompt_id": "c1"}, {"record": "summary", "config": "plain"},
-             {"record": "overhead", "ratio": 1.0}]
+    noise = [
+        {"record": "prompt", "prompt_id": "c1"},
+        {"record": "summary", "config": "plain"},
+        {"record": "overhead", "ratio": 1.0},
+    ]
     assert stats.summarize(records + noise) == stats.summarize(list(records))
 
 
@@ -168,16 +218,33 @@ def test_validate_rejects_bad_plans(tmp_path):
 
 
 def test_arms_are_plain_then_every_draft_by_budget(tmp_path):
-    plan = BenchPlan(target=tmp_path / "t", drafts=(Draft("q8", tmp_path / "a"), Draft("q6", tmp_path / "b")),
-                           budgets=(5, 15), prompts=(), reps=3, warmup=1)
+    plan = BenchPlan(
+        target=tmp_path / "t",
+        drafts=(Draft("q8", tmp_path / "a"), Draft("q6", tmp_path / "b")),
+        budgets=(5, 15),
+        prompts=(),
+        reps=3,
+        warmup=1,
+    )
     assert [a.name for a in plan.arms()] == ["plain", "q8@5", "q8@15", "q6@5", "q6@15"]
     assert plan.total_requests() == 5 * 1
 
 
 def test_budget_takes_several_values():
-    assert expand_multi_values(["--budget", "5", "15", "--reps", "3"], ("--budget", "-b")) == \
-        ["--budget", "5", "--budget", "15", "--reps", "3"]
-    assert expand_multi_values(["-b", "7", "--draft", "d.gguf"], ("--budget", "-b")) == ["-b", "7", "--draft", "d.gguf"]
+    assert expand_multi_values(["--budget", "5", "15", "--reps", "3"], ("--budget", "-b")) == [
+        "--budget",
+        "5",
+        "--budget",
+        "15",
+        "--reps",
+        "3",
+    ]
+    assert expand_multi_values(["-b", "7", "--draft", "d.gguf"], ("--budget", "-b")) == [
+        "-b",
+        "7",
+        "--draft",
+        "d.gguf",
+    ]
     assert expand_multi_values(["--budget", "5", "--budget", "9"], ("--budget",)) == ["--budget", "5", "--budget", "9"]
 
 
@@ -221,15 +288,18 @@ def test_an_interrupted_block_counts_the_drafts_its_requests_hold():
     def drafted(rec, n, accepted):
         return {**rec, "draft_n": n, "draft_n_accepted": accepted}
 
-    recs = [req("plain", "code", "c1", 0, 100, 1000.0), req("plain", "code", "c2", 0, 100, 1000.0),
-            drafted(req("d@5", "code", "c1", 0, 100, 250.0, **d), 60, 40),
-            drafted(req("d@5", "code", "c2", 0, 100, 250.0, **d), 40, 20),
-            ctr("d@5", "code", 0, 100, 60, 20, [18, 15, 12, 9, 6]),
-            # rep 1 interrupted after c1: no counters record for its block
-            drafted(req("d@5", "code", "c1", 1, 100, 250.0, **d), 27, 19),
-            # a second draft configuration that had not finished one block
-            drafted(req("e@3", "code", "c1", 0, 100, 300.0, draft="e", budget=3), 27, 19),
-            drafted(req("e@3", "code", "c2", 0, 100, 300.0, draft="e", budget=3), 11, 5)]
+    recs = [
+        req("plain", "code", "c1", 0, 100, 1000.0),
+        req("plain", "code", "c2", 0, 100, 1000.0),
+        drafted(req("d@5", "code", "c1", 0, 100, 250.0, **d), 60, 40),
+        drafted(req("d@5", "code", "c2", 0, 100, 250.0, **d), 40, 20),
+        ctr("d@5", "code", 0, 100, 60, 20, [18, 15, 12, 9, 6]),
+        # rep 1 interrupted after c1: no counters record for its block
+        drafted(req("d@5", "code", "c1", 1, 100, 250.0, **d), 27, 19),
+        # a second draft configuration that had not finished one block
+        drafted(req("e@3", "code", "c1", 0, 100, 300.0, draft="e", budget=3), 27, 19),
+        drafted(req("e@3", "code", "c2", 0, 100, 300.0, draft="e", budget=3), 11, 5),
+    ]
     rows = {(r["config"], r["category"]): r for r in stats.summarize(recs)}
     for cat in ("code", "all"):
         row = rows[("d@5", cat)]
@@ -242,6 +312,7 @@ def test_an_interrupted_block_counts_the_drafts_its_requests_hold():
     assert (e["drafted"], e["accepted"], e["steps"], e["mean_length"]) == (38, 24, 0, None)
     assert e["acceptance_rate"] == 24 / 38
     from dsparkcli.bench.records import SummaryRecord  # the JSONL row reads back to the same figures
+
     for row in rows.values():
         assert SummaryRecord.from_record(row).to_record() == {k: v for k, v in row.items() if k != "load_s"}
     # a finished run's rows carry no uncounted figures

@@ -9,8 +9,11 @@ from pathlib import Path
 from support.scripts import script
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORDS = [ROOT / "results/h200/study/sweep.jsonl", *sorted((ROOT / "results/h200/study2").glob("sweep-*.jsonl")),
-           ROOT / "results/h200/study2/replicate-4.jsonl"]
+RECORDS = [
+    ROOT / "results/h200/study/sweep.jsonl",
+    *sorted((ROOT / "results/h200/study2").glob("sweep-*.jsonl")),
+    ROOT / "results/h200/study2/replicate-4.jsonl",
+]
 
 
 def _generated_and_doc() -> tuple[str, str]:
@@ -49,15 +52,20 @@ def test_real_headline_quotes_the_h200_records() -> None:
     from dsparkcli.bench import stats
     from dsparkcli.bench.records import read_jsonl
 
-    rows = [s for s in stats.summarize(read_jsonl(ROOT / "results/h200/real3/bench-h200.jsonl"))
-            if s["config"] != "plain" and s["category"] != "all"]
+    rows = [
+        s
+        for s in stats.summarize(read_jsonl(ROOT / "results/h200/real3/bench-h200.jsonl"))
+        if s["config"] != "plain" and s["category"] != "all"
+    ]
     doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
     for cat in ("math", "code", "general"):
         mine = [s for s in rows if s["category"] == cat]
         fast = max(mine, key=lambda s: s["speedup"])
         most = max(mine, key=lambda s: s["mean_length"])
-        line = (f"| {cat} | {fast['budget']} | {fast['speedup']:.2f}× | {fast['mean_length']:.2f} | "
-                f"{most['mean_length']:.2f} ({most['budget']}) |")
+        line = (
+            f"| {cat} | {fast['budget']} | {fast['speedup']:.2f}× | {fast['mean_length']:.2f} | "
+            f"{most['mean_length']:.2f} ({most['budget']}) |"
+        )
         assert line in doc, line
         assert fast["speedup"] < 1.0  # the headline says: slower than plain at every budget
     assert all(s["speedup"] < 1.0 for s in rows)
@@ -70,13 +78,18 @@ def test_adaptive_section_is_its_records_rendered() -> None:
     generated = adaptive_to_md.render(ROOT / "results/cpu/adaptive-smollm2-135m")
     assert body.split("\n\n</details>", 1)[0] == generated
     assert "@adaptive | all |" in generated and "| adaptive |" in generated
-    h200 = doc.split("<summary>Generated tables (scripts/adaptive_to_md.py on results/h200/adaptive-real, unedited)"
-                     "</summary>\n\n", 1)[1]
+    h200 = doc.split(
+        "<summary>Generated tables (scripts/adaptive_to_md.py on results/h200/adaptive-real, unedited)</summary>\n\n",
+        1,
+    )[1]
     generated = adaptive_to_md.render(ROOT / "results/h200/adaptive-real")
     assert h200.split("\n\n</details>", 1)[0] == generated.rstrip("\n")
     assert "GPU NVIDIA H200" in generated and "@adaptive | all |" in generated
-    third = doc.split("<summary>Generated tables (scripts/adaptive_to_md.py on results/cpu/adaptive-smollm2-135m-3, "
-                      "unedited)</summary>\n\n", 1)[1]
+    third = doc.split(
+        "<summary>Generated tables (scripts/adaptive_to_md.py on results/cpu/adaptive-smollm2-135m-3, "
+        "unedited)</summary>\n\n",
+        1,
+    )[1]
     generated = adaptive_to_md.render(ROOT / "results/cpu/adaptive-smollm2-135m-3")
     assert third.split("\n\n</details>", 1)[0] == generated.rstrip("\n")
     assert "engine 0c1e570 cpu" in generated and "@adaptive | all |" in generated

@@ -20,15 +20,17 @@ def row_line(s: dict) -> str:
     else:
         rate = f"{100 * s['acceptance_rate']:.1f} %" if s.get("acceptance_rate") is not None else "-"
         drafting = f"{s['drafted']} / {s['accepted']} | {rate} | {s['identical']}/{s['prompts']}"
-    return (f"| {s['config']} | {t['median']:.1f} | {t['min']:.1f}-{t['max']:.1f} | {s['speedup']:.2f}x | "
-            f"{drafting} |")
+    return f"| {s['config']} | {t['median']:.1f} | {t['min']:.1f}-{t['max']:.1f} | {s['speedup']:.2f}x | {drafting} |"
 
 
 def test_peers_section_quotes_the_records() -> None:
     rows = [s for s in stats.summarize(read_jsonl(RECORDS)) if s["category"] == "all"]
     assert [s["config"] for s in rows] == ["plain", "ngram-mod", "draft-simple:qwen2.5-coder-0.5b@4"]
-    section = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8").split(
-        "## What a user would pick instead: n-gram and a classic draft model (CPU, REAL)", 1)[1]
+    section = (
+        (ROOT / "BENCHMARKS.md")
+        .read_text(encoding="utf-8")
+        .split("## What a user would pick instead: n-gram and a classic draft model (CPU, REAL)", 1)[1]
+    )
     for s in rows:
         assert row_line(s) in section, row_line(s)
     plain = rows[0]["tok_s"]

@@ -32,8 +32,11 @@ def block4(tmp_path_factory):
 
 
 def _env(engine, tmp_path) -> dict[str, str]:
-    return {"DSPARK_LLAMA_BIN": str(engine.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-            "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    return {
+        "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
 
 
 def _one_error(proc) -> str:
@@ -53,21 +56,28 @@ def test_a_given_budget_above_the_draft_is_refused_by_every_command(engine, bloc
     assert (limit.most, limit.block) == (8, 8)  # a bonus anchor: every position of the block is a draft
     env, files = _env(engine, tmp_path), ["--target", str(block8.target), "--draft", str(block8.draft)]
     said = f"--budget 99 is above what the draft proposes per step: at most 8 (block size 8, {block8.draft.name})"
-    for cmd in (("run", *files, "hi", "--budget", "99"), ("serve", *files, "--budget", "99", "--print"),
-                ("bench", *files, "--prompts", str(_prompts(tmp_path)), "--budget", "3", "99", "-n", "4")):
+    for cmd in (
+        ("run", *files, "hi", "--budget", "99"),
+        ("serve", *files, "--budget", "99", "--print"),
+        ("bench", *files, "--prompts", str(_prompts(tmp_path)), "--budget", "3", "99", "-n", "4"),
+    ):
         assert _one_error(cli(*cmd, env=env, timeout=120)) == f"dspark: error: {said}", cmd
     proc = cli("tune", *files, "--prompts", str(_prompts(tmp_path)), "--budgets", "2", "99", env=env, timeout=120)
     assert _one_error(proc) == f"dspark: error: {said.replace('--budget', '--budgets')}"
     assert not (tmp_path / "cache" / "logs").exists()  # refused before any server started
-    assert _one_error(cli("bench", *files, "--budget", "0", "-n", "4", env=env)) == \
-        "dspark: error: --budget must be >= 1 (got 0)"
+    assert (
+        _one_error(cli("bench", *files, "--budget", "0", "-n", "4", env=env))
+        == "dspark: error: --budget must be >= 1 (got 0)"
+    )
 
 
 def test_a_default_budget_is_clamped_to_the_draft_and_said(engine, block4, cli, tmp_path):
     assert draft_limit(block4.draft).most == 4
     env, files = _env(engine, tmp_path), ["--target", str(block4.target), "--draft", str(block4.draft)]
-    said = (f"budget 4: the default 5 is more than the draft proposes per step, at most 4 (block size 4, "
-            f"{block4.draft.name}) (--budget N sets it)")
+    said = (
+        f"budget 4: the default 5 is more than the draft proposes per step, at most 4 (block size 4, "
+        f"{block4.draft.name}) (--budget N sets it)"
+    )
     proc = cli("run", *files, "hello there", "-n", "12", "-t", "1", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     assert said in proc.stderr and json.loads(proc.stdout)["budget"] == 4
@@ -77,8 +87,24 @@ def test_a_default_budget_is_clamped_to_the_draft_and_said(engine, block4, cli, 
     assert proc.returncode == 0 and said in proc.stderr, proc.stderr
     argv = json.loads(proc.stdout)["argv"]
     assert argv[argv.index("--spec-draft-n-max") + 1] == "4"
-    proc = cli("bench", *files, "--prompts", str(_prompts(tmp_path)), "-n", "8", "--reps", "1", "-t", "1",
-               "--ctx", "1024", "--json", "--out", str(tmp_path / "b.jsonl"), env=env)
+    proc = cli(
+        "bench",
+        *files,
+        "--prompts",
+        str(_prompts(tmp_path)),
+        "-n",
+        "8",
+        "--reps",
+        "1",
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--json",
+        "--out",
+        str(tmp_path / "b.jsonl"),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert said in proc.stderr
     assert {s["budget"] for s in json.loads(proc.stdout)["summaries"]} == {None, 4}
@@ -92,8 +118,14 @@ def test_the_engine_caps_a_request_budget_above_the_servers_silently(engine, blo
     man = synth.load_manifest(block8.manifest)
     cfg = ServerConfig(model=block8.target, draft=block8.draft, n_max=5, ctx=1024, threads=1)
     with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
-        asked = {n: srv.client.completion(protocol.completion_payload(
-            [1, 2, 3], n_predict=40, response_fields=None, draft=protocol.draft_settings(n_max=n))) for n in (5, 7)}
+        asked = {
+            n: srv.client.completion(
+                protocol.completion_payload(
+                    [1, 2, 3], n_predict=40, response_fields=None, draft=protocol.draft_settings(n_max=n)
+                )
+            )
+            for n in (5, 7)
+        }
         probe = srv.client.completion(dict(protocol.SETTINGS_PROBE))
     pred = synth.predict(man, [1, 2, 3], n_max=5, n_predict=40)
     for n, resp in asked.items():
@@ -110,7 +142,8 @@ def test_run_against_a_server_refuses_a_budget_above_its_own(engine, block8, cli
         proc = cli("run", "--server", srv.url, "hello there", "--budget", "7", "-n", "30")
         assert _one_error(proc) == (
             "dspark: error: --budget 7 is above this server's budget 5 (its --spec-draft-n-max): llama-server would "
-            "draft at most 5; ask for at most 5, or serve with --budget 7")
+            "draft at most 5; ask for at most 5, or serve with --budget 7"
+        )
         assert proc.stdout == ""  # nothing was asked
         last = synth.last_prompt_token(man, srv.client.apply_template(protocol.build_messages("hello there")))
         for flags, budget in ((("--budget", "3"), 3), ((), 5)):

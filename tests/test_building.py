@@ -23,8 +23,9 @@ print("held", flush=True); time.sleep(float(sys.argv[2]))
 def test_a_second_build_of_the_same_engine_waits_for_the_first(tmp_path: Path) -> None:
     root = tmp_path / "0c1e570-cpu-x86-64-v3-rpc-pabc"
     root.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(root / ".build.lock"), "1.5"], stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(root / ".build.lock"), "1.5"], stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     said: list[str] = []
     t0 = time.monotonic()
@@ -42,16 +43,21 @@ def test_a_second_build_of_the_same_engine_waits_for_the_first(tmp_path: Path) -
 def test_steps_are_logged_with_their_progress_and_a_failure_is_one_line(tmp_path: Path) -> None:
     seen: list[tuple[float, str]] = []
     log = tmp_path / "build.log"
-    building.run_steps([["echo", "configured"], [sys.executable, "-c", "print('[1/4] a'); print('[ 50%] b')"]],
-                       log, lambda pct, line: seen.append((pct, line)))
+    building.run_steps(
+        [["echo", "configured"], [sys.executable, "-c", "print('[1/4] a'); print('[ 50%] b')"]],
+        log,
+        lambda pct, line: seen.append((pct, line)),
+    )
     assert seen == [(-1.0, "configured"), (25.0, "[1/4] a"), (50.0, "[ 50%] b")]
     assert log.read_text().splitlines()[0] == "$ echo configured"
     with pytest.raises(EngineBuildError) as e:
         building.run_steps([["true"], [sys.executable, "-c", "print('oops'); raise SystemExit(3)"]], log)
     assert e.value.message == "build failed (rc 3): oops" and str(log) in (e.value.hint or "")
     # the H200's failure: cmake's error line, then ninja's progress of other jobs, then the stop
-    script = ("print('[258/376] Building a.o'); print('CMake Error: Not a file: /s/scripts/ui-assets.cmake'); "
-              "print('[259/376] Building b.o'); print('ninja: build stopped: subcommand failed.'); raise SystemExit(1)")
+    script = (
+        "print('[258/376] Building a.o'); print('CMake Error: Not a file: /s/scripts/ui-assets.cmake'); "
+        "print('[259/376] Building b.o'); print('ninja: build stopped: subcommand failed.'); raise SystemExit(1)"
+    )
     with pytest.raises(EngineBuildError) as e:
         building.run_steps([["true"], [sys.executable, "-c", script]], log)
     assert e.value.message == "build failed (rc 1): CMake Error: Not a file: /s/scripts/ui-assets.cmake"

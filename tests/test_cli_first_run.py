@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from support.terminal import on_a_terminal
-from support.cli import REPO
 
 from dsparkcli.synth import known_answer as synth
+from support.cli import REPO
+from support.terminal import on_a_terminal
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
@@ -47,8 +47,16 @@ def test_streamed_answer_on_a_terminal_is_one_text_not_a_line_per_token(cli, eng
 # ------------------------------------------------------------------ item 6: no tracebacks
 
 
-@pytest.mark.parametrize("ref", ["hf://own er/repo/x.gguf", "hf://../repo/x.gguf", "hf://owner/re..po/x.gguf",
-                                 f"hf://{'o' * 97}/repo/x.gguf", "hf://owner/repo/../x.gguf"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "hf://own er/repo/x.gguf",
+        "hf://../repo/x.gguf",
+        "hf://owner/re..po/x.gguf",
+        f"hf://{'o' * 97}/repo/x.gguf",
+        "hf://owner/repo/../x.gguf",
+    ],
+)
 def test_bad_hub_addresses_are_one_line(cli, ref):
     for args in (["inspect", ref], ["run", "--target", ref, "hi"]):
         proc = cli(*args, env={"HF_HUB_OFFLINE": "1"})
@@ -57,20 +65,39 @@ def test_bad_hub_addresses_are_one_line(cli, ref):
 
 
 def test_closed_stdout_is_no_traceback(engine, pair):
-    for args in (["run", "--target", str(pair.target), "--no-draft", "-t", "1", "--ctx", "256", "-n", "8", "hi"],
-                 ["inspect", str(pair.draft)], ["models"], ["--help"]):
-        proc = subprocess.run(f"{sys.executable} -m dsparkcli.cli.app {' '.join(args)} >&-", shell=True,
-                              capture_output=True, text=True, cwd=REPO)
+    for args in (
+        ["run", "--target", str(pair.target), "--no-draft", "-t", "1", "--ctx", "256", "-n", "8", "hi"],
+        ["inspect", str(pair.draft)],
+        ["models"],
+        ["--help"],
+    ):
+        proc = subprocess.run(
+            f"{sys.executable} -m dsparkcli.cli.app {' '.join(args)} >&-",
+            shell=True,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
 
 
 def test_a_reader_that_quits_ends_every_command_quietly(pair):
     # `| head -1`: the reader closes the pipe while dspark still writes
-    for args in (["inspect", str(pair.draft), str(pair.target)], ["models"], ["--help"], ["synth-predict",
-                 str(pair.manifest), "--prompt-tokens", ",".join(["1"] * 2000)]):
-        proc = subprocess.run(f"{sys.executable} -m dsparkcli.cli.app {' '.join(args)} | head -c 1 >/dev/null; "
-                              "echo \"rc=${PIPESTATUS[0]}\" >&2", shell=True, executable="/bin/bash",
-                              capture_output=True, text=True, cwd=REPO)
+    for args in (
+        ["inspect", str(pair.draft), str(pair.target)],
+        ["models"],
+        ["--help"],
+        ["synth-predict", str(pair.manifest), "--prompt-tokens", ",".join(["1"] * 2000)],
+    ):
+        proc = subprocess.run(
+            f"{sys.executable} -m dsparkcli.cli.app {' '.join(args)} | head -c 1 >/dev/null; "
+            'echo "rc=${PIPESTATUS[0]}" >&2',
+            shell=True,
+            executable="/bin/bash",
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         lines = proc.stderr.strip().splitlines()
         assert lines[-1] in ("rc=0", "rc=141"), proc.stderr  # as any tool killed by SIGPIPE, or done in time
         assert lines[:-1] == [], proc.stderr  # nothing else said
@@ -136,9 +163,15 @@ def default_hub(engine, pair, tmp_path, user_models):
     with FakeHub() as hub:
         hub.add_file("o/t", "target-llama.gguf", pair.target.read_bytes())
         hub.add_file("o/d", "draft-dspark.gguf", pair.draft.read_bytes())
-        env = {"DSPARK_LLAMA_BIN": str(engine.bin_dir), "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"),
-               "DSPARK_CONFIG_DIR": str(user_models(DEFAULT_PAIR)), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-               "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0"}
+        env = {
+            "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+            "HF_ENDPOINT": hub.endpoint,
+            "HF_HOME": str(tmp_path / "hf"),
+            "DSPARK_CONFIG_DIR": str(user_models(DEFAULT_PAIR)),
+            "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_OFFLINE": "0",
+        }
         yield hub, env
 
 
@@ -153,8 +186,10 @@ def test_default_pair_is_named_with_its_size_before_anything_is_downloaded(cli, 
     proc = cli("run", "hello", "-n", "8", "-t", "1", "--ctx", "256", env=env, input="")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert lines[0] == (f"no --model or --target: the default pair bigpair (a stand-in for the 20 GB default); "
-                        f"{size / 1e6:.1f} MB to download from the hub (or {SMALL})"), proc.stderr
+    assert lines[0] == (
+        f"no --model or --target: the default pair bigpair (a stand-in for the 20 GB default); "
+        f"{size / 1e6:.1f} MB to download from the hub (or {SMALL})"
+    ), proc.stderr
     assert proc.stdout.strip()  # and then it answered, from the downloaded files
     again = cli("run", "hello", "-n", "8", "-t", "1", "--ctx", "256", env=env, input="")
     assert again.stderr.splitlines()[0].endswith("; its files are here"), again.stderr
@@ -166,9 +201,12 @@ def test_a_big_default_pair_is_refused_without_a_terminal(cli, default_hub):
     proc = cli("run", "hello", env=env, input="")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert lines[0].startswith("no --model or --target: the default pair bigpair") and "20.0 GB to download" in lines[0]
-    assert lines[-1] == ("dspark: error: bigpair needs 20.0 GB of downloads and stdin is not a terminal; "
-                         f"pass --yes, or {SMALL}"), proc.stderr
+    assert (
+        lines[0].startswith("no --model or --target: the default pair bigpair") and "20.0 GB to download" in lines[0]
+    )
+    assert lines[-1] == (
+        f"dspark: error: bigpair needs 20.0 GB of downloads and stdin is not a terminal; pass --yes, or {SMALL}"
+    ), proc.stderr
     assert len(lines) == 2 and not _file_downloads(hub)
 
 
@@ -181,8 +219,10 @@ def test_every_serving_command_names_the_default_pair_before_refusing_it(cli, de
     proc = cli(*command, env=env, input="")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert lines[0] == ("no --model or --target: the default pair bigpair (a stand-in for the 20 GB default); "
-                        f"20.0 GB to download from the hub (or {SMALL})"), proc.stderr
+    assert lines[0] == (
+        "no --model or --target: the default pair bigpair (a stand-in for the 20 GB default); "
+        f"20.0 GB to download from the hub (or {SMALL})"
+    ), proc.stderr
     assert lines[-1].startswith("dspark: error: bigpair needs 20.0 GB of downloads") and lines[-1].endswith(SMALL)
     assert len(lines) == 2 and not _file_downloads(hub)
 
@@ -193,7 +233,10 @@ def test_a_big_default_pair_is_asked_for_on_a_terminal(default_hub):
     rc, shown = on_a_terminal(["run", "hello"], env=env, answer=(b"Download 20.0 GB?", b"n\n"))
     screen = ANSI.sub("", shown).replace("\r\n", "\n")
     assert rc == 1, screen
-    assert screen.index("the default pair bigpair") < screen.index("target-llama.gguf  20.0 GB") \
-        < screen.index("Download 20.0 GB?")  # named, then the plan, then the question
+    assert (
+        screen.index("the default pair bigpair")
+        < screen.index("target-llama.gguf  20.0 GB")
+        < screen.index("Download 20.0 GB?")
+    )  # named, then the plan, then the question
     assert "dspark: error: fetch of bigpair cancelled; nothing was downloaded" in screen
     assert not _file_downloads(hub)

@@ -22,17 +22,27 @@ def _one_error_line(proc) -> str:
 # ------------------------------------------------------------------ item 2: `--` cannot bypass dspark's checks
 
 
-@pytest.mark.parametrize(("argv", "flag", "option"), [
-    (["serve", "--target", "absent.gguf", "--", "--host", "0.0.0.0"], "--host", "--host"),
-    (["serve", "--target", "absent.gguf", "--", "--api-key", "k"], "--api-key", "--api-key-file"),
-    (["run", "--target", "absent.gguf", "--no-draft", "hi", "--", "--port", "1"], "--port", "--port"),
-    (["run", "--target", "absent.gguf", "hi", "--", "-md", "other.gguf"], "-md", "--draft"),
-    (["run", "--target", "absent.gguf", "hi", "--", "--spec-draft-n-max=9"], "--spec-draft-n-max", "--budget"),
-    (["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "-c", "99999"], "-c", "--ctx"),
-    (["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "--spec-type", "none"], "--spec-type", "--spec (dspark, ngram-mod"),
-    (["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "--spec-ngram-mod-n-max", "8"],
-     "--spec-ngram-mod-n-max", "--spec ngram-mod:n_max=N"),
-])
+@pytest.mark.parametrize(
+    ("argv", "flag", "option"),
+    [
+        (["serve", "--target", "absent.gguf", "--", "--host", "0.0.0.0"], "--host", "--host"),
+        (["serve", "--target", "absent.gguf", "--", "--api-key", "k"], "--api-key", "--api-key-file"),
+        (["run", "--target", "absent.gguf", "--no-draft", "hi", "--", "--port", "1"], "--port", "--port"),
+        (["run", "--target", "absent.gguf", "hi", "--", "-md", "other.gguf"], "-md", "--draft"),
+        (["run", "--target", "absent.gguf", "hi", "--", "--spec-draft-n-max=9"], "--spec-draft-n-max", "--budget"),
+        (["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "-c", "99999"], "-c", "--ctx"),
+        (
+            ["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "--spec-type", "none"],
+            "--spec-type",
+            "--spec (dspark, ngram-mod",
+        ),
+        (
+            ["bench", "--target", "absent.gguf", "--draft", "d.gguf", "--", "--spec-ngram-mod-n-max", "8"],
+            "--spec-ngram-mod-n-max",
+            "--spec ngram-mod:n_max=N",
+        ),
+    ],
+)
 def test_flags_dspark_owns_are_refused_after_double_dash(cli, argv, flag, option):
     proc = cli(*argv, timeout=60)
     assert proc.returncode == 2
@@ -47,8 +57,9 @@ def test_flags_dspark_does_not_own_still_pass_through():
 
 
 def test_every_flag_server_config_writes_is_owned():
-    cfg = ServerConfig(model=Path("t.gguf"), draft=Path("d.gguf"), mmproj=Path("m.gguf"), n_max=3, p_min=0.5,
-                       synth_len=2.0, ctx=512)
+    cfg = ServerConfig(
+        model=Path("t.gguf"), draft=Path("d.gguf"), mmproj=Path("m.gguf"), n_max=3, p_min=0.5, synth_len=2.0, ctx=512
+    )
     written = {a for a in cfg.argv(Path("llama-server"), 8080) if a.startswith("-")}
     # what dspark sets and checks; -np/--metrics/-t/-ngl are settings dspark does not report on
     assert written - {"-np", "--metrics"} <= set(OWNED_FLAGS)
@@ -83,9 +94,15 @@ def test_check_output_file_refuses_devices_folders_fifos_and_the_input(tmp_path)
     link.symlink_to("/dev/full")
     same = tmp_path / "same.gguf"
     same.symlink_to(src)
-    for path, words in (("/dev/full", "is a device"), (link, "is a device"), (tmp_path, "is a directory"),
-                        (fifo, "is a FIFO"), (src, "is the input"), (same, "is the input"),
-                        (tmp_path / "no" / "x.gguf", "does not exist")):
+    for path, words in (
+        ("/dev/full", "is a device"),
+        (link, "is a device"),
+        (tmp_path, "is a directory"),
+        (fifo, "is a FIFO"),
+        (src, "is the input"),
+        (same, "is the input"),
+        (tmp_path / "no" / "x.gguf", "does not exist"),
+    ):
         with pytest.raises(UsageError, match=words):
             check_output_file(path, inputs=[src])
     with pytest.raises(UsageError, match="exists.*--force"):
@@ -102,8 +119,12 @@ def test_requant_force_never_replaces_a_fifo_a_folder_or_the_input(cli, pair, tm
     os.mkfifo(fifo)
     link = tmp_path / "alias.gguf"
     link.symlink_to(pair.draft)
-    for out, words in ((fifo, "is a FIFO"), (tmp_path, "is a directory"), (pair.draft, "is the input"),
-                       (link, "is the input")):
+    for out, words in (
+        (fifo, "is a FIFO"),
+        (tmp_path, "is a directory"),
+        (pair.draft, "is the input"),
+        (link, "is the input"),
+    ):
         proc = cli("requant", str(pair.draft), str(out), "--force")
         assert proc.returncode == 2 and words in _one_error_line(proc), proc.stderr
     assert stat.S_ISFIFO(fifo.lstat().st_mode) and link.is_symlink()  # untouched
@@ -124,10 +145,13 @@ def test_synth_never_writes_through_a_device_or_into_a_file(cli, tmp_path):
     assert proc.returncode == 2 and "is a file" in _one_error_line(proc)
 
 
-@pytest.mark.parametrize(("flag", "value", "words"), [
-    ("--out", "/dev/full", "--out /dev/full is a device"),
-    ("--plot", "/unwritable/p.png", "--plot /unwritable/p.png: folder /unwritable does not exist"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--out", "/dev/full", "--out /dev/full is a device"),
+        ("--plot", "/unwritable/p.png", "--plot /unwritable/p.png: folder /unwritable does not exist"),
+    ],
+)
 def test_bench_outputs_are_checked_before_the_run(cli, tmp_path, flag, value, words):
     # the target does not exist: the output is refused first, so nothing ran and nothing is lost at the end
     proc = cli("bench", "--target", str(tmp_path / "absent.gguf"), "--draft", "d.gguf", flag, value)

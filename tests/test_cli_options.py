@@ -40,8 +40,7 @@ def test_shared_options_are_declared_only_in_common():
 def test_ctx_and_seed_have_one_default_in_every_command():
     commands = _commands()
     ctx_defaults = {name: _option(cmd, "--ctx").default for name, cmd in commands.items() if _option(cmd, "--ctx")}
-    seed_defaults = {name: _option(cmd, "--seed").default for name, cmd in commands.items()
-                     if _option(cmd, "--seed")}
+    seed_defaults = {name: _option(cmd, "--seed").default for name, cmd in commands.items() if _option(cmd, "--seed")}
     assert set(ctx_defaults) >= {"run", "serve", "bench", "tune"}
     assert set(ctx_defaults.values()) == {None}, ctx_defaults  # llama-server's own: the model's trained context
     assert set(seed_defaults) >= {"run", "bench", "tune", "synth", "distill"}

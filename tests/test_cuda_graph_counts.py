@@ -37,8 +37,13 @@ def test_the_counts_of_a_scripted_graph_life_are_exact(tmp_path: Path) -> None:
     start = text.index("struct ggml_cuda_graph_counts {")
     (tmp_path / "COUNTS.inc").write_text(text[start : text.index("// dspark: end of ggml_cuda_graph_counts", start)])
     shutil.copy(HARNESS, tmp_path / "harness.cpp")
-    subprocess.run(["g++", "-std=c++17", "-O1", str(tmp_path / "harness.cpp"), "-o", str(tmp_path / "h")],
-                   check=True, capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        ["g++", "-std=c++17", "-O1", str(tmp_path / "harness.cpp"), "-o", str(tmp_path / "h")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = subprocess.run([str(tmp_path / "h")], check=True, capture_output=True, text=True, timeout=30).stdout
     # 128 rounds of 7 computes: 5 use a graph (2 of them captured), 2 run directly, 1 of those after a reset
     assert out.strip() == "computes 896 launched 384 captured 256 resets 128 direct 256 lines 3"
@@ -49,13 +54,38 @@ def test_the_logged_line_is_the_one_step_switches_reads(tmp_path: Path) -> None:
     fmt = re.search(r'GGML_LOG_WARN\("(dspark-cuda-graphs:[^"]+)\\n"', cu).group(1)
     line = fmt.replace("%p", "{}").replace("%llu", "{}").replace("%zu", "{}")
     log = tmp_path / "llama-server-1-x.log"
-    log.write_text("\n".join([line.format("0xa", 256, 1, 2, 3, 253, 4), "noise",
-                              line.format("0xb", 256, 200, 6, 0, 50, 2), line.format("0xa", 512, 240, 8, 5, 264, 6)]))
+    log.write_text(
+        "\n".join(
+            [
+                line.format("0xa", 256, 1, 2, 3, 253, 4),
+                "noise",
+                line.format("0xb", 256, 200, 6, 0, 50, 2),
+                line.format("0xa", 512, 240, 8, 5, 264, 6),
+            ]
+        )
+    )
     sys.path.insert(0, str(REPO / "scripts"))
     import step_switches
 
     assert step_switches.graph_counters([log]) == [
-        {"log": log.name, "ctx": 0, "computes": 512, "launched": 240, "captured": 8, "resets": 5, "direct": 264,
-         "graphs": 6},
-        {"log": log.name, "ctx": 1, "computes": 256, "launched": 200, "captured": 6, "resets": 0, "direct": 50,
-         "graphs": 2}]
+        {
+            "log": log.name,
+            "ctx": 0,
+            "computes": 512,
+            "launched": 240,
+            "captured": 8,
+            "resets": 5,
+            "direct": 264,
+            "graphs": 6,
+        },
+        {
+            "log": log.name,
+            "ctx": 1,
+            "computes": 256,
+            "launched": 200,
+            "captured": 6,
+            "resets": 0,
+            "direct": 50,
+            "graphs": 2,
+        },
+    ]

@@ -18,17 +18,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.logs import request_log
 import torch  # the training extra: `make install` installs it, so a missing torch fails here, not skips
 
+from dsparkcli.bench.prompts import load_prompts
 from dsparkcli.distill import corpus, export, parity
 from dsparkcli.distill.data import Dataset
 from dsparkcli.distill.model import DraftConfig, DSparkDraft
 from dsparkcli.distill.target import load_target
-from dsparkcli.bench.prompts import load_prompts
 from dsparkcli.distill.train import (
-    TrainOptions, _batch, compute_features, default_taps, draft_config, loss_fn, pick_mask_token, train)
+    TrainOptions,
+    _batch,
+    compute_features,
+    default_taps,
+    draft_config,
+    loss_fn,
+    pick_mask_token,
+    train,
+)
 from dsparkcli.llama.server import LlamaServer, ServerConfig
+from support.logs import request_log
 
 VOCAB, EMBD, LAYERS, HEADS, HEADS_KV, FF = 256, 128, 4, 4, 2, 256
 
@@ -94,8 +102,9 @@ def _dataset(target, n: int = 48, new: int = 40, seed: int = 0) -> Dataset:  # t
 def test_torch_target_matches_llama_server_greedy(engine, tiny: Path) -> None:
     target, _ = load_target(tiny / "target.gguf")
     prompt = [5, 17, 99, 3, 42]
-    cfg = ServerConfig(model=tiny / "target.gguf", draft=None, mmproj=None, n_max=None, p_min=None, ctx=512,
-                       threads=1, synth_len=None)
+    cfg = ServerConfig(
+        model=tiny / "target.gguf", draft=None, mmproj=None, n_max=None, p_min=None, ctx=512, threads=1, synth_len=None
+    )
     with LlamaServer(engine, cfg) as srv:
         r = srv.client.completion({"prompt": prompt, "n_predict": 32, "temperature": 0, "return_tokens": True})
     assert target.generate([prompt], 32, stop=[])[0] == r["tokens"]
@@ -126,13 +135,15 @@ def test_continuous_batching_equals_generate_and_llama_server(engine, tiny: Path
     streamed = list(target.generate_stream(prompts, max_new, stop, slots=4))
     assert sorted(i for i, _ in streamed) == list(range(20))
     assert [i for i, _ in streamed] != list(range(20))  # short answers come back first: slots were refilled
-    cfg = ServerConfig(model=tiny / "target.gguf", draft=None, mmproj=None, n_max=None, p_min=None, ctx=512,
-                       threads=1, synth_len=None)
+    cfg = ServerConfig(
+        model=tiny / "target.gguf", draft=None, mmproj=None, n_max=None, p_min=None, ctx=512, threads=1, synth_len=None
+    )
     with LlamaServer(engine, cfg) as srv:
         assert [lens[k] for k in (0, 5, 6, 9)] == [40, 36, 23, 15]
         for k in (0, 5, 6, 9):
-            r = srv.client.completion({"prompt": prompts[k], "n_predict": max_new, "temperature": 0,
-                                       "return_tokens": True})
+            r = srv.client.completion(
+                {"prompt": prompts[k], "n_predict": max_new, "temperature": 0, "return_tokens": True}
+            )
             toks = r["tokens"]
             cut = next((i + 1 for i, t in enumerate(toks) if t in stop), len(toks))
             assert alone[k] == toks[:cut]
@@ -147,7 +158,7 @@ def test_write_responses_deadline_drains_the_pool(tiny: Path) -> None:
     cats = ["code", "math", "general"] * 10
     full = write_responses(target, prompts, cats, 4, 12, [], groups=[f"g{i % 3}" for i in range(30)])
     assert len(full) == 30 and full.n_response_tokens == 30 * 12
-    assert [list(full.seq(i)[full.prompt_lens[i]:]) for i in range(30)] == target.generate(prompts, 12, [])
+    assert [list(full.seq(i)[full.prompt_lens[i] :]) for i in range(30)] == target.generate(prompts, 12, [])
     # a deadline already past: no prompt starts after the first check, the 6 in flight finish
     late = write_responses(target, prompts, cats, 6, 12, [], deadline=time.monotonic() - 1, seed=0)
     assert len(late) == 6 and late.n_response_tokens == 6 * 12
@@ -158,8 +169,9 @@ def test_write_responses_deadline_drains_the_pool(tiny: Path) -> None:
 def test_trainer_cpu_loss_falls_and_export_serves(engine, tiny: Path, tmp_path: Path) -> None:
     target, tok = load_target(tiny / "target.gguf")
     ds = _dataset(target)
-    opt = TrainOptions(layers=1, block_size=4, n_taps=2, markov_rank=32, steps=60, batch=8, anchors=16,
-                       lr=3e-3, eval_every_s=1e9)
+    opt = TrainOptions(
+        layers=1, block_size=4, n_taps=2, markov_rank=32, steps=60, batch=8, anchors=16, lr=3e-3, eval_every_s=1e9
+    )
     draft, res = train(target, tok, ds, opt, tmp_path)
     assert res.steps == 60 and len(res.losses) == 1 and len(res.evals) == 1
     # the loss of the first steps (recomputed on a fresh draft) is above the final one
@@ -171,8 +183,9 @@ def test_trainer_cpu_loss_falls_and_export_serves(engine, tiny: Path, tmp_path: 
     out = tmp_path / "draft.gguf"
     export.write_gguf(out, draft, tok, "f32", {"test": True})
     assert not list(tmp_path.glob(".draft.gguf.partial-*"))
-    cfg = ServerConfig(model=tiny / "target.gguf", draft=out, mmproj=None, n_max=4, p_min=None, ctx=512,
-                       threads=1, synth_len=None)
+    cfg = ServerConfig(
+        model=tiny / "target.gguf", draft=out, mmproj=None, n_max=4, p_min=None, ctx=512, threads=1, synth_len=None
+    )
     with LlamaServer(engine, cfg) as srv:
         r = srv.client.completion({"prompt": [1, 2, 3], "n_predict": 24, "temperature": 0})
     assert r["timings"]["draft_n"] > 0
@@ -187,16 +200,18 @@ def _loss_of(draft: DSparkDraft, target, ds: Dataset, opt: TrainOptions) -> floa
     tokens, feats, anc = _batch(fs, idx, opt.anchors, draft.cfg.block_size, rng, torch.device("cpu"))
     lens = torch.tensor([fs.lens[i] for i in idx])
     with torch.no_grad():
-        return float(loss_fn(draft, tokens, feats, anc, lens, target.tok_embd, target.head, opt.gamma,
-                             opt.conf_weight))
+        return float(
+            loss_fn(draft, tokens, feats, anc, lens, target.tok_embd, target.head, opt.gamma, opt.conf_weight)
+        )
 
 
 def _parity_pair(tiny: Path, tmp_path: Path):
     """The tiny target, a draft trained on it for 40 steps, and that draft exported as GGUF (f32)."""
     target, tok = load_target(tiny / "target.gguf")
     ds = _dataset(target, n=30, seed=1)
-    opt = TrainOptions(layers=2, block_size=8, taps=(1, 3), markov_rank=32, steps=40, batch=8, anchors=16,
-                       lr=3e-3, eval_every_s=1e9)
+    opt = TrainOptions(
+        layers=2, block_size=8, taps=(1, 3), markov_rank=32, steps=40, batch=8, anchors=16, lr=3e-3, eval_every_s=1e9
+    )
     draft, _ = train(target, tok, ds, opt, tmp_path)
     draft.eval()
     out = tmp_path / "draft.gguf"
@@ -208,15 +223,25 @@ def _parity_pair(tiny: Path, tmp_path: Path):
 def test_parity_torch_draft_equals_llama_cpp_draft(engine, tiny: Path, tmp_path: Path, budget: int) -> None:
     target, draft, out = _parity_pair(tiny, tmp_path)
     n_predict = 48
-    cfg = ServerConfig(model=tiny / "target.gguf", draft=out, mmproj=None, n_max=budget, p_min=None, ctx=512,
-                       threads=1, synth_len=None, extra_args=("-v",))
+    cfg = ServerConfig(
+        model=tiny / "target.gguf",
+        draft=out,
+        mmproj=None,
+        n_max=budget,
+        p_min=None,
+        ctx=512,
+        threads=1,
+        synth_len=None,
+        extra_args=("-v",),
+    )
     same = total = accepted = 0
     with LlamaServer(engine, cfg) as srv:
         for seed in range(3):
             prompt = [int(x) for x in np.random.default_rng(100 + seed).integers(0, VOCAB - 1, size=7)]
             log_start = Path(srv.log_path).stat().st_size
-            r = srv.client.completion({"prompt": prompt, "n_predict": n_predict, "temperature": 0,
-                                       "return_tokens": True})
+            r = srv.client.completion(
+                {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "return_tokens": True}
+            )
             log = request_log(Path(srv.log_path), log_start)
             sim = parity.simulate(target, draft, prompt, r["tokens"], budget, n_predict)
             logged = parity.logged_proposals(log)
@@ -253,16 +278,28 @@ def test_corpus_holds_out_the_kit() -> None:
 def test_corpus_specific_families_carry_material_and_are_not_kit_look_alikes() -> None:
     kit = [p.text for p in load_prompts(None)]
     prompts = corpus.templated(6000, 1)
-    specific = [p for p in prompts if p.group.split(":")[1] in {"snippet", "schema", "error", "signature", "story",
-                                                                  "data", "specific"}]
+    specific = [
+        p
+        for p in prompts
+        if p.group.split(":")[1] in {"snippet", "schema", "error", "signature", "story", "data", "specific"}
+    ]
     assert 0.4 < len(specific) / len(prompts) < 0.6  # half, by default
     fams = {p.group.rsplit(":", 1)[0] for p in specific}
-    assert fams == {"code:snippet", "code:schema", "code:error", "code:signature", "math:story", "math:data",
-                    "general:specific"}
+    assert fams == {
+        "code:snippet",
+        "code:schema",
+        "code:error",
+        "code:signature",
+        "math:story",
+        "math:data",
+        "general:specific",
+    }
     assert len({p.group for p in specific}) >= 35  # every form its own group, for held-out validation
     assert all(p.category == p.group.split(":")[0] for p in specific)
     snippets = [p.text for p in specific if p.group.startswith("code:snippet")]
-    assert all("def " in t or "function " in t for t in snippets) and all("\n    " in t or "\n  " in t for t in snippets)
+    assert all("def " in t or "function " in t for t in snippets) and all(
+        "\n    " in t or "\n  " in t for t in snippets
+    )
     assert all(t.count("(") >= 2 for t in (p.text for p in specific if p.group.startswith("code:schema")))
     stories = [p.text for p in specific if p.group.startswith("math:story")]
     assert stories and all(len(re.findall(r"\d+", t)) >= 3 for t in stories)  # several quantities each
@@ -279,8 +316,9 @@ def test_corpus_specific_families_carry_material_and_are_not_kit_look_alikes() -
 
 def test_cli_distill_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "distill", *args],
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "dsparkcli.cli.app", "distill", *args], capture_output=True, text=True, timeout=60
+        )
 
     r = run(str(tmp_path / "missing.gguf"), str(tmp_path / "d.gguf"), "--steps", "1")
     assert r.returncode == 2 and r.stderr.strip() == f"dspark: error: target not found: {tmp_path / 'missing.gguf'}"
@@ -299,15 +337,32 @@ def test_cli_distill_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
 def test_cli_distill_refuses_a_file_that_is_no_gguf_in_one_line(tiny: Path, tmp_path: Path) -> None:
     """issue 28, item 1: a text file, an empty file and a truncated GGUF were gguf-py tracebacks (exit 1)."""
     whole = (tiny / "target.gguf").read_bytes()
-    cases = {"notes.txt": (b"hello, not a model\n", "not a GGUF file (bad magic)"),
-             "empty.gguf": (b"", "not a GGUF file (bad magic)"),
-             "half.gguf": (whole[: len(whole) // 2], "truncated download?")}
+    cases = {
+        "notes.txt": (b"hello, not a model\n", "not a GGUF file (bad magic)"),
+        "empty.gguf": (b"", "not a GGUF file (bad magic)"),
+        "half.gguf": (whole[: len(whole) // 2], "truncated download?"),
+    }
     for name, (content, says) in cases.items():
         bad = tmp_path / name
         bad.write_bytes(content)
         out, work = tmp_path / f"{name}.draft.gguf", tmp_path / f"{name}.work"
-        r = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "distill", str(bad), str(out), "--steps", "1",
-                            "--work", str(work)], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dsparkcli.cli.app",
+                "distill",
+                str(bad),
+                str(out),
+                "--steps",
+                "1",
+                "--work",
+                str(work),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 2, r.stderr
         line = r.stderr.strip()
         assert line.startswith(f"dspark: error: {bad}: ") and "\n" not in line and says in line, r.stderr
@@ -317,11 +372,13 @@ def test_cli_distill_refuses_a_file_that_is_no_gguf_in_one_line(tiny: Path, tmp_
 
 def test_validation_holds_whole_templates_out() -> None:
     from dsparkcli.distill.train import split_validation
+
     n = 240
     cats = ["code", "math", "general"] * (n // 3)
     groups = [f"{c}:{i % 10}" for i, c in enumerate(cats)]  # 10 templates per category
-    ds = Dataset(np.zeros(n, dtype=np.int32), np.arange(n + 1, dtype=np.int64), np.zeros(n, dtype=np.int32),
-                 cats, groups)
+    ds = Dataset(
+        np.zeros(n, dtype=np.int32), np.arange(n + 1, dtype=np.int64), np.zeros(n, dtype=np.int32), cats, groups
+    )
     opt = TrainOptions(steps=1, val_fraction=0.1, val_groups=2)
     val, train_idx = split_validation(ds, opt, np.random.default_rng(0))
     held = {groups[i] for i in val}
@@ -340,6 +397,7 @@ def test_validation_holds_subjects_out_as_well_as_templates() -> None:
     training tasks and 2.22 on new ones with the same templates); validation reads only held-out templates
     with held-out (or no) subjects; old datasets without subjects split as before."""
     from dsparkcli.distill.train import split_validation
+
     rng = np.random.default_rng(5)
     cats, groups = [], []
     for i in range(3000):
@@ -348,10 +406,12 @@ def test_validation_holds_subjects_out_as_well_as_templates() -> None:
         cats.append(cat)
         groups.append(corpus.group_name(f"{cat}:{rng.integers(10)}", subject))
     n = len(groups)
-    ds = Dataset(np.zeros(n, dtype=np.int32), np.arange(n + 1, dtype=np.int64), np.zeros(n, dtype=np.int32),
-                 cats, groups)
-    val, train_idx = split_validation(ds, TrainOptions(steps=1, val_fraction=0.02, val_groups=2, val_subjects=0.1),
-                                      np.random.default_rng(0))
+    ds = Dataset(
+        np.zeros(n, dtype=np.int32), np.arange(n + 1, dtype=np.int64), np.zeros(n, dtype=np.int32), cats, groups
+    )
+    val, train_idx = split_validation(
+        ds, TrainOptions(steps=1, val_fraction=0.02, val_groups=2, val_subjects=0.1), np.random.default_rng(0)
+    )
     parts = [corpus.split_group(g) for g in groups]
     held_templates = {parts[i][0] for i in val}
     held_subjects = {parts[i][1] for i in val} - {""}
@@ -363,17 +423,22 @@ def test_validation_holds_subjects_out_as_well_as_templates() -> None:
     trained_tasks = {parts[i][1] for i in train_idx if cats[i] == "code"}
     assert len(trained_tasks) == 36 and len({parts[i][1] for i in range(n) if cats[i] == "code"}) == 40
     # val_subjects 0: the template-only split of the groups' templates
-    v0, t0 = split_validation(ds, TrainOptions(steps=1, val_fraction=0.02, val_groups=2, val_subjects=0.0),
-                              np.random.default_rng(0))
+    v0, t0 = split_validation(
+        ds, TrainOptions(steps=1, val_fraction=0.02, val_groups=2, val_subjects=0.0), np.random.default_rng(0)
+    )
     assert len(v0) == 60 and len(t0) == n - sum(1 for p in parts if p[0] in {parts[i][0] for i in v0})
 
 
 def test_templated_prompts_name_their_subject() -> None:
     prompts = corpus.templated(600, seed=3, specific=0.0)
-    subjects = {c: {corpus.split_group(p.group)[1] for p in prompts if p.category == c} for c in ("code", "math", "general")}
+    subjects = {
+        c: {corpus.split_group(p.group)[1] for p in prompts if p.category == c} for c in ("code", "math", "general")
+    }
     assert subjects["math"] == {""}  # numbers, not a shared list
     assert len(subjects["general"] - {""}) > 50 and subjects["general"] <= set(corpus.GENERAL_TOPICS)
-    assert len(subjects["code"]) > 60 and subjects["code"] <= set(corpus.CODE_TASKS + corpus.SQL_TASKS + corpus.CONCEPTS)
+    assert len(subjects["code"]) > 60 and subjects["code"] <= set(
+        corpus.CODE_TASKS + corpus.SQL_TASKS + corpus.CONCEPTS
+    )
     for p in prompts:
         _, subject = corpus.split_group(p.group)
         assert subject in p.text
@@ -388,14 +453,28 @@ def test_soft_labels_are_the_targets_top_k(tiny: Path) -> None:
     # the data is greedy: the top-1 at each response position is the next token of the sequence
     for i in range(len(ds)):
         lo, hi, p = fs.offsets[i], fs.offsets[i + 1], fs.prompt_lens[i]
-        assert fs.top_ids[lo + p - 1: hi - 1, 0].tolist() == fs.tokens[lo + p: hi].tolist()
+        assert fs.top_ids[lo + p - 1 : hi - 1, 0].tolist() == fs.tokens[lo + p : hi].tolist()
     # soft_weight 0 is the hard loss exactly; a positive weight changes it and stays finite
-    draft = DSparkDraft(DraftConfig(n_embd=target.cfg.n_embd, n_layer=1, n_head=target.cfg.n_head,
-                                    n_head_kv=target.cfg.n_head_kv, head_dim=target.cfg.head_dim,
-                                    n_ff=target.cfg.n_ff, vocab=target.cfg.vocab, taps=(1, 3), block_size=4,
-                                    markov_rank=8, rope_base=target.cfg.rope_base, eps=target.cfg.eps,
-                                    mask_token_id=VOCAB - 1, context_length=512))
+    draft = DSparkDraft(
+        DraftConfig(
+            n_embd=target.cfg.n_embd,
+            n_layer=1,
+            n_head=target.cfg.n_head,
+            n_head_kv=target.cfg.n_head_kv,
+            head_dim=target.cfg.head_dim,
+            n_ff=target.cfg.n_ff,
+            vocab=target.cfg.vocab,
+            taps=(1, 3),
+            block_size=4,
+            markov_rank=8,
+            rope_base=target.cfg.rope_base,
+            eps=target.cfg.eps,
+            mask_token_id=VOCAB - 1,
+            context_length=512,
+        )
+    )
     from dsparkcli.distill.train import _batch_soft
+
     tokens, feats, anc, ids, p = _batch_soft(fs, list(range(6)), 8, 4, np.random.default_rng(0), torch.device("cpu"))
     lens = torch.tensor([fs.lens[i] for i in range(6)])
     with torch.no_grad():
@@ -408,9 +487,27 @@ def test_soft_labels_are_the_targets_top_k(tiny: Path) -> None:
 
 def test_cli_prepare_only_tokenises_and_stops(engine, tiny: Path, tmp_path: Path) -> None:
     work = tmp_path / "w"
-    r = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "distill", str(tiny / "target.gguf"),
-                        str(tmp_path / "d.gguf"), "--prepare-only", "--work", str(work), "--n-prompts", "30",
-                        "--n-questions", "9", "--json"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsparkcli.cli.app",
+            "distill",
+            str(tiny / "target.gguf"),
+            str(tmp_path / "d.gguf"),
+            "--prepare-only",
+            "--work",
+            str(work),
+            "--n-prompts",
+            "30",
+            "--n-questions",
+            "9",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     pj = json.loads((work / "prompts.json").read_text())
@@ -435,16 +532,28 @@ def test_parity_holds_after_steps_that_did_not_draft(engine, tiny: Path, tmp_pat
     for defer in (True, False):
         env = {} if defer else {"DSPARK_NO_DEFER": "1"}
         with LlamaServer(engine, cfg, env=env) as srv:
-            a = srv.client.completion({"prompt": prompt, "n_predict": 24, "temperature": 0, "return_tokens": True,
-                                       "cache_prompt": True, "speculative.n_max": 0})
+            a = srv.client.completion(
+                {
+                    "prompt": prompt,
+                    "n_predict": 24,
+                    "temperature": 0,
+                    "return_tokens": True,
+                    "cache_prompt": True,
+                    "speculative.n_max": 0,
+                }
+            )
             assert a["timings"].get("draft_n", 0) == 0
             prompt_b = prompt + a["tokens"]
             start = Path(srv.log_path).stat().st_size
-            b = srv.client.completion({"prompt": prompt_b, "n_predict": 32, "temperature": 0, "return_tokens": True,
-                                       "cache_prompt": True})
+            b = srv.client.completion(
+                {"prompt": prompt_b, "n_predict": 32, "temperature": 0, "return_tokens": True, "cache_prompt": True}
+            )
             assert b["tokens_cached"] >= len(prompt_b) - 1  # B reused A's cache: its drafts read A's features
-            seen[defer] = (b["tokens"], parity.logged_proposals(request_log(Path(srv.log_path), start)),
-                           (b["timings"]["draft_n"], b["timings"]["draft_n_accepted"]))
+            seen[defer] = (
+                b["tokens"],
+                parity.logged_proposals(request_log(Path(srv.log_path), start)),
+                (b["timings"]["draft_n"], b["timings"]["draft_n_accepted"]),
+            )
     tokens, logged, counts = seen[True]
     sim = parity.simulate(target, draft, prompt_b, tokens, 3, 32)
     same, total = parity.decisive_agreement(sim, logged)
@@ -470,18 +579,32 @@ def test_replay_of_a_bench_run_gives_the_engines_counts(engine, tiny: Path, tmp_
             pid = f"p{seed}"
             ids[pid] = [int(x) for x in np.random.default_rng(200 + seed).integers(0, VOCAB - 1, size=9)]
             log_start = Path(srv.log_path).stat().st_size
-            r = srv.client.completion({"prompt": ids[pid], "n_predict": n_predict, "temperature": 0,
-                                       "return_tokens": True})
+            r = srv.client.completion(
+                {"prompt": ids[pid], "n_predict": n_predict, "temperature": 0, "return_tokens": True}
+            )
             sim = parity.simulate(target, draft, ids[pid], r["tokens"], budget, n_predict)
-            same, total = parity.decisive_agreement(sim, parity.logged_proposals(request_log(Path(srv.log_path), log_start)))
+            same, total = parity.decisive_agreement(
+                sim, parity.logged_proposals(request_log(Path(srv.log_path), log_start))
+            )
             decisive[pid] = same == total
             records.append(PromptRecord(pid, "code", f"text of {pid}", (), "").to_record())
             for synthetic in (False, True):
-                records.append(RequestRecord(
-                    config="d@4", category="code", prompt_id=pid, rep=0, n_predicted=len(r["tokens"]),
-                    predicted_ms=1.0, budget=budget, synthetic=synthetic, stop_type=r["stop_type"],
-                    draft_n=r["timings"]["draft_n"], draft_n_accepted=r["timings"]["draft_n_accepted"],
-                    tokens=tuple(r["tokens"])).to_record())
+                records.append(
+                    RequestRecord(
+                        config="d@4",
+                        category="code",
+                        prompt_id=pid,
+                        rep=0,
+                        n_predicted=len(r["tokens"]),
+                        predicted_ms=1.0,
+                        budget=budget,
+                        synthetic=synthetic,
+                        stop_type=r["stop_type"],
+                        draft_n=r["timings"]["draft_n"],
+                        draft_n_accepted=r["timings"]["draft_n_accepted"],
+                        tokens=tuple(r["tokens"]),
+                    ).to_record()
+                )
     by_text = {f"text of {pid}": p for pid, p in ids.items()}
     rows = replay.replay(records, target, draft, by_text.__getitem__)
     assert [r.prompt_id for r in rows] == ["p0", "p1", "p2"]  # the synthetic copies were skipped
@@ -520,6 +643,8 @@ def test_the_target_is_asked_for_code_tasks_on_any_topic() -> None:
     """Two of the code meta-prompts take a general topic, so the target's own questions bring tasks that no
     list in the corpus holds (the transfer check: unseen tasks are where the draft loses)."""
     code = [p for p in corpus.meta_prompts(600, seed=1) if p.category == "code"]
-    on_topics = [p for p in code if any(f"about {t}." in p.text or f"about {t};" in p.text for t in corpus.GENERAL_TOPICS)]
+    on_topics = [
+        p for p in code if any(f"about {t}." in p.text or f"about {t};" in p.text for t in corpus.GENERAL_TOPICS)
+    ]
     assert len({p.group for p in code}) == 5 and len(on_topics) > 40
     assert len({p.text for p in on_topics}) == len(on_topics)  # all different: topic x language

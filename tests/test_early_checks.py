@@ -79,17 +79,38 @@ def test_bench_checks_every_prompt_image_before_any_server(cli, engine, pair, tm
         bad.write_bytes(raw[: len(raw) * 2 // 3])
     elif kind == "not-an-image":
         bad.write_text("no pixels here\n")
-    lines = [json.dumps({"id": "ok-1", "category": "ocr", "prompt": "Read it", "images": [str(pair.image)]}),
-             json.dumps({"id": "chart-7", "category": "ocr", "prompt": "Read it", "images": ["chart.png"]})]
+    lines = [
+        json.dumps({"id": "ok-1", "category": "ocr", "prompt": "Read it", "images": [str(pair.image)]}),
+        json.dumps({"id": "chart-7", "category": "ocr", "prompt": "Read it", "images": ["chart.png"]}),
+    ]
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text("\n".join(lines) + "\n")
     cache = tmp_path / "cache"
-    proc = cli("bench", "--target", str(pair.target), "--draft", str(pair.draft), "--mmproj", str(pair.mmproj),
-               "--prompts", str(prompts), "--reps", "1", "-n", "4", "--ctx", "512", "-t", "1",
-               env={"DSPARK_CACHE_DIR": str(cache), "DSPARK_LLAMA_BIN": str(engine.bin_dir)}, timeout=60)
+    proc = cli(
+        "bench",
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+        "--mmproj",
+        str(pair.mmproj),
+        "--prompts",
+        str(prompts),
+        "--reps",
+        "1",
+        "-n",
+        "4",
+        "--ctx",
+        "512",
+        "-t",
+        "1",
+        env={"DSPARK_CACHE_DIR": str(cache), "DSPARK_LLAMA_BIN": str(engine.bin_dir)},
+        timeout=60,
+    )
     assert proc.returncode == 2
     line = _error(proc)
     assert "mine.jsonl:2: prompt 'chart-7': " in line and str(bad) in line, line
-    assert {"truncated": "not a readable image", "not-an-image": "not a readable image",
-            "missing": "image not found"}[kind] in line
+    assert {"truncated": "not a readable image", "not-an-image": "not a readable image", "missing": "image not found"}[
+        kind
+    ] in line
     assert not list(cache.rglob("llama-server-*.log"))  # nothing was launched

@@ -47,7 +47,9 @@ def test_parse_capabilities_without_dspark():
 
 def test_parse_version_line():
     assert engine_mod.parse_version("version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU") == (
-        "0.5.0-dev", "0c1e570")
+        "0.5.0-dev",
+        "0c1e570",
+    )
     assert engine_mod.parse_version("garbage") == ("", "")
 
 
@@ -173,10 +175,12 @@ def test_source_commit_ignores_an_enclosing_repository(tmp_path):
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "f").write_text("x")
     subprocess.run(["git", "-C", str(repo), "add", "f"], check=True)
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
-                   check=True)
-    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=7", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], check=True
+    )
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     nested = repo / "cache" / "llama.cpp"
     nested.mkdir(parents=True)
     assert engine_mod.source_commit(repo) == head  # a checkout: its own commit
@@ -201,6 +205,7 @@ def test_the_default_build_has_the_rpc_backend_in_its_cache_key(engine):
 def test_slot_hazard_warns_only_where_it_was_measured(tmp_path: Path) -> None:
     from dsparkcli.llama.engine import Engine
     from dsparkcli.llama.hazards import slot_hazard
+
     cuda = Engine(tmp_path / "llama-server", tmp_path, "test", backend="cuda")
     cpu = Engine(tmp_path / "llama-server", tmp_path, "test", backend="cpu")
     msg = slot_hazard(cuda, drafting=True, parallel=16)

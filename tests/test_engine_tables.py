@@ -14,11 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import gguf_fixtures as fx
-from support.cli import run_cli
-from support.hubserver import FakeHub
 
-from dsparkcli.synth import known_answer as synth
 from dsparkcli import pairs
 from dsparkcli.errors import EngineCapabilityError
 from dsparkcli.gguf.pairing import check_pair
@@ -29,6 +25,10 @@ from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import loads, tables
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
+from dsparkcli.synth import known_answer as synth
+from support import gguf_fixtures as fx
+from support.cli import run_cli
+from support.hubserver import FakeHub
 
 REMOVED_TYPE_IDS = {4, 5, 31, 32, 33, 36, 37, 38}  # ggml.h: "support has been removed"
 TYPE_IDS = {name: tid for tid, (name, _, _) in ggml_types().items()}
@@ -49,8 +49,11 @@ def source_tables(record):
 def test_the_pinned_engines_tables_from_its_source_tree(engine, source_tables):
     t = loads.engine_tables(engine)
     assert t is not None and t.origin == "source" and t.backend == "cpu"
-    assert (t.archs, t.projectors, t.tensor_types) == (source_tables.archs, source_tables.projectors,
-                                                     source_tables.tensor_types)
+    assert (t.archs, t.projectors, t.tensor_types) == (
+        source_tables.archs,
+        source_tables.projectors,
+        source_tables.tensor_types,
+    )
     # 0c1e570: 153 archs (clip included, "(unknown)" not), 63 projector types, 35 loadable ggml types
     assert (len(t.archs), len(t.projectors), len(t.tensor_types)) == (153, 63, 35)
     assert {"qwen35", "qwen35moe", "dflash", "llama", "clip"} <= set(t.archs)
@@ -74,7 +77,10 @@ def test_the_shared_libraries_give_no_false_no(engine, source_tables):
     assert t.knows_type(99, "type#99") is None  # no name for the id: the strings cannot be asked
     # the listing (what doctor shows) is the table's run of strings: nearly all of it
     assert len(set(t.archs) & set(source_tables.archs)) >= 140 and len(set(t.archs) - set(source_tables.archs)) <= 2
-    assert set(source_tables.projectors) <= set(t.projectors) and len(set(t.projectors) - set(source_tables.projectors)) <= 2
+    assert (
+        set(source_tables.projectors) <= set(t.projectors)
+        and len(set(t.projectors) - set(source_tables.projectors)) <= 2
+    )
 
 
 def _tree_copy(src: Path, dst: Path) -> Path:
@@ -88,9 +94,18 @@ def _fake_build(cache: Path, engine, source: Path) -> None:
     """A build record in an isolated cache whose binaries are the real ones and whose tree is ``source``."""
     root = cache / "engine" / "test-cpu"
     root.mkdir(parents=True)
-    (root / "engine.json").write_text(json.dumps({
-        "commit": "test123", "backend": "cpu", "cuda_arch": "", "source_dir": str(source),
-        "bin_dir": str(engine.bin_dir), "targets": []}))
+    (root / "engine.json").write_text(
+        json.dumps(
+            {
+                "commit": "test123",
+                "backend": "cpu",
+                "cuda_arch": "",
+                "source_dir": str(source),
+                "bin_dir": str(engine.bin_dir),
+                "targets": [],
+            }
+        )
+    )
 
 
 def test_tables_are_cached_with_the_record_and_follow_the_tree(engine, record, tmp_path, monkeypatch):
@@ -111,8 +126,10 @@ def test_tables_are_cached_with_the_record_and_follow_the_tree(engine, record, t
         assert loads.engine_tables(eng) == first
     # a newer tree (here: one that names minicpmv4_7) is read again
     header = tree / tables.PROJECTOR_SOURCE
-    text = header.read_text().replace('{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},',
-                                      '{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},\n    { PROJECTOR_TYPE_MINICPMV4_7, "minicpmv4_7"},')
+    text = header.read_text().replace(
+        '{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},',
+        '{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},\n    { PROJECTOR_TYPE_MINICPMV4_7, "minicpmv4_7"},',
+    )
     header.write_text(text)
     newer = loads.engine_tables(eng)
     assert newer is not None and "minicpmv4_7" in newer.projectors and len(newer.projectors) == 64
@@ -154,7 +171,11 @@ def test_each_unloadable_file_is_named_with_what_to_do(engine, bad, good):
     t = loads.engine_tables(engine)
     verdict = check_pair(bad["arch"], tables=t)
     [c] = [c for c in verdict.checks if c.name == "engine: target arch"]
-    assert c.ok is False and c.file == "qwen99.gguf" and "'qwen99moe' is not in the engine's arch table (153 names)" in c.detail
+    assert (
+        c.ok is False
+        and c.file == "qwen99.gguf"
+        and "'qwen99moe' is not in the engine's arch table (153 names)" in c.detail
+    )
     verdict = check_pair(good.target, mmproj=bad["mmproj"], tables=t)
     [c] = [c for c in verdict.checks if c.name == "engine: mmproj projector"]
     assert c.ok is False and "'minicpmv4_7' is not in the engine's projector table (63 names)" in c.detail
@@ -168,8 +189,12 @@ def test_each_unloadable_file_is_named_with_what_to_do(engine, bad, good):
 
 @pytest.mark.parametrize("which", ["arch", "mmproj", "typed"])
 def test_launch_refuses_before_any_process(engine, bad, good, which, tmp_path):
-    cfg = ServerConfig(model=good.target if which == "mmproj" else bad[which],
-                       mmproj=bad["mmproj"] if which == "mmproj" else None, threads=2, ctx=256)
+    cfg = ServerConfig(
+        model=good.target if which == "mmproj" else bad[which],
+        mmproj=bad["mmproj"] if which == "mmproj" else None,
+        threads=2,
+        ctx=256,
+    )
     srv = LlamaServer(engine, cfg, log_dir=tmp_path / "logs")
     with pytest.raises(EngineCapabilityError) as info:
         srv.start()
@@ -181,18 +206,22 @@ def test_launch_refuses_before_any_process(engine, bad, good, which, tmp_path):
 
 def test_pairs_refuse_the_same_before_the_server(engine, bad, good):
     with pytest.raises(EngineCapabilityError, match="minicpmv4_7"):
-        prepare_server(PairSpec(target=good.target, mmproj=bad["mmproj"], no_draft=True), ServerKnobs(),
-                       Downloads(engine=engine))
+        prepare_server(
+            PairSpec(target=good.target, mmproj=bad["mmproj"], no_draft=True), ServerKnobs(), Downloads(engine=engine)
+        )
     cfg, _ = prepare_server(PairSpec(target=good.target, draft=good.draft), ServerKnobs(), Downloads(engine=engine))
     assert cfg.draft == good.draft
 
 
 def test_cli_run_refuses_in_one_line(bad, tmp_path):
-    r = run_cli("run", "--target", str(bad["arch"]), "--no-draft", "hello",
-                env={"DSPARK_CONFIG_DIR": str(tmp_path / "cfg")})
+    r = run_cli(
+        "run", "--target", str(bad["arch"]), "--no-draft", "hello", env={"DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    )
     assert r.returncode == 3, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dspark: error: the engine llama.cpp 0c1e570 cannot load qwen99.gguf")
+    assert len(lines) == 1 and lines[0].startswith(
+        "dspark: error: the engine llama.cpp 0c1e570 cannot load qwen99.gguf"
+    )
     assert "Traceback" not in r.stderr
 
 
@@ -226,8 +255,14 @@ def hub():
 
 
 def _hub_env(tmp_path: Path, hub: FakeHub) -> dict[str, str]:
-    return {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.endpoint, "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
-            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "", "HF_HUB_OFFLINE": "0"}
+    return {
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_ENDPOINT": hub.endpoint,
+        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_TOKEN": "",
+        "HF_HUB_OFFLINE": "0",
+    }
 
 
 def _serve_minicpm(hub: FakeHub, tmp_path: Path, projector: str) -> dict[str, bytes]:
@@ -250,8 +285,10 @@ def test_fetch_stops_after_the_headers_when_the_projector_is_unknown(hub, tmp_pa
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("dspark: error:")]
     assert errors == [ln for ln in r.stderr.splitlines() if "error" in ln] and len(errors) == 1
     line = errors[0]
-    assert (f"the engine llama.cpp 0c1e570 cannot load {MMPROJ_FILE}: projector type 'minicpmv4_7' is not in "
-            "the engine's projector table (63 names)") in line
+    assert (
+        f"the engine llama.cpp 0c1e570 cannot load {MMPROJ_FILE}: projector type 'minicpmv4_7' is not in "
+        "the engine's projector table (63 names)"
+    ) in line
     assert "dspark engine build --source <llama.cpp checkout that has it>" in line
     assert "--force downloads them anyway" in line
     assert "20.0 GB" in r.stderr  # the plan was shown first
@@ -302,8 +339,11 @@ def test_run_checks_the_remote_headers_before_fetching(hub, tmp_path, engine, go
         served = _settled(hub)  # the server thread counts a body once it has written it: let it finish
         # an hf:// mmproj next to local files: the same check, header only
         with pytest.raises(EngineCapabilityError, match="minicpmv4_7"):
-            prepare_server(PairSpec(target=good.target, mmproj=f"hf://{TARGET_REPO}/{MMPROJ_FILE}", no_draft=True),
-                           ServerKnobs(), Downloads(yes=True, engine=engine))
+            prepare_server(
+                PairSpec(target=good.target, mmproj=f"hf://{TARGET_REPO}/{MMPROJ_FILE}", no_draft=True),
+                ServerKnobs(),
+                Downloads(yes=True, engine=engine),
+            )
         assert _settled(hub) - served == 64 * 1024  # one first chunk: the mmproj header is 384 bytes
     finally:
         for key in env:

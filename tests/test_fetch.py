@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
-from support.cli import run_cli
-from support.hubserver import FakeHub, git_blob_sha1
 
 from dsparkcli.errors import DsparkError, HubError, UsageError, VerificationError
 from dsparkcli.hub import fetch as core
 from dsparkcli.hub.registry import ModelFile, ModelPair, load_registry
+from support.cli import run_cli
+from support.hubserver import FakeHub, git_blob_sha1
 
 TOKEN = "hf_secretTOKENvalue1234567890"  # must never show up in any output
 
@@ -158,14 +158,23 @@ def test_non_lfs_file_is_verified_by_its_git_blob_id(hub, env):
 
 def _single(repo: str, filename: str, **pins) -> ModelPair:
     f = ModelFile(role="target", key="target", repo=repo, filename=filename, **pins)
-    return ModelPair(name="single", target=f, mmproj=None, drafts={"d": ModelFile(**{**f.__dict__, "role": "draft", "key": "d"})}, default_draft="d")
+    return ModelPair(
+        name="single",
+        target=f,
+        mmproj=None,
+        drafts={"d": ModelFile(**{**f.__dict__, "role": "draft", "key": "d"})},
+        default_draft="d",
+    )
 
 
 @pytest.mark.parametrize(
     ("glob", "message"),
     [
         ("*Q4_K_M*.gguf", "no file in o/d@main matches '*Q4_K_M*.gguf'; set an exact filename"),
-        ("*.gguf", "'*.gguf' matches 3 files in o/d@main (dspark-d-BF16.gguf, dspark-d-Q6_K.gguf, gguf/dspark-d-Q8_0.gguf)"),
+        (
+            "*.gguf",
+            "'*.gguf' matches 3 files in o/d@main (dspark-d-BF16.gguf, dspark-d-Q6_K.gguf, gguf/dspark-d-Q8_0.gguf)",
+        ),
     ],
 )
 def test_glob_must_match_exactly_one_file(hub, files, env, glob, message):
@@ -256,7 +265,10 @@ def test_a_present_file_that_rotted_is_caught_removed_and_fetched_again(hub, fil
     [target, *_] = core.fetch(tiny())
     blob = target.path.resolve()
     blob.write_bytes(b"\0" * blob.stat().st_size)  # same size, different bytes (and a new mtime)
-    with pytest.raises(VerificationError, match=rf"{target.path} is corrupt: sha256 {sha256(bytes(300_000))}, expected {target.sha256}"):
+    with pytest.raises(
+        VerificationError,
+        match=rf"{target.path} is corrupt: sha256 {sha256(bytes(300_000))}, expected {target.sha256}",
+    ):
         core.fetch(tiny())
     assert not blob.exists() and core.local_status(tiny())["target"] is None
     assert core.fetch(tiny())[0].action == "downloaded"
@@ -283,7 +295,9 @@ def test_gated_repo_says_hf_token_and_accepts_the_right_one(hub, files, env, mon
 
 
 def test_not_found_errors(hub, files, env):
-    with pytest.raises(HubError, match=rf"^repository o/missing not found on {hub.endpoint} \(404\); if it is private, set HF_TOKEN$"):
+    with pytest.raises(
+        HubError, match=rf"^repository o/missing not found on {hub.endpoint} \(404\); if it is private, set HF_TOKEN$"
+    ):
         core.fetch(_single("o/missing", "x.gguf"))
     with pytest.raises(HubError, match=r"^nope.gguf not found in o/t@main \(404\)"):
         core.fetch(_single("o/t", "nope.gguf"))
@@ -311,7 +325,9 @@ def test_offline_uses_the_cache_and_names_the_command_when_it_is_empty(hub, file
 
 def test_disk_full_is_refused_before_any_byte(hub, files, env):
     hub.advertise_size("o/t", "t.gguf", 10**15)
-    with pytest.raises(HubError, match=r"^disk full: t.gguf needs 1000000.0 GB more but .* free; free space or pass --dir"):
+    with pytest.raises(
+        HubError, match=r"^disk full: t.gguf needs 1000000.0 GB more but .* free; free space or pass --dir"
+    ):
         core.fetch(tiny(), yes=True)
     assert hub.bytes_served == 0
 
@@ -332,7 +348,12 @@ def test_big_downloads_need_confirmation(hub, files, env):
 def test_cli_fetch_json_and_models_present_missing(hub, files, env, tmp_path):
     listing = json.loads(run_cli("models", "--json", env=env).stdout)
     tiny_files = {f["key"] or f["role"]: f for f in next(p for p in listing["pairs"] if p["name"] == "tiny")["files"]}
-    assert {k: f["present"] for k, f in tiny_files.items()} == {"target": False, "mmproj": False, "q8": False, "q6": False}
+    assert {k: f["present"] for k, f in tiny_files.items()} == {
+        "target": False,
+        "mmproj": False,
+        "q8": False,
+        "q6": False,
+    }
 
     result = run_cli("fetch", "tiny", "--json", env=env)
     assert result.returncode == 0, result.stderr
@@ -344,8 +365,11 @@ def test_cli_fetch_json_and_models_present_missing(hub, files, env, tmp_path):
     assert report["files"][2]["sha256"] == sha256(files[("o/d", "gguf/dspark-d-Q8_0.gguf")])
 
     text = run_cli("models", env=env)
-    lines = {line.split()[0] + (" " + line.split()[1] if line.split()[0] == "draft" else ""): line
-             for line in text.stdout.splitlines() if line.startswith("  ")}
+    lines = {
+        line.split()[0] + (" " + line.split()[1] if line.split()[0] == "draft" else ""): line
+        for line in text.stdout.splitlines()
+        if line.startswith("  ")
+    }
     assert "present" in lines["target"] and "present" in lines["draft q8"] and "missing" in lines["draft q6"]
     assert report["files"][2]["path"] in lines["draft q8"]
     listing = json.loads(run_cli("models", "--json", "--dir", str(tmp_path / "elsewhere"), env=env).stdout)

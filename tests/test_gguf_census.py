@@ -14,6 +14,11 @@ from pathlib import Path
 import gguf
 import pytest
 from gguf import GGMLQuantizationType as Q
+
+from dsparkcli.errors import GGUFError
+from dsparkcli.gguf import analysis
+from dsparkcli.gguf import reader as gc
+from dsparkcli.llama import engine as engine_mod
 from support.gguf_fixtures import (
     HEAD_DIM,
     N_BLOCKS,
@@ -32,11 +37,6 @@ from support.gguf_fixtures import (
     write_draft,
     write_sparse,
 )
-
-from dsparkcli.errors import GGUFError
-from dsparkcli.gguf import analysis
-from dsparkcli.gguf import reader as gc
-from dsparkcli.llama import engine as engine_mod
 
 # Element counts of the fixture draft, from its dimensions (not from the reader).
 Q_OUT, KV_OUT = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
@@ -89,8 +89,9 @@ def test_reader_agrees_with_gguf_py_on_every_tensor_and_key(draft: Path) -> None
 
 def test_token_hash_is_sha256_of_the_serialised_strings(draft: Path) -> None:
     toks = gc.read_header(draft).kv["tokenizer.ggml.tokens"]
-    expected = hashlib.sha256(b"".join(struct.pack("<Q", len(t)) + t.encode() for t in
-                                       (f"tok{i}" for i in range(VOCAB)))).hexdigest()
+    expected = hashlib.sha256(
+        b"".join(struct.pack("<Q", len(t)) + t.encode() for t in (f"tok{i}" for i in range(VOCAB)))
+    ).hexdigest()
     assert toks.sha256 == expected
 
 
@@ -103,7 +104,7 @@ def _tokens_by_hand(data: bytes) -> list[bytes]:
     pos, out = at + 16, []
     for _ in range(count):
         (n,) = struct.unpack_from("<Q", data, pos)
-        out.append(data[pos + 8:pos + 8 + n])
+        out.append(data[pos + 8 : pos + 8 + n])
         pos += 8 + n
     return out
 
@@ -116,12 +117,15 @@ def test_real_262k_vocab_file_within_time_and_memory_bounds() -> None:
     h = gc.read_header(path)
     elapsed = time.perf_counter() - t0
     # peak RSS growth of a fresh interpreter that parses it (tracemalloc would make this test 40x slower)
-    probe = ("import resource, sys; from dsparkcli.gguf import reader as gc; "
-             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
-             "gc.read_header(sys.argv[1]) if len(sys.argv) > 1 else None; "
-             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
-    grown_kib = int(subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True,
-                                   check=True).stdout)
+    probe = (
+        "import resource, sys; from dsparkcli.gguf import reader as gc; "
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+        "gc.read_header(sys.argv[1]) if len(sys.argv) > 1 else None; "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)"
+    )
+    grown_kib = int(
+        subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=True).stdout
+    )
     peak = grown_kib * 1024
     toks = h.kv["tokenizer.ggml.tokens"]
     by_hand = _tokens_by_hand(path.read_bytes())
@@ -169,7 +173,7 @@ class CountingSource:
     def read_at(self, offset: int, n: int) -> bytes:
         self.reads += 1
         self.bytes_read += min(n, self.size - offset)
-        return self.data[offset:offset + n]
+        return self.data[offset : offset + n]
 
 
 def test_range_source_reads_only_the_header(draft: Path) -> None:
@@ -193,7 +197,7 @@ def test_hash_file_matches_independent_hashes(tmp_path: Path, draft: Path) -> No
     assert fh.file_sha256 == hashlib.sha256(data).hexdigest() and fh.n_bytes == len(data)
     assert len(fh.tensors) == 97
     for t in h.tensors:
-        assert fh.tensors[t.name] == hashlib.sha256(data[t.offset:t.offset + t.n_bytes]).hexdigest()
+        assert fh.tensors[t.name] == hashlib.sha256(data[t.offset : t.offset + t.n_bytes]).hexdigest()
 
 
 def test_hash_file_regions_crossing_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, draft: Path) -> None:
@@ -202,7 +206,9 @@ def test_hash_file_regions_crossing_read_chunks(tmp_path: Path, monkeypatch: pyt
     data = draft.read_bytes()
     fh = analysis.hash_file(draft, h)
     assert fh.file_sha256 == hashlib.sha256(data).hexdigest()
-    assert all(fh.tensors[t.name] == hashlib.sha256(data[t.offset:t.offset + t.n_bytes]).hexdigest() for t in h.tensors)
+    assert all(
+        fh.tensors[t.name] == hashlib.sha256(data[t.offset : t.offset + t.n_bytes]).hexdigest() for t in h.tensors
+    )
 
 
 def test_nvfp4_mxfp4_known_and_unknown_type_shown_not_crashing(tmp_path: Path) -> None:
@@ -235,7 +241,10 @@ HOSTILE = {
     "2^60 tensors": (raw_header(n_tensors=HUGE), "implausible tensor count"),
     "2^60 kvs": (raw_header(n_kv=HUGE), "implausible metadata count"),
     "negative tensors": (raw_header(n_tensors=-1), "implausible tensor count"),
-    "2^40-byte string": (raw_header([("k", 8, struct.pack("<Q", 1 << 40) + b"x" * 64)]), "string of 1099511627776 bytes"),
+    "2^40-byte string": (
+        raw_header([("k", 8, struct.pack("<Q", 1 << 40) + b"x" * 64)]),
+        "string of 1099511627776 bytes",
+    ),
     "2^40-byte key": (raw_header(n_kv=1) + struct.pack("<Q", 1 << 40) + bytes(64), "string of 1099511627776 bytes"),
     "2^60 array": (raw_header([("k", 9, struct.pack("<iQ", 4, HUGE))]), "runs past the end"),
     "2^60 string array": (raw_header([("k", 9, kv_str_array(["a"], count=HUGE))]), "runs past the end"),
@@ -248,7 +257,10 @@ HOSTILE = {
     "alignment 0": (raw_header([("general.alignment", 4, kv_u32(0))]), "not a power of two"),
     "alignment string": (raw_header([("general.alignment", 8, kv_str("32"))]), "must be uint32"),
     "5 dims": (raw_header(tensors=[("t", (1, 1, 1, 1, 1), 0, 0)]), "5 dimensions"),
-    "negative dim": (raw_header(tensors=[("t", (-4,), 0, 0)]), "dimension 18446744073709551612 is beyond ggml's int64"),
+    "negative dim": (
+        raw_header(tensors=[("t", (-4,), 0, 0)]),
+        "dimension 18446744073709551612 is beyond ggml's int64",
+    ),
     "overflowing shape": (raw_header(tensors=[("t", (1 << 40, 1 << 40), 0, 0)]), "overflows 64 bits"),
     "duplicate tensor": (raw_header(tensors=[("t", (8,), 0, 0), ("t", (8,), 0, 32)]), "duplicate tensor name"),
     "long tensor name": (raw_header(tensors=[("x" * 64, (8,), 0, 0)]), "name is 64 bytes"),
@@ -257,7 +269,10 @@ HOSTILE = {
     "offset past end": (raw_header(tensors=[("t", (8,), 0, 1 << 62)]), "past the end of the file"),
     "overlap": (raw_header(tensors=[("a", (16,), 0, 0), ("b", (16,), 0, 32)], data=bytes(128)), "overlap"),
     "misaligned": (raw_header(tensors=[("t", (8,), 0, 4)], data=bytes(64)), "not aligned"),
-    "partial Q8_0 block": (raw_header(tensors=[("t", (33,), 8, 0)], data=bytes(64)), "not a multiple of the Q8_0 block"),
+    "partial Q8_0 block": (
+        raw_header(tensors=[("t", (33,), 8, 0)], data=bytes(64)),
+        "not a multiple of the Q8_0 block",
+    ),
     "truncated counts": (b"GGUF" + struct.pack("<I", 3) + b"\1\0", "truncated GGUF"),
 }
 
@@ -281,8 +296,9 @@ def test_every_truncation_of_a_valid_header_is_a_gguf_error(draft: Path) -> None
     data = draft.read_bytes()
     h = gc.read_header(draft)
     data_end = max(t.offset + t.n_bytes for t in h.tensors)  # the writer pads after the last tensor
-    cut_points = list(range(200)) + list(range(200, h.header_bytes, 97)) + [h.header_bytes, h.data_offset + 1,
-                                                                              data_end - 1]
+    cut_points = (
+        list(range(200)) + list(range(200, h.header_bytes, 97)) + [h.header_bytes, h.data_offset + 1, data_end - 1]
+    )
     for n in cut_points:
         with pytest.raises(GGUFError, match="truncated|bad magic|implausible|past the end"):
             gc.read_header(CountingSource(data[:n]))

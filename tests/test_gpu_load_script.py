@@ -10,20 +10,27 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.cli import REPO
-from support.scripts import script
 
 from dsparkcli.bench.records import from_record
 from dsparkcli.synth import known_answer as synth
 from dsparkcli.synth.full_width import write_full_width
+from support.cli import REPO
+from support.scripts import script
 
 
 def _script(engine, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "DSPARK_LLAMA_BIN": str(engine.bin_dir),
-           "DSPARK_STUDY_DIR": str(tmp / "study"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(["bash", "scripts/gpu_load.sh", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=240)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+        "DSPARK_STUDY_DIR": str(tmp / "study"),
+        "PYTHONPATH": str(REPO),
+    }
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_load.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
     return proc, out
 
 
@@ -32,8 +39,11 @@ def _records(path: Path) -> list[dict]:
 
 
 def _table(md: Path) -> list[list[str]]:
-    return [[c.strip() for c in ln.strip("|").split("|")] for ln in md.read_text().splitlines()
-            if ln.startswith("| ") and not ln.startswith("| config")]
+    return [
+        [c.strip() for c in ln.strip("|").split("|")]
+        for ln in md.read_text().splitlines()
+        if ln.startswith("| ") and not ln.startswith("| config")
+    ]
 
 
 def test_cpu_smoke_writes_the_table_and_its_records(engine, tmp_path):
@@ -68,8 +78,11 @@ def test_the_gpu_commands_run_as_written(engine, tmp_path, kind):
     assert argv[-6:] == ["-ngl", "99", "-ngld", "99", "-fa", "on"]
     summaries = [r for r in records if r["record"] == "load_summary"]
     assert [(s["config"], s["concurrency"]) for s in summaries] == [
-        ("plain", 1), (f"{kind}@{argv[argv.index('--spec-draft-n-max') + 1]}", 1),
-        ("plain", 2), (f"{kind}@{argv[argv.index('--spec-draft-n-max') + 1]}", 2)]
+        ("plain", 1),
+        (f"{kind}@{argv[argv.index('--spec-draft-n-max') + 1]}", 1),
+        ("plain", 2),
+        (f"{kind}@{argv[argv.index('--spec-draft-n-max') + 1]}", 2),
+    ]
     # both pairs are synthetic here: emulated acceptance on the stand-in, a scripted draft on the known-answer pair
     assert all(s["synthetic"] is True for s in summaries)
     head = (out / f"load-{kind}.md").read_text().splitlines()[0]

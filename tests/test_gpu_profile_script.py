@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.cli import REPO
 
 from dsparkcli.synth import known_answer as synth
 from dsparkcli.synth.full_width import write_full_width
+from support.cli import REPO
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # scripts/gpu_profile.py's prompt
 
@@ -47,10 +47,17 @@ wait "$child"
 
 def _run(engine, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "DSPARK_LLAMA_BIN": str(engine.bin_dir),
-           "DSPARK_STUDY_DIR": str(tmp / "study"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(["bash", "scripts/gpu_profile.sh", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+        "DSPARK_STUDY_DIR": str(tmp / "study"),
+        "PYTHONPATH": str(REPO),
+    }
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_profile.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     return proc, out
 
 
@@ -59,24 +66,34 @@ def _records(path: Path) -> list[dict]:
 
 
 def _table(md: Path) -> dict[str, list[str]]:
-    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in md.read_text().splitlines()
-            if ln.startswith("| ") and not ln.startswith("| config")]
+    rows = [
+        [c.strip() for c in ln.strip("|").split("|")]
+        for ln in md.read_text().splitlines()
+        if ln.startswith("| ") and not ln.startswith("| config")
+    ]
     return {r[0]: r for r in rows}
 
 
 def test_cpu_smoke_records_the_servers_exact_counters(engine, tmp_path):
     proc, out = _run(engine, tmp_path, "--cpu-smoke")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    man = synth.load_manifest(synth.write_pair(tmp_path / "pair", accept_rate=0.7, seed=5).manifest)  # the smoke's pair
+    man = synth.load_manifest(
+        synth.write_pair(tmp_path / "pair", accept_rate=0.7, seed=5).manifest
+    )  # the smoke's pair
     timing = {r["config"]: r for r in _records(out / "profile-smoke.jsonl") if r["record"] == "timing"}
-    assert [r["config"] for r in _records(out / "profile-smoke.jsonl")] == [c for c in ("plain", "k1", "k3", "k7")
-                                                                          for _ in range(2)]  # 2 reps each
+    assert [r["config"] for r in _records(out / "profile-smoke.jsonl")] == [
+        c for c in ("plain", "k1", "k3", "k7") for _ in range(2)
+    ]  # 2 reps each
     assert timing["plain"]["steps"] == timing["plain"]["predicted_n"] == 32 and timing["plain"]["draft_n"] == 0
     for k in (1, 3, 7):
         pred = synth.predict(man, PROMPT, n_max=k, n_predict=32)
         r = timing[f"k{k}"]
         assert (r["steps"], r["draft_n"], r["draft_n_accepted"], r["predicted_n"]) == (
-            pred.steps, pred.draft_n, pred.draft_n_accepted, 32)
+            pred.steps,
+            pred.draft_n,
+            pred.draft_n_accepted,
+            32,
+        )
         assert r["tokens_per_step"] == 32 / pred.steps and r["t_step_ms"] == r["predicted_ms"] / pred.steps
         assert r["server_argv"][r["server_argv"].index("--spec-draft-n-max") + 1] == str(k)
         assert r["synthetic"] is False
@@ -92,8 +109,9 @@ def test_no_plain_profiles_the_budgets_only(engine, tmp_path):
     """--no-plain: a later call adds budgets to a label without plain decoding's servers again."""
     proc, out = _run(engine, tmp_path, "--cpu-smoke", "--no-plain")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [r["config"] for r in _records(out / "profile-smoke.jsonl")] == [c for c in ("k1", "k3", "k7")
-                                                                          for _ in range(2)]
+    assert [r["config"] for r in _records(out / "profile-smoke.jsonl")] == [
+        c for c in ("k1", "k3", "k7") for _ in range(2)
+    ]
     assert list(_table(out / "profile-smoke.md")) == ["k1", "k3", "k7"]
 
 
@@ -105,18 +123,58 @@ def test_the_ncu_path_as_written(engine, tmp_path):
     ncu.parent.mkdir()
     ncu.write_text(FAKE_NCU)
     ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
-    proc, out = _run(engine, tmp_path, "--target", str(pair.target), "--draft", str(pair.draft), "--budgets", "1 3",
-                     "--synth-len", "2.5", "--reps", "1", "--n-predict", "16", "--ncu-n-predict", "8", "--skip", "5", "--count", "9",
-                     "--ncu", str(ncu))
+    proc, out = _run(
+        engine,
+        tmp_path,
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+        "--budgets",
+        "1 3",
+        "--synth-len",
+        "2.5",
+        "--reps",
+        "1",
+        "--n-predict",
+        "16",
+        "--ncu-n-predict",
+        "8",
+        "--skip",
+        "5",
+        "--count",
+        "9",
+        "--ncu",
+        str(ncu),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     args = (ncu.parent / "ncu-args.txt").read_text().split()
-    assert args[:args.index("--log-file")] == [
-        "--target-processes", "all", "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base",
-        "--cache-control", "none", "--clock-control", "none", "--launch-skip", "5", "--launch-count", "9"]
+    assert args[: args.index("--log-file")] == [
+        "--target-processes",
+        "all",
+        "--metrics",
+        "gpu__time_duration.sum",
+        "--csv",
+        "--print-units",
+        "base",
+        "--cache-control",
+        "none",
+        "--clock-control",
+        "none",
+        "--launch-skip",
+        "5",
+        "--launch-count",
+        "9",
+    ]
     records = _records(out / "profile-real.jsonl")
     assert [(r["record"], r["config"]) for r in records] == [
-        ("timing", "plain"), ("kernels", "plain"), ("timing", "k1"), ("kernels", "k1"), ("timing", "k3"),
-        ("kernels", "k3")]
+        ("timing", "plain"),
+        ("kernels", "plain"),
+        ("timing", "k1"),
+        ("kernels", "k1"),
+        ("timing", "k3"),
+        ("kernels", "k3"),
+    ]
     timing = {r["config"]: r for r in records if r["record"] == "timing"}
     assert timing["k3"]["server_argv"][-6:] == ["-ngl", "99", "-ngld", "99", "-fa", "on"]
     for k, length in (("k1", "2.0"), ("k3", "2.5")):  # at most k+1: llama.cpp refuses more
@@ -128,15 +186,28 @@ def test_the_ncu_path_as_written(engine, tmp_path):
     assert (len(kern["kernels"]), kern["period"], kern["steps_in_window"]) == (6, 3, 2.0)
     assert kern["kinds"] == ["matmul", "norm", "copy"] and [k[2] for k in kern["kernels"][:3]] == [2e6, 5e5, 2.5e5]
     # ncu's raw CSVs come back as one archive (the device returns at most 8 files)
-    assert "ncu-k3.csv" in subprocess.run(["tar", "tzf", str(out / "ncu-csv.tar.gz")], capture_output=True,
-                                          text=True).stdout
+    assert (
+        "ncu-k3.csv"
+        in subprocess.run(["tar", "tzf", str(out / "ncu-csv.tar.gz")], capture_output=True, text=True).stdout
+    )
     md = (out / "profile-real.md").read_text()
     assert "SYNTHETIC acceptance (--spec-synth-len 2, 2.5)" in md.splitlines()[0]
     row = _table(out / "profile-real.md")["k3"]
     # kernels ms, then by kind: matmul, moe, flash attn, norm, rope, elementwise, copy, sampling, recurrent, other
     assert row[3] == f"{timing['k3']['t_draft_ms']:.3f}"
-    assert row[4:15] == ["2.750", "2.000", "0.000", "0.000", "0.500", "0.000", "0.000", "0.250", "0.000", "0.000",
-                         "0.000"]
+    assert row[4:15] == [
+        "2.750",
+        "2.000",
+        "0.000",
+        "0.000",
+        "0.500",
+        "0.000",
+        "0.000",
+        "0.250",
+        "0.000",
+        "0.000",
+        "0.000",
+    ]
     assert row[15] == f"{timing['k3']['t_step_ms'] - 2.75:.3f}" and row[16] == "3"  # the gap; kernels per step
     # no server outlives the run (the fake ncu's child included)
     assert subprocess.run(["pgrep", "-f", str(pair.target)], capture_output=True).returncode == 1
@@ -149,8 +220,22 @@ def test_the_stand_in_command_as_written(engine, tmp_path):
     ncu.parent.mkdir()
     ncu.write_text(FAKE_NCU)
     ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
-    proc, out = _run(engine, tmp_path, "--manifest", str(fw.manifest), "--budgets", "1", "--reps", "1",
-                     "--n-predict", "8", "--ncu-n-predict", "4", "--ncu", str(ncu))
+    proc, out = _run(
+        engine,
+        tmp_path,
+        "--manifest",
+        str(fw.manifest),
+        "--budgets",
+        "1",
+        "--reps",
+        "1",
+        "--n-predict",
+        "8",
+        "--ncu-n-predict",
+        "4",
+        "--ncu",
+        str(ncu),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     timing = {r["config"]: r for r in _records(out / "profile-standin.jsonl") if r["record"] == "timing"}
     argv = timing["k1"]["server_argv"]

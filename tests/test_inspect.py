@@ -13,6 +13,14 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
+
+from dsparkcli import inspect as ins
+from dsparkcli.errors import ServerError, UsageError
+from dsparkcli.gguf import analysis, pairing
+from dsparkcli.gguf import reader as gc
+from dsparkcli.hub.range import read_gguf
+from dsparkcli.llama.server import LlamaServer, ServerConfig
+from dsparkcli.synth import known_answer as synth
 from support.gguf_fixtures import (
     HEAD_DIM,
     N_HEAD_KV,
@@ -25,14 +33,6 @@ from support.gguf_fixtures import (
     write_target,
 )
 from support.hubserver import FakeHub
-
-from dsparkcli import inspect as ins
-from dsparkcli.errors import ServerError, UsageError
-from dsparkcli.gguf import analysis, pairing
-from dsparkcli.gguf import reader as gc
-from dsparkcli.hub.range import read_gguf
-from dsparkcli.llama.server import LlamaServer, ServerConfig
-from dsparkcli.synth import known_answer as synth
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +56,32 @@ def test_dspark_structure_of_the_draft(files: dict[str, Path]) -> None:
     assert s.confidence_head and s.has_confidence_head_key is True and s.confidence_head_consistent
     assert s.required_missing == () and s.problems == ()
     assert s.sample_from_anchor and s.max_spec_draft_n == 15  # anchor-first: the whole block
-    assert s.head_types == {"fc.weight": "Q8_0", "markov_w1.weight": "Q8_0", "markov_w2.weight": "Q8_0",
-                            "conf_proj.weight": "BF16"}
+    assert s.head_types == {
+        "fc.weight": "Q8_0",
+        "markov_w1.weight": "Q8_0",
+        "markov_w2.weight": "Q8_0",
+        "conf_proj.weight": "BF16",
+    }
     assert s.kv_bytes_per_token == 5 * 2 * N_HEAD_KV * HEAD_DIM * 2
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    (DraftSpec(sample_from_anchor=False), {"max_spec_draft_n": 14, "problems": ()}),
-    (DraftSpec(has_confidence_head=False), {"confidence_head_consistent": False}),
-    (DraftSpec(with_conf_proj=False, has_confidence_head=None), {"confidence_head_consistent": False}),
-    (DraftSpec(with_conf_proj=False, has_confidence_head=False), {"confidence_head_consistent": True, "problems": ()}),
-    (DraftSpec(drop=("blk.3.attn_k_norm.weight", "fc.weight")),
-     {"required_missing": ("fc.weight", "blk.3.attn_k_norm.weight")}),
-    (DraftSpec(block_size=None), {"block_size": None, "max_spec_draft_n": None}),
-])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (DraftSpec(sample_from_anchor=False), {"max_spec_draft_n": 14, "problems": ()}),
+        (DraftSpec(has_confidence_head=False), {"confidence_head_consistent": False}),
+        (DraftSpec(with_conf_proj=False, has_confidence_head=None), {"confidence_head_consistent": False}),
+        (
+            DraftSpec(with_conf_proj=False, has_confidence_head=False),
+            {"confidence_head_consistent": True, "problems": ()},
+        ),
+        (
+            DraftSpec(drop=("blk.3.attn_k_norm.weight", "fc.weight")),
+            {"required_missing": ("fc.weight", "blk.3.attn_k_norm.weight")},
+        ),
+        (DraftSpec(block_size=None), {"block_size": None, "max_spec_draft_n": None}),
+    ],
+)
 def test_structure_variants(tmp_path: Path, spec: DraftSpec, expected: dict) -> None:
     s = analysis.dspark_structure(gc.read_header(write_draft(tmp_path / "d.gguf", spec)))
     for key, value in expected.items():
@@ -81,8 +93,14 @@ def test_structure_variants(tmp_path: Path, spec: DraftSpec, expected: dict) -> 
 def test_kv_bytes_per_token_of_the_real_draft_dimensions(tmp_path: Path) -> None:
     """MiniCPM-V-4.7 DSpark: 5 layers, 8 heads / 2 KV heads, head dim 256 -> 10 240 bytes per token (f16)."""
     w = GGUFWriter(tmp_path / "real-dims.gguf", "dflash")
-    for key, value in (("block_count", 5), ("embedding_length", 2048), ("attention.head_count", 8),
-                       ("attention.head_count_kv", 2), ("attention.key_length", 256), ("block_size", 15)):
+    for key, value in (
+        ("block_count", 5),
+        ("embedding_length", 2048),
+        ("attention.head_count", 8),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 256),
+        ("block_size", 15),
+    ):
         w.add_uint32(f"dflash.{key}", value)
     w.write_header_to_file(tmp_path / "real-dims.gguf")
     w.write_kv_data_to_file()
@@ -101,8 +119,18 @@ def test_kv_bytes_per_token_of_the_real_draft_dimensions(tmp_path: Path) -> None
 def test_matching_pair_with_mmproj_is_compatible(files: dict[str, Path]) -> None:
     v = pairing.check_pair(files["target"], files["draft"], files["mmproj"])
     assert v.ok and v.reasons == ()
-    assert {c.name for c in v.checks} == {"target role", "target exposes layer inputs", "draft arch", "vocab", "BOS",
-                                           "EOS", "hidden size", "taps", "draft structure", "mmproj width"}
+    assert {c.name for c in v.checks} == {
+        "target role",
+        "target exposes layer inputs",
+        "draft arch",
+        "vocab",
+        "BOS",
+        "EOS",
+        "hidden size",
+        "taps",
+        "draft structure",
+        "mmproj width",
+    }
     assert all(c.ok for c in v.checks)
 
 
@@ -171,8 +199,10 @@ def test_synthetic_pair_verdict_agrees_with_the_real_llama_server(tmp_path: Path
     bad = pairing.check_pair(good.target, good.draft, other.mmproj)
     assert [c.name for c in bad.checks if c.ok is False] == ["mmproj width"]
     assert "the projector feeds 256-wide embeddings (mm.2.weight ne[1] (mlp)), the target's are 128" in bad.reasons[0]
-    with pytest.raises(ServerError) as info, \
-            LlamaServer(engine, ServerConfig(model=good.target, mmproj=other.mmproj, ctx=512, threads=1)):
+    with (
+        pytest.raises(ServerError) as info,
+        LlamaServer(engine, ServerConfig(model=good.target, mmproj=other.mmproj, ctx=512, threads=1)),
+    ):
         pass
     assert "mismatch between text model" in info.value.log_tail
 
@@ -205,7 +235,10 @@ def test_heads_requantised_pair_is_94_of_97_identical(files: dict[str, Path]) ->
     assert len(d.identical) == 94 and (d.n_a, d.n_b) == (97, 97)
     assert d.summary == "94/97 identical, 3 changed, 0 only in A, 0 only in B"
     assert {c.name: (c.a_type, c.b_type) for c in d.changed} == {
-        "fc.weight": ("BF16", "Q8_0"), "markov_w1.weight": ("BF16", "Q8_0"), "markov_w2.weight": ("BF16", "Q8_0")}
+        "fc.weight": ("BF16", "Q8_0"),
+        "markov_w1.weight": ("BF16", "Q8_0"),
+        "markov_w2.weight": ("BF16", "Q8_0"),
+    }
     fc = next(c for c in d.changed if c.name == "fc.weight")
     assert (fc.a_bytes, fc.b_bytes) == (len(TAPS) * E * E * 2, len(TAPS) * E * E // 32 * 34)
     assert d.respelled == (("conf_proj.weight", (E + RANK, 1), (E + RANK,)),)
@@ -253,7 +286,7 @@ def user_registry(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, user_
 description = "fixture pair"
 [pairs.testpair.target]
 repo = "org/target"
-filename = "{files['target'].name}"
+filename = "{files["target"].name}"
 [pairs.testpair.drafts.q8heads]
 repo = "org/draft"
 filename = "{draft.name}"
@@ -286,8 +319,9 @@ def test_expect_reports_each_mismatch(user_registry: Path, files: dict[str, Path
     assert census.expected == {"Q8_0": 97} and census.actual == {"NVFP4": 35, "Q8_0": 3, "F32": 58, "BF16": 1}
 
 
-def test_hashed_file_is_matched_by_pinned_sha256_under_any_name(user_registry: Path, files: dict[str, Path],
-                                                                 tmp_path: Path) -> None:
+def test_hashed_file_is_matched_by_pinned_sha256_under_any_name(
+    user_registry: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
     renamed = tmp_path / "renamed.gguf"
     renamed.write_bytes(files["draft"].read_bytes())
     assert ins.inspect_files([str(renamed)]).files[0].expect is None  # not hashed: nothing to match
@@ -339,8 +373,12 @@ def test_cli_pair_compatible_exit_0_and_json(cli, files: dict[str, Path]) -> Non
     doc = json.loads(r.stdout)
     assert doc["pairing"]["ok"] is True
     draft = doc["files"][1]
-    assert {row["type_name"]: row["count"] for row in draft["census"]["rows"]} == {"NVFP4": 35, "Q8_0": 3, "F32": 58,
-                                                                                    "BF16": 1}
+    assert {row["type_name"]: row["count"] for row in draft["census"]["rows"]} == {
+        "NVFP4": 35,
+        "Q8_0": 3,
+        "F32": 58,
+        "BF16": 1,
+    }
     assert draft["structure"]["max_spec_draft_n"] == 15 and len(draft["tensors"]) == 97
     assert draft["metadata"]["tokenizer.ggml.tokens"]["count"] == 1000
 
@@ -350,8 +388,10 @@ def test_cli_pair_incompatible_exit_1_one_line(cli, tmp_path: Path, files: dict[
     r = cli("inspect", str(files["target"]), str(bad))
     assert r.returncode == 1
     assert "hidden size" in r.stdout and "NOT compatible" in r.stdout
-    assert r.stderr == (f"dspark: error: not a compatible pair: draft {bad} does not fit target {files['target']}: "
-                        "hidden size: target 256, draft 128\n")
+    assert r.stderr == (
+        f"dspark: error: not a compatible pair: draft {bad} does not fit target {files['target']}: "
+        "hidden size: target 256, draft 128\n"
+    )
 
 
 def test_cli_table_census_line_and_against(cli, files: dict[str, Path]) -> None:
@@ -416,7 +456,7 @@ def test_uint64_values_and_counts_print_unsigned(cli, tmp_path: Path) -> None:
     }
     for at, phrase in cases.items():
         bad = tmp_path / f"at-{at}.gguf"
-        bad.write_bytes(raw[:at] + (2**63).to_bytes(8, "little") + raw[at + 8:])
+        bad.write_bytes(raw[:at] + (2**63).to_bytes(8, "little") + raw[at + 8 :])
         r = cli("inspect", str(bad))
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
         assert phrase in r.stderr and "-9223372036854775808" not in r.stderr, r.stderr
@@ -455,8 +495,10 @@ def test_hf_header_only_read_counts_bytes_served(tmp_path: Path) -> None:
         assert ranged and all(r.range and r.range.startswith("bytes=") for r in ranged)
         assert hub.bytes_served < 2 * local.header_bytes + (64 << 10)  # header only, never the 32 MB
         assert local.header_bytes > 512 << 10
-        print(f"hf:// header {local.header_bytes} B, served {hub.bytes_served} B in {len(ranged)} range GETs "
-              f"of a {len(padded)} B file")
+        print(
+            f"hf:// header {local.header_bytes} B, served {hub.bytes_served} B in {len(ranged)} range GETs "
+            f"of a {len(padded)} B file"
+        )
 
 
 def test_hf_pairing_and_cli(files: dict[str, Path], cli, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -466,8 +508,13 @@ def test_hf_pairing_and_cli(files: dict[str, Path], cli, monkeypatch: pytest.Mon
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
         v = pairing.check_pair(read_gguf("hf://org/target/t.gguf"), read_gguf("hf://org/draft@v1/d.gguf"))
         assert v.ok, v.reasons
-        r = cli("inspect", "hf://org/target/t.gguf", "hf://org/draft@v1/d.gguf", "--json",
-                env={"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"})
+        r = cli(
+            "inspect",
+            "hf://org/target/t.gguf",
+            "hf://org/draft@v1/d.gguf",
+            "--json",
+            env={"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"},
+        )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         assert doc["pairing"]["ok"] and doc["files"][1]["census"]["n_tensors"] == 97
@@ -483,8 +530,9 @@ def test_hf_pairing_and_cli(files: dict[str, Path], cli, monkeypatch: pytest.Mon
     assert served == 5 * (64 << 10)  # five header reads of a 2 MB draft, one 64 KiB window each
 
 
-def test_hf_gated_repo_needs_a_token_and_never_prints_it(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                                         tmp_path: Path) -> None:
+def test_hf_gated_repo_needs_a_token_and_never_prints_it(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from huggingface_hub import constants
 
     from dsparkcli.errors import HubError
@@ -511,8 +559,12 @@ def test_split_shard_is_labelled(tmp_path: Path, engine) -> None:
 
     target = write_target(tmp_path / "t.gguf")
     out = tmp_path / "split"
-    subprocess.run([str(engine.tool("llama-gguf-split")), "--split", "--split-max-tensors", "2", str(target), str(out)],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [str(engine.tool("llama-gguf-split")), "--split", "--split-max-tensors", "2", str(target), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     shards = sorted(tmp_path.glob("split-*.gguf"))
     assert len(shards) == 2
     first, second = (analysis.summarize(gc.read_header(p)) for p in shards)

@@ -27,8 +27,31 @@ from dsparkcli.gguf import reader as gc
 
 N_EXAMPLES = int(__import__("os").environ.get("DSPARK_FUZZ_EXAMPLES", "10000"))
 REPO = Path(__file__).resolve().parent.parent
-INTERESTING = [0, 1, 2, 3, 4, 5, 8, 9, 12, 31, 32, 63, 64, 255, 1 << 15, 1 << 31, (1 << 32) - 1, 1 << 32, 1 << 40,
-               1 << 60, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+INTERESTING = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    8,
+    9,
+    12,
+    31,
+    32,
+    63,
+    64,
+    255,
+    1 << 15,
+    1 << 31,
+    (1 << 32) - 1,
+    1 << 32,
+    1 << 40,
+    1 << 60,
+    (1 << 63) - 1,
+    1 << 63,
+    (1 << 64) - 1,
+]
 
 
 def _base(path: Path) -> bytes:
@@ -77,7 +100,7 @@ class MemSource:
         self.data, self.size, self.name = data, len(data), "fuzz.gguf"
 
     def read_at(self, offset: int, n: int) -> bytes:
-        return self.data[offset:offset + n]
+        return self.data[offset : offset + n]
 
 
 def mutate(data: bytes, header_len: int, ops: list[tuple[int, int, int]]) -> bytes:
@@ -90,17 +113,17 @@ def mutate(data: bytes, header_len: int, ops: list[tuple[int, int, int]]) -> byt
         if kind == 0:  # flip a byte
             buf[at] ^= (value % 255) + 1
         elif kind == 1:  # an interesting u64 (counts, lengths, offsets, dims)
-            buf[at:at + 8] = struct.pack("<Q", INTERESTING[value % len(INTERESTING)])
+            buf[at : at + 8] = struct.pack("<Q", INTERESTING[value % len(INTERESTING)])
         elif kind == 2:  # an interesting u32 / i32 (versions, types, n_dims)
-            buf[at:at + 4] = struct.pack("<I", INTERESTING[value % len(INTERESTING)] & 0xFFFFFFFF)
+            buf[at : at + 4] = struct.pack("<I", INTERESTING[value % len(INTERESTING)] & 0xFFFFFFFF)
         elif kind == 3:  # insert bytes
             buf[at:at] = bytes([value & 0xFF]) * (1 + value % 9)
         elif kind == 4:  # delete bytes
-            del buf[at:at + 1 + value % 16]
+            del buf[at : at + 1 + value % 16]
         elif kind == 5:  # truncate
             del buf[at:]
         elif kind == 6:  # small integer into a type / count slot
-            buf[at:at + 4] = struct.pack("<I", value % 16)
+            buf[at : at + 4] = struct.pack("<I", value % 16)
     return bytes(buf)
 
 
@@ -126,23 +149,47 @@ def exercise(data: bytes) -> str:
 OPS = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 1 << 16), st.integers(0, 1 << 16)), min_size=1, max_size=4)
 
 
-@settings(max_examples=N_EXAMPLES, deadline=timedelta(seconds=2), database=None,  # a hang fails the example
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=N_EXAMPLES,
+    deadline=timedelta(seconds=2),
+    database=None,  # a hang fails the example
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 @given(ops=OPS)
 def test_fuzz_mutated_headers(ops: list[tuple[int, int, int]]) -> None:
     base, header_len = base_header()
     assert exercise(mutate(base, header_len, ops)) in ("ok", "error")
 
 
-
 # ------------------------------------------------------------------ wrongly typed metadata (well-formed bytes)
 
-READ_KEYS = ["block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
-             "attention.key_length", "attention.value_length", "attention.sliding_window", "block_size",
-             "target_layers", "sample_from_anchor", "has_confidence_head", "full_attention_interval", "context_length"]
-GLOBAL_KEYS = ["general.name", "general.file_type", "tokenizer.ggml.tokens", "tokenizer.ggml.model",
-               "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.mask_token_id",
-               "tokenizer.chat_template", "clip.projector_type", "clip.vision.is_deepstack_layers"]
+READ_KEYS = [
+    "block_count",
+    "embedding_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.sliding_window",
+    "block_size",
+    "target_layers",
+    "sample_from_anchor",
+    "has_confidence_head",
+    "full_attention_interval",
+    "context_length",
+]
+GLOBAL_KEYS = [
+    "general.name",
+    "general.file_type",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.mask_token_id",
+    "tokenizer.chat_template",
+    "clip.projector_type",
+    "clip.vision.is_deepstack_layers",
+]
 SCALAR_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
 
@@ -167,13 +214,24 @@ def _encode_value(kind: int, n: int, depth: int = 0) -> bytes:
     return struct.pack("<iQ", elem, count) + b"".join(_encode_value(elem, n // 7 + i, depth + 1) for i in range(count))
 
 
-TYPED = st.lists(st.tuples(st.integers(0, len(READ_KEYS) + len(GLOBAL_KEYS) - 1),
-                           st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]), st.integers(0, 1 << 20)),
-                 min_size=1, max_size=12, unique_by=lambda t: t[0])
+TYPED = st.lists(
+    st.tuples(
+        st.integers(0, len(READ_KEYS) + len(GLOBAL_KEYS) - 1),
+        st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+        st.integers(0, 1 << 20),
+    ),
+    min_size=1,
+    max_size=12,
+    unique_by=lambda t: t[0],
+)
 
 
-@settings(max_examples=N_EXAMPLES // 5, deadline=timedelta(seconds=2), database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=N_EXAMPLES // 5,
+    deadline=timedelta(seconds=2),
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(arch=st.sampled_from(["dflash", "qwen35moe", "clip", "llama", "x\x1b"]), kvs=TYPED)
 def test_fuzz_wrongly_typed_metadata(arch: str, kvs: list[tuple[int, int, int]]) -> None:
     from support.gguf_fixtures import kv_str, raw_header
@@ -206,8 +264,14 @@ print(counts["ok"], counts["error"])
 
 
 def test_fuzz_memory_bounded_under_rlimit() -> None:
-    r = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(REPO / "tests"), "-", "1234", "3000"],
-                       capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE, str(REPO / "tests"), "-", "1234", "3000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     ok, errors = map(int, r.stdout.split())
     assert ok + errors == 3000 and ok > 100 and errors > 1000  # both paths exercised
@@ -235,4 +299,3 @@ def test_fuzz_cli_one_line_error_exit_2(tmp_path: Path, cli) -> None:
         else:
             assert r.returncode == 0, r.stderr
     assert seen == {"ok": 3, "error": 3}
-

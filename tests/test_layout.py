@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.cli import REPO
 
 PACKAGE = REPO / "dsparkcli"
@@ -28,11 +29,14 @@ def _holders(pattern: str) -> set[str]:
     return {str(p.relative_to(REPO)) for p in SOURCES if re.search(pattern, p.read_text(encoding="utf-8"))}
 
 
-@pytest.mark.parametrize("what,pattern", [
-    ("spec-decode metric names", r"llamacpp:spec_decode"),
-    ("image data-URL builder", r"data:[^\"']*;base64,|\"data:\"|;base64,"),
-    ("default budget", r"DEFAULT_BUDGET\s*="),
-])
+@pytest.mark.parametrize(
+    "what,pattern",
+    [
+        ("spec-decode metric names", r"llamacpp:spec_decode"),
+        ("image data-URL builder", r"data:[^\"']*;base64,|\"data:\"|;base64,"),
+        ("default budget", r"DEFAULT_BUDGET\s*="),
+    ],
+)
 def test_llama_protocol_is_written_once(what, pattern):
     assert _holders(pattern) == {"dsparkcli/llama/protocol.py"}, what
 
@@ -48,8 +52,12 @@ def _dspark_imports(path: Path) -> tuple[set[str], set[str]]:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names if a.name.split(".")[0] == "dsparkcli"]
-        known = [n for n in names if (PACKAGE.parent / (n.replace(".", "/") + ".py")).is_file()
-                 or (PACKAGE.parent / n.replace(".", "/") / "__init__.py").is_file()]
+        known = [
+            n
+            for n in names
+            if (PACKAGE.parent / (n.replace(".", "/") + ".py")).is_file()
+            or (PACKAGE.parent / n.replace(".", "/") / "__init__.py").is_file()
+        ]
         (top if id(node) in module_level or getattr(node, "col_offset", 1) == 0 else inner).update(known)
     return top, inner
 
@@ -87,14 +95,29 @@ def test_floors_have_no_loops_and_the_core_never_imports_the_cli():
 def test_light_modules_need_only_the_standard_library():
     """`import dsparkcli` (every --version), the protocol/records/stats trio and the budget's pure modules import
     nothing heavy (and budget.limits, which cli._common parses --budget with, nothing but the standard library)."""
-    code = ("import sys, json; import dsparkcli, dsparkcli.llama.protocol, dsparkcli.bench.records, "
-            "dsparkcli.bench.stats, dsparkcli.budget.model, dsparkcli.budget.rule, dsparkcli.budget.key, "
-            "dsparkcli.budget.record, dsparkcli.budget.limits; "
-            "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))")
-    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                           check=True, cwd=REPO).stdout))
-    assert not loaded & {"httpx", "httpx2", "huggingface_hub", "numpy", "platformdirs", "typer", "rich", "gguf",
-                         "PIL", "matplotlib"}
+    code = (
+        "import sys, json; import dsparkcli, dsparkcli.llama.protocol, dsparkcli.bench.records, "
+        "dsparkcli.bench.stats, dsparkcli.budget.model, dsparkcli.budget.rule, dsparkcli.budget.key, "
+        "dsparkcli.budget.record, dsparkcli.budget.limits; "
+        "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))"
+    )
+    loaded = set(
+        json.loads(
+            subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+        )
+    )
+    assert not loaded & {
+        "httpx",
+        "httpx2",
+        "huggingface_hub",
+        "numpy",
+        "platformdirs",
+        "typer",
+        "rich",
+        "gguf",
+        "PIL",
+        "matplotlib",
+    }
 
 
 def test_no_module_is_a_novel():
@@ -108,12 +131,26 @@ def test_no_module_is_a_novel():
 def test_the_gpu_sweep_imports_without_dsparks_dependencies():
     """scripts/gpu_sweep.py --phase hbm runs with the GPU machine's own python (torch, no carried wheels): its
     imports must not need platformdirs (the H200 run of 2026-12-01 lost its HBM figure to that)."""
-    code = ("import sys; sys.modules['platformdirs'] = None; sys.path.insert(0, 'scripts'); import gpu_sweep; "
-            "from dsparkcli import config; import os; os.environ.pop('DSPARK_CACHE_DIR', None); "
-            "config.cache_dir()")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys; sys.modules['platformdirs'] = None; sys.path.insert(0, 'scripts'); import gpu_sweep; "
+        "from dsparkcli import config; import os; os.environ.pop('DSPARK_CACHE_DIR', None); "
+        "config.cache_dir()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode != 0 and "import of platformdirs halted" in proc.stderr  # only where it is used
-    ok = subprocess.run([sys.executable, "-c", code.rsplit(";", 1)[0]], cwd=REPO, capture_output=True, text=True,
-                        timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    ok = subprocess.run(
+        [sys.executable, "-c", code.rsplit(";", 1)[0]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
     assert ok.returncode == 0, ok.stderr[-1500:]

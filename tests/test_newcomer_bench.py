@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from support.cli import REPO
-from support.terminal import on_a_terminal
 
 from dsparkcli.synth import known_answer as synth
+from support.cli import REPO
+from support.terminal import on_a_terminal
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
@@ -28,8 +28,6 @@ def _one_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("dspark: error: "), proc.stderr
     return lines[0]
-
-
 
 
 # ------------------------------------------------------------------ a: Pillow's warning
@@ -70,8 +68,14 @@ def hub_env(tmp_path, engine, user_models):
     with FakeHub() as hub:
         hub.add_file("o/t", "target-llama.gguf", pair.target.read_bytes())
         hub.add_file("o/d", "draft-dspark.gguf", pair.draft.read_bytes())
-        yield {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.endpoint, "DSPARK_CONFIG_DIR": str(user_models(REGISTRY)),
-               "DSPARK_LLAMA_BIN": str(engine.server), "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+        yield {
+            "HF_HOME": str(tmp_path / "hf"),
+            "HF_ENDPOINT": hub.endpoint,
+            "DSPARK_CONFIG_DIR": str(user_models(REGISTRY)),
+            "DSPARK_LLAMA_BIN": str(engine.server),
+            "HF_HUB_OFFLINE": "0",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+        }
 
 
 def _shown(args: list[str], *, env: dict[str, str]) -> tuple[int, str]:
@@ -106,14 +110,18 @@ def test_a_bar_is_still_drawn_for_a_download_on_a_terminal(hub_env):
 # ------------------------------------------------------------------ d: an output dspark cannot write
 
 
-@pytest.mark.parametrize("flag,path", [("--out", "/proc/version"), ("--out", "/proc/dspark.jsonl"),
-                                       ("--plot", "/sys/kernel/bench.png")])
+@pytest.mark.parametrize(
+    "flag,path", [("--out", "/proc/version"), ("--out", "/proc/dspark.jsonl"), ("--plot", "/sys/kernel/bench.png")]
+)
 def test_an_output_in_a_kernel_filesystem_is_a_usage_error(cli, flag, path):
     """`bench --out /proc/version` opened the file after the run and said `Invalid argument`, exit 1 (root's
     access() says yes there); now the one output check refuses it up front: one line, exit 2."""
     folder = Path(path).parent
     line = _one_line(cli("bench", flag, path, "--target", "t.gguf", "--draft", "d.gguf"), 2)
-    assert line == f"dspark: error: {flag} {path}: {folder} is a kernel filesystem (like /proc, /sys): nothing written there is kept"
+    assert (
+        line
+        == f"dspark: error: {flag} {path}: {folder} is a kernel filesystem (like /proc, /sys): nothing written there is kept"
+    )
 
 
 # ------------------------------------------------------------------ e: the table before the plot
@@ -136,16 +144,54 @@ def test_a_full_disk_at_the_plot_loses_no_table(engine, tmp_path):
         "main(sys.argv[1:])\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", full_disk, "bench", "--target", str(pair.target), "--draft", str(pair.draft),
-         "--budget", "2", "--category", "code", "--limit", "1", "--reps", "1", "-n", "16", "-t", "1",
-         "--ctx", "256", "--out", str(out), "--plot", str(plot), "--format", "md"],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={**os.environ, "DSPARK_LLAMA_BIN": str(engine.server)})
+        [
+            sys.executable,
+            "-c",
+            full_disk,
+            "bench",
+            "--target",
+            str(pair.target),
+            "--draft",
+            str(pair.draft),
+            "--budget",
+            "2",
+            "--category",
+            "code",
+            "--limit",
+            "1",
+            "--reps",
+            "1",
+            "-n",
+            "16",
+            "-t",
+            "1",
+            "--ctx",
+            "256",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+            "--format",
+            "md",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "DSPARK_LLAMA_BIN": str(engine.server)},
+    )
     assert proc.returncode == 6, proc.stderr
-    assert proc.stderr.splitlines()[-1] == f"dspark: error: disk full while writing {plot}: free space and run the command again"
+    assert (
+        proc.stderr.splitlines()[-1]
+        == f"dspark: error: disk full while writing {plot}: free space and run the command again"
+    )
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| ")]
-    assert [r.split("|")[1:3] for r in rows[1:]] == [[" plain ", " code "], [" plain ", " all "],
-                                                     [" draft-dspark@2 ", " code "], [" draft-dspark@2 ", " all "]]
+    assert [r.split("|")[1:3] for r in rows[1:]] == [
+        [" plain ", " code "],
+        [" plain ", " all "],
+        [" draft-dspark@2 ", " code "],
+        [" draft-dspark@2 ", " all "],
+    ]
     assert f"records: {out}" in proc.stderr and '"record":"summary"' in out.read_text()
 
 

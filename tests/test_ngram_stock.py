@@ -28,12 +28,16 @@ N_PREDICT = 64
 def stock(engine) -> engine_mod.Engine:
     """A stock (--no-patches) CPU build of the engine's commit, found by its key in the cache: a failure, not
     a skip, when there is none (`dspark engine build --no-patches` makes it)."""
-    builds = [r for _, r in engine_mod.cached_builds()
-              if not r.patch_hash and r.backend == "cpu" and r.commit == engine.commit]
+    builds = [
+        r
+        for _, r in engine_mod.cached_builds()
+        if not r.patch_hash and r.backend == "cpu" and r.commit == engine.commit
+    ]
     assert builds, "no stock CPU build in the cache: run `dspark engine build --no-patches`"
     server = Path(builds[0].bin_dir) / "llama-server"
-    return engine_mod.Engine(server=server, bin_dir=server.parent, source="cache", commit=builds[0].commit,
-                             backend="cpu")
+    return engine_mod.Engine(
+        server=server, bin_dir=server.parent, source="cache", commit=builds[0].commit, backend="cpu"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +53,23 @@ def cyclic(tmp_path_factory) -> tuple[Path, list[int]]:
     return pair.target, prompt
 
 
-def drafts(eng: engine_mod.Engine, target: Path, prompt: list[int], spec: str,
-           request: dict | None = None) -> tuple[int, int, SpecCounters]:
+def drafts(
+    eng: engine_mod.Engine, target: Path, prompt: list[int], spec: str, request: dict | None = None
+) -> tuple[int, int, SpecCounters]:
     """(timings draft_n, draft_n_accepted, /metrics counters) of one greedy request on a fresh server."""
     s = parse(spec)
     cfg = ServerConfig(model=target, spec_type=s.kind, spec_flags=s.flags(), ctx=512, threads=1)
     with LlamaServer(eng, cfg) as srv:
-        resp = srv.client.completion({"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0.0, "seed": 0,
-                                      "cache_prompt": False, **(request or {})})
+        resp = srv.client.completion(
+            {
+                "prompt": prompt,
+                "n_predict": N_PREDICT,
+                "temperature": 0.0,
+                "seed": 0,
+                "cache_prompt": False,
+                **(request or {}),
+            }
+        )
         counters = SpecCounters.from_metrics(srv.client.metrics())
     t = resp["timings"]
     assert t["predicted_n"] == N_PREDICT
@@ -69,8 +82,11 @@ def test_ngram_drafts_as_stock_llama_cpp(engine, stock, cyclic, spec) -> None:
     patched = drafts(engine, target, prompt, spec)
     plain = drafts(stock, target, prompt, spec)
     assert patched[:2] == plain[:2]
-    assert (patched[2].drafted, patched[2].accepted, patched[2].steps) == \
-        (plain[2].drafted, plain[2].accepted, plain[2].steps)
+    assert (patched[2].drafted, patched[2].accepted, patched[2].steps) == (
+        plain[2].drafted,
+        plain[2].accepted,
+        plain[2].steps,
+    )
     drafted, accepted, counters = patched
     assert drafted == accepted > 0  # the cycle is in the prompt: every drafted token is the target's
     assert drafted > 3 * counters.steps  # longer than the old cap of --spec-draft-n-max 3 per step

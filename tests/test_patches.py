@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from dsparkcli.budget import rule as budget
 from dsparkcli.budget.model import CostModel, cost_table
 from dsparkcli.errors import EngineBuildError
-from dsparkcli.budget import rule as budget
-from dsparkcli.llama import patches
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import patches
 
 
 def pinned_tree() -> Path:
@@ -122,8 +122,17 @@ def _fake_build(root: Path, key: str, source: Path, **record) -> Path:
     for name in (*engine_mod.BUILD_TARGETS, engine_mod.RPC_SERVER):
         (bin_dir / name).write_text("#!/bin/sh\n")
         (bin_dir / name).chmod(0o755)
-    rec = {"commit": "0c1e570", "backend": "cpu", "cuda_arch": "", "source_dir": str(source), "bin_dir": str(bin_dir),
-           "targets": list(engine_mod.build_targets(True)), "cpu_arch": "x86-64-v3", "rpc": True, **record}
+    rec = {
+        "commit": "0c1e570",
+        "backend": "cpu",
+        "cuda_arch": "",
+        "source_dir": str(source),
+        "bin_dir": str(bin_dir),
+        "targets": list(engine_mod.build_targets(True)),
+        "cpu_arch": "x86-64-v3",
+        "rpc": True,
+        **record,
+    }
     (root / "engine" / key / "engine.json").write_text(json.dumps(rec))
     return bin_dir
 
@@ -138,16 +147,26 @@ def test_stock_and_patched_builds_live_side_by_side(tmp_path, monkeypatch):
     monkeypatch.setenv("DSPARK_CONFIG_DIR", str(tmp_path / "cfg"))
     h = patches.series_hash(patches.shipped())
     stock_key = engine_mod.build_key("0c1e570", "cpu", rpc=True)
-    assert stock_key == "0c1e570-cpu-x86-64-v3-rpc" and engine_mod.build_key("0c1e570", "cpu", rpc=True, patch_hash=h) \
-        == f"0c1e570-cpu-x86-64-v3-rpc-p{h}"
+    assert (
+        stock_key == "0c1e570-cpu-x86-64-v3-rpc"
+        and engine_mod.build_key("0c1e570", "cpu", rpc=True, patch_hash=h) == f"0c1e570-cpu-x86-64-v3-rpc-p{h}"
+    )
     stock_bin = _fake_build(tmp_path, stock_key, source)
     eng, rec, reused = engine_mod.build_engine(source=source, patches=False)
     assert reused and eng.bin_dir == stock_bin and rec.patch_hash == "" and rec.compiled_source == str(source)
     assert engine_mod.resolve_engine().bin_dir == stock_bin  # the only one
-    old_bin = _fake_build(tmp_path, f"{stock_key}-p00000000", source, patches=["0001-old.patch"], patch_hash="00000000")
+    old_bin = _fake_build(
+        tmp_path, f"{stock_key}-p00000000", source, patches=["0001-old.patch"], patch_hash="00000000"
+    )
     assert engine_mod.resolve_engine().bin_dir == old_bin  # patched beats stock
-    new_bin = _fake_build(tmp_path, f"{stock_key}-p{h}", source, patches=[p.name for p in patches.shipped()],
-                          patch_hash=h, build_source=str(tmp_path / "engine" / f"{stock_key}-p{h}" / "src"))
+    new_bin = _fake_build(
+        tmp_path,
+        f"{stock_key}-p{h}",
+        source,
+        patches=[p.name for p in patches.shipped()],
+        patch_hash=h,
+        build_source=str(tmp_path / "engine" / f"{stock_key}-p{h}" / "src"),
+    )
     assert engine_mod.resolve_engine().bin_dir == new_bin  # the shipped series beats an older one
     eng, rec, reused = engine_mod.build_engine(source=source, patches=True)
     assert reused and eng.bin_dir == new_bin and rec.compiled_source.endswith("/src")
@@ -193,7 +212,7 @@ def test_choice_decay_and_reprobe_by_hand():
     while (k := budget.choose(est, table, 3)[0]) == 0:
         _, est = budget.choose(est, table, 3)
         steps += 1
-    assert steps == 5 and k == 2 and est.reach[0] == pytest.approx(0.95 ** 5)
+    assert steps == 5 and k == 2 and est.reach[0] == pytest.approx(0.95**5)
     # accepted positions raise their own rates only
     est = budget.accept(budget.Estimate(), 3, 2)
     assert (est.reach, est.acc) == ((1.0, 1.0, 1.0), (1.0, 1.0, 0.0))
@@ -215,8 +234,13 @@ def test_the_pinned_tree_unpacked_elsewhere_is_patched_by_default(tmp_path, monk
     (bundle / "CMakeLists.txt").write_text("")
     assert engine_mod.source_commit(bundle) == engine_mod.PINNED_COMMIT
     h = patches.series_hash(patches.shipped())
-    _fake_build(tmp_path / "cache", engine_mod.build_key(engine_mod.PINNED_COMMIT, "cpu", rpc=True, patch_hash=h),
-                bundle.resolve(), patches=[p.name for p in patches.shipped()], patch_hash=h)
+    _fake_build(
+        tmp_path / "cache",
+        engine_mod.build_key(engine_mod.PINNED_COMMIT, "cpu", rpc=True, patch_hash=h),
+        bundle.resolve(),
+        patches=[p.name for p in patches.shipped()],
+        patch_hash=h,
+    )
     eng, rec, reused = engine_mod.build_engine(source=bundle)
     assert reused and rec.patch_hash == h
 
@@ -227,8 +251,15 @@ def test_each_off_switch_is_the_variable_its_code_reads(tmp_path):
     patch "off" silently measure it on."""
     series = patches.shipped()
     assert {p.number: p.off_switch for p in series} == {
-        "0001": None, "0002": None, "0003": None, "0004": "DSPARK_COPY_ALL_SNAPSHOTS", "0005": "DSPARK_NO_DEFER",
-        "0006": "DSPARK_STOCK_MMVF", "0007": "DSPARK_STOCK_ARGMAX", "0008": None}
+        "0001": None,
+        "0002": None,
+        "0003": None,
+        "0004": "DSPARK_COPY_ALL_SNAPSHOTS",
+        "0005": "DSPARK_NO_DEFER",
+        "0006": "DSPARK_STOCK_MMVF",
+        "0007": "DSPARK_STOCK_ARGMAX",
+        "0008": None,
+    }
     diagnostics = {"0008": {"DSPARK_CUDA_GRAPH_STATS"}}  # variables that only log, named in the description
     for p in series:
         added = "\n".join(line for fd in patches.parse(p) for h in fd.hunks for line in h.new if line not in h.old)
@@ -239,11 +270,15 @@ def test_each_off_switch_is_the_variable_its_code_reads(tmp_path):
     names = [p.name for p in series]
     assert patches.switches_off(names, {}) == []
     assert patches.switches_off(names, {"DSPARK_STOCK_MMVF": "1", "DSPARK_NO_DEFER": "1", "OTHER": "1"}) == [
-        "0005 (DSPARK_NO_DEFER=1)", "0006 (DSPARK_STOCK_MMVF=1)"]
+        "0005 (DSPARK_NO_DEFER=1)",
+        "0006 (DSPARK_STOCK_MMVF=1)",
+    ]
     assert patches.switches_off(names[:4], {"DSPARK_STOCK_MMVF": "1"}) == []  # a build without 0006
     # the engine reads getenv(...) != nullptr: any value, "0" and "" included, turns the patch off
     assert patches.switches_off(names, {"DSPARK_STOCK_ARGMAX": "0", "DSPARK_COPY_ALL_SNAPSHOTS": ""}) == [
-        "0004 (DSPARK_COPY_ALL_SNAPSHOTS=)", "0007 (DSPARK_STOCK_ARGMAX=0)"]
+        "0004 (DSPARK_COPY_ALL_SNAPSHOTS=)",
+        "0007 (DSPARK_STOCK_ARGMAX=0)",
+    ]
 
 
 def test_doctor_names_the_patches_the_environment_turns_off(monkeypatch):

@@ -27,8 +27,10 @@ from dsparkcli.llama.server import ServerConfig
 
 
 def test_endpoints_parse_and_fail_in_one_line():
-    assert parse_endpoints("127.0.0.1:50052, 10.0.0.2:50053") == (Endpoint("127.0.0.1", 50052),
-                                                                 Endpoint("10.0.0.2", 50053))
+    assert parse_endpoints("127.0.0.1:50052, 10.0.0.2:50053") == (
+        Endpoint("127.0.0.1", 50052),
+        Endpoint("10.0.0.2", 50053),
+    )
     assert str(parse_endpoints("gpu-box.lan:1")[0]) == "gpu-box.lan:1"
     for bad in ("127.0.0.1", "host:0", "host:70000", ":5", "a b:1", ""):
         with pytest.raises(UsageError, match="is not HOST:PORT"):
@@ -52,8 +54,9 @@ def test_rpc_devices_are_numbered_across_workers():
 
 
 def test_argv_carries_every_typed_option_and_the_draft_device_only_with_a_draft():
-    p = Placement(rpc=parse_endpoints("h:1,h:2"), split_mode="layer", tensor_split=(3.0, 1.0), main_gpu=0,
-                  draft_device="RPC1")
+    p = Placement(
+        rpc=parse_endpoints("h:1,h:2"), split_mode="layer", tensor_split=(3.0, 1.0), main_gpu=0, draft_device="RPC1"
+    )
     assert p.argv(drafting=True) == ["--rpc", "h:1,h:2", "-sm", "layer", "-ts", "3,1", "-mg", "0", "-devd", "RPC1"]
     assert "-devd" not in p.argv(drafting=False)
     cfg = ServerConfig(model="t.gguf", draft="d.gguf", placement=p, extra_args=("-fa", "on"))  # type: ignore[arg-type]
@@ -84,8 +87,14 @@ def test_split_points_and_layer_devices_by_hand():
 
 
 def test_device_bytes_adds_weights_and_kv_per_layer():
-    shares = device_bytes([100, 100, 100, 100], input_bytes=7, output_bytes=50, kv_per_layer=[10, 10, 10, 10],
-                          fractions=(1, 1), names=["RPC0", "RPC1"])
+    shares = device_bytes(
+        [100, 100, 100, 100],
+        input_bytes=7,
+        output_bytes=50,
+        kv_per_layer=[10, 10, 10, 10],
+        fractions=(1, 1),
+        names=["RPC0", "RPC1"],
+    )
     assert shares == (
         DeviceShare("host", 7, 0, ()),
         DeviceShare("RPC0", 300, 30, (0, 1, 2)),
@@ -111,5 +120,6 @@ def test_the_draft_goes_where_the_pinned_engine_can_run_it():
         place_draft(Placement(rpc=two.rpc, draft_device="none"), [], draft_has_lm_head=False)
     # a draft with its own lm head, or no workers at all: the user's choice (or llama.cpp's default) stands
     assert place_draft(Placement(rpc=two.rpc, draft_device="none"), [], draft_has_lm_head=True).draft_device == "none"
-    assert place_draft(Placement(draft_device="CUDA1"), ["CUDA0", "CUDA1"], draft_has_lm_head=False) == \
-        Placement(draft_device="CUDA1")
+    assert place_draft(Placement(draft_device="CUDA1"), ["CUDA0", "CUDA1"], draft_has_lm_head=False) == Placement(
+        draft_device="CUDA1"
+    )

@@ -22,8 +22,12 @@ def vpair(tmp_path_factory):
 
 def _tok(text: str, top: list[tuple[str, float]] | None = None) -> dict:
     b = list(text.encode())
-    return {"token": text, "bytes": b, "logprob": (top or [(text, -0.1)])[0][1],
-            "top_logprobs": [{"token": t, "logprob": lp} for t, lp in (top or [(text, -0.1), ("x", -3.0)])]}
+    return {
+        "token": text,
+        "bytes": b,
+        "logprob": (top or [(text, -0.1)])[0][1],
+        "top_logprobs": [{"token": t, "logprob": lp} for t, lp in (top or [(text, -0.1), ("x", -3.0)])],
+    }
 
 
 def test_first_divergence_is_found_byte_by_byte() -> None:
@@ -46,9 +50,26 @@ def test_first_divergence_is_found_byte_by_byte() -> None:
 
 @pytest.mark.engine  # starts llama-server through the CLI, without the engine fixture
 def test_run_compare_says_identical_for_the_known_answer_pair(cli, vpair) -> None:
-    args = ["run", str(vpair.image), "What is in this image?", "--target", str(vpair.target), "--draft",
-            str(vpair.draft), "--mmproj", str(vpair.mmproj), "--max-tokens", "24", "-t", "2", "--ctx", "1024",
-            "--budget", "3", "--compare"]
+    args = [
+        "run",
+        str(vpair.image),
+        "What is in this image?",
+        "--target",
+        str(vpair.target),
+        "--draft",
+        str(vpair.draft),
+        "--mmproj",
+        str(vpair.mmproj),
+        "--max-tokens",
+        "24",
+        "-t",
+        "2",
+        "--ctx",
+        "1024",
+        "--budget",
+        "3",
+        "--compare",
+    ]
     proc = cli(*args)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -62,8 +83,7 @@ def test_run_compare_says_identical_for_the_known_answer_pair(cli, vpair) -> Non
 
 def test_compare_refuses_what_it_cannot_compare(cli, vpair) -> None:
     base = ["run", "hi", "--target", str(vpair.target), "--draft", str(vpair.draft), "--compare"]
-    for extra, says in ((["--temp", "0.7"], "--compare needs greedy decoding"),
-                        (["--no-draft"], "drop --no-draft")):
+    for extra, says in ((["--temp", "0.7"], "--compare needs greedy decoding"), (["--no-draft"], "drop --no-draft")):
         proc = cli(*base, *extra)
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1
     proc = cli("run", "hi", "--server", "http://127.0.0.1:9", "--compare")

@@ -11,8 +11,23 @@ import pytest
 
 from dsparkcli.bench import profile
 
-HEADER = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
-          "Grid Size", "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+HEADER = [
+    "ID",
+    "Process ID",
+    "Process Name",
+    "Host Name",
+    "Kernel Name",
+    "Context",
+    "Stream",
+    "Block Size",
+    "Grid Size",
+    "Device",
+    "CC",
+    "Section Name",
+    "Metric Name",
+    "Metric Unit",
+    "Metric Value",
+]
 MMVQ = "void mul_mat_vec_q<(ggml_type)12, 1, false>(const void *, const void *, const int *, float *, int)"
 NORM = "void rms_norm_f32<1024, true, false>(const float *, float *, int, long, long, long, float)"
 FATTN = "void flash_attn_ext_f16<128, 128, 4, 2, false, false>(const char *, const char *, float *)"
@@ -33,15 +48,28 @@ def _csv(kernels: list[tuple[str, str, str]]) -> str:
 
 
 # two whole steps of 3 kernels, then the first kernel of a third step (cut off: not a whole step)
-WINDOW = [(MMVQ, "nsecond", "10,000"), (NORM, "nsecond", "1000"), (FATTN, "usecond", "3"),
-          (MMVQ, "nsecond", "12,000"), (NORM, "nsecond", "1,000"), (FATTN, "nsecond", "5000"),
-          (MMVQ, "nsecond", "99999")]
+WINDOW = [
+    (MMVQ, "nsecond", "10,000"),
+    (NORM, "nsecond", "1000"),
+    (FATTN, "usecond", "3"),
+    (MMVQ, "nsecond", "12,000"),
+    (NORM, "nsecond", "1,000"),
+    (FATTN, "nsecond", "5000"),
+    (MMVQ, "nsecond", "99999"),
+]
 
 
 def test_parse_keeps_the_time_metric_per_id_in_base_units():
     kernels = profile.parse_ncu_csv(_csv(WINDOW))
-    assert [(k.id, k.ns) for k in kernels] == [(0, 10000.0), (1, 1000.0), (2, 3000.0), (3, 12000.0), (4, 1000.0),
-                                               (5, 5000.0), (6, 99999.0)]
+    assert [(k.id, k.ns) for k in kernels] == [
+        (0, 10000.0),
+        (1, 1000.0),
+        (2, 3000.0),
+        (3, 12000.0),
+        (4, 1000.0),
+        (5, 5000.0),
+        (6, 99999.0),
+    ]
     assert [k.kind for k in kernels] == ["matmul", "norm", "flash_attn"] * 2 + ["matmul"]
     assert kernels[0].to_record() == {"id": 0, "name": MMVQ, "kind": "matmul", "ns": 10000.0}
 
@@ -53,33 +81,36 @@ def test_parse_refuses_what_is_not_an_ncu_table():
         profile.parse_ncu_csv(_csv([(MMVQ, "cycle", "10")]))
 
 
-@pytest.mark.parametrize(("name", "kind"), [
-    (MMVQ, "matmul"),
-    ("void mul_mat_q<(ggml_type)12, 64, false>(const char *, const int *, float *, int)", "matmul"),
-    ("void quantize_mmq_q8_1<(mmq_q8_1_ds_layout)1>(const float *, void *, long)", "matmul"),
-    ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", "matmul"),
-    ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64", "matmul"),
-    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_f16_s161616gemm_f16_16x16_64x1_tn_align8>(Params)", "matmul"),
-    ("void mm_ids_helper<8>(const int *, int *, int *, int)", "moe"),
-    ("void topk_moe_cuda<8, true>(const float *, float *, int *, int)", "moe"),
-    ("void mul_mat_vec_q_moe<(ggml_type)12, 2, true>(const void *, const void *, const int *, float *)", "matmul"),
-    ("moe_weighted_reduction_f32(const float *, const float *, float *, int, int)", "moe"),
-    ("void k_copy_src1_to_contiguous(const char *, char *, const int *)", "moe"),
-    (FATTN, "flash_attn"),
-    ("void flash_attn_combine_results<128>(const float *, const float2 *, float *, int)", "flash_attn"),
-    (NORM, "norm"),
-    ("void soft_max_f32<true, 0, 0>(const float *, const float *, float *, soft_max_params)", "norm"),
-    ("void rope_neox<false, false, float>(const float *, float *, int)", "rope"),
-    ("void k_bin_bcast<&op_add, float, float, float>(const float *, const float *, float *)", "elementwise"),
-    ("void unary_gated_op_kernel<&op_silu, float>(const float *, const float *, float *)", "elementwise"),
-    ("void k_get_rows_float<float, float>(const float *, const int *, float *)", "copy"),
-    ("void cpy_flt<&cpy_1_flt<float, __half>>(const char *, char *, int)", "copy"),
-    ("void concat_f32_dim0(const float *, const float *, float *, int)", "copy"),
-    ("void argmax_f32(const float *, int *, long)", "sampling"),
-    ("void ssm_conv_f32<128, 4>(const float *, const float *, float *)", "recurrent"),
-    ("void gated_delta_net_cuda<128>(const float *, float *)", "recurrent"),
-    ("void some_unknown_kernel(int)", "other"),
-])
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        (MMVQ, "matmul"),
+        ("void mul_mat_q<(ggml_type)12, 64, false>(const char *, const int *, float *, int)", "matmul"),
+        ("void quantize_mmq_q8_1<(mmq_q8_1_ds_layout)1>(const float *, void *, long)", "matmul"),
+        ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", "matmul"),
+        ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+        ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_f16_s161616gemm_f16_16x16_64x1_tn_align8>(Params)", "matmul"),
+        ("void mm_ids_helper<8>(const int *, int *, int *, int)", "moe"),
+        ("void topk_moe_cuda<8, true>(const float *, float *, int *, int)", "moe"),
+        ("void mul_mat_vec_q_moe<(ggml_type)12, 2, true>(const void *, const void *, const int *, float *)", "matmul"),
+        ("moe_weighted_reduction_f32(const float *, const float *, float *, int, int)", "moe"),
+        ("void k_copy_src1_to_contiguous(const char *, char *, const int *)", "moe"),
+        (FATTN, "flash_attn"),
+        ("void flash_attn_combine_results<128>(const float *, const float2 *, float *, int)", "flash_attn"),
+        (NORM, "norm"),
+        ("void soft_max_f32<true, 0, 0>(const float *, const float *, float *, soft_max_params)", "norm"),
+        ("void rope_neox<false, false, float>(const float *, float *, int)", "rope"),
+        ("void k_bin_bcast<&op_add, float, float, float>(const float *, const float *, float *)", "elementwise"),
+        ("void unary_gated_op_kernel<&op_silu, float>(const float *, const float *, float *)", "elementwise"),
+        ("void k_get_rows_float<float, float>(const float *, const int *, float *)", "copy"),
+        ("void cpy_flt<&cpy_1_flt<float, __half>>(const char *, char *, int)", "copy"),
+        ("void concat_f32_dim0(const float *, const float *, float *, int)", "copy"),
+        ("void argmax_f32(const float *, int *, long)", "sampling"),
+        ("void ssm_conv_f32<128, 4>(const float *, const float *, float *)", "recurrent"),
+        ("void gated_delta_net_cuda<128>(const float *, float *)", "recurrent"),
+        ("void some_unknown_kernel(int)", "other"),
+    ],
+)
 def test_classify(name, kind):
     assert profile.classify(name) == kind
 
@@ -104,13 +135,32 @@ def test_step_profile_and_the_breakdown_row():
     assert (prof.kernels, prof.period, prof.steps) == (7, 3, 2.0)
     assert prof.total_ms == pytest.approx(0.032, rel=1e-12)  # the 7th launch is not a whole step: left out
     assert prof.kernel_ms_per_step == pytest.approx(0.016, rel=1e-12)
-    assert prof.by_kind_ms == pytest.approx({**dict.fromkeys(profile.KINDS, 0.0), "matmul": 0.011, "norm": 0.001,
-                                             "flash_attn": 0.004}, rel=1e-12)
-    server = profile.server_step({"predicted_n": 32, "predicted_ms": 40.0, "prompt_n": 8, "prompt_ms": 2.5,
-                                  "draft_n": 21, "draft_n_accepted": 24 - 0}, spec_steps=8)
-    assert server == {"prompt_n": 8, "prompt_ms": 2.5, "predicted_n": 32, "predicted_ms": 40.0, "draft_n": 21,
-                      "draft_n_accepted": 24, "steps": 8, "t_step_ms": 5.0, "tokens_per_step": 4.0,
-                      "ms_per_token": 1.25}
+    assert prof.by_kind_ms == pytest.approx(
+        {**dict.fromkeys(profile.KINDS, 0.0), "matmul": 0.011, "norm": 0.001, "flash_attn": 0.004}, rel=1e-12
+    )
+    server = profile.server_step(
+        {
+            "predicted_n": 32,
+            "predicted_ms": 40.0,
+            "prompt_n": 8,
+            "prompt_ms": 2.5,
+            "draft_n": 21,
+            "draft_n_accepted": 24 - 0,
+        },
+        spec_steps=8,
+    )
+    assert server == {
+        "prompt_n": 8,
+        "prompt_ms": 2.5,
+        "predicted_n": 32,
+        "predicted_ms": 40.0,
+        "draft_n": 21,
+        "draft_n_accepted": 24,
+        "steps": 8,
+        "t_step_ms": 5.0,
+        "tokens_per_step": 4.0,
+        "ms_per_token": 1.25,
+    }
     row = profile.breakdown_row("k3", server, prof)
     assert row["gap_ms"] == pytest.approx(5.0 - 0.016, rel=1e-12)
     assert row["ms_per_token"] == 1.25 and row["kernel_ms_per_token"] == pytest.approx(0.004, rel=1e-12)
@@ -134,12 +184,14 @@ def test_rows_from_records_pairs_timing_and_kernels_by_config():
     assert rec["names"] == [MMVQ, NORM, FATTN] and rec["kinds"] == ["matmul", "norm", "flash_attn"]
     assert rec["kernels"][:4] == [[0, 0, 10000.0], [1, 1, 1000.0], [2, 2, 3000.0], [3, 0, 12000.0]]
     assert profile.kernels_from_record(rec) == kernels
-    records = [{"record": "timing", "config": "plain", "t_step_ms": 5.0, "tokens_per_step": 1.0},
-               {"record": "timing", "config": "plain", "t_step_ms": 3.0, "tokens_per_step": 1.0},
-               {"record": "timing", "config": "plain", "t_step_ms": 4.0, "tokens_per_step": 1.0},
-               {"record": "error", "config": "k1", "error": "x"},
-               {"record": "kernels", "config": "plain", **rec},
-               {"record": "timing", "config": "k3", "t_step_ms": 9.0, "tokens_per_step": 3.0}]
+    records = [
+        {"record": "timing", "config": "plain", "t_step_ms": 5.0, "tokens_per_step": 1.0},
+        {"record": "timing", "config": "plain", "t_step_ms": 3.0, "tokens_per_step": 1.0},
+        {"record": "timing", "config": "plain", "t_step_ms": 4.0, "tokens_per_step": 1.0},
+        {"record": "error", "config": "k1", "error": "x"},
+        {"record": "kernels", "config": "plain", **rec},
+        {"record": "timing", "config": "k3", "t_step_ms": 9.0, "tokens_per_step": 3.0},
+    ]
     rows = profile.rows_from_records(records)
     assert [r["config"] for r in rows] == ["plain", "k3"]
     assert rows[0]["t_step_ms"] == 4.0  # the median of the 3 timed requests
@@ -155,8 +207,10 @@ def test_a_step_that_differs_in_one_launch_needs_min_match():
     odd = "void k_get_rows_float<float, float>(const float *, const int *, float *)"
     names = [MMVQ, NORM, FATTN] * 3 + [MMVQ, NORM, odd] + [MMVQ, NORM, FATTN] * 2  # 6 steps, one odd launch
     rec = profile.kernels_record(profile.parse_ncu_csv(_csv([(n, "nsecond", "1000") for n in names])))
-    records = [{"record": "timing", "config": "k3", "t_step_ms": 1.0, "tokens_per_step": 2.0},
-               {"record": "kernels", "config": "k3", **rec}]
+    records = [
+        {"record": "timing", "config": "k3", "t_step_ms": 1.0, "tokens_per_step": 2.0},
+        {"record": "kernels", "config": "k3", **rec},
+    ]
     assert profile.rows_from_records(records)[0]["kernel_ms"] is None
     assert profile.rows_from_records(records, min_match=0.9)[0]["kernel_ms"] is None  # 13/15 match < 0.9
     row = profile.rows_from_records(records, min_match=0.85)[0]  # 2 of 15 pairs one step apart differ

@@ -42,8 +42,12 @@ def test_kit_images_are_small_pngs_that_exist():
 
 
 def test_image_script_reproduces_the_committed_pngs(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "make_prompt_images.py"), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_prompt_images.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     committed = prompts.kit_dir() / "images"
     made = sorted(tmp_path.glob("*.png"))
@@ -87,10 +91,14 @@ def test_user_file_with_relative_images(tmp_path):
     (tmp_path / "img").mkdir()
     Image.new("RGB", (8, 8), "red").save(tmp_path / "img" / "a.png")
     Image.new("RGB", (8, 8), "blue").save(tmp_path / "img" / "b.jpg", format="JPEG")
-    f = _write(tmp_path,
-               json.dumps({"id": "v1", "category": "Charxiv", "prompt": "Which is red?", "images": ["img/a.png", "img/b.jpg"]}),
-               "",
-               json.dumps({"id": "t1", "category": "mine", "prompt": "Hello", "system": "terse"}))
+    f = _write(
+        tmp_path,
+        json.dumps(
+            {"id": "v1", "category": "Charxiv", "prompt": "Which is red?", "images": ["img/a.png", "img/b.jpg"]}
+        ),
+        "",
+        json.dumps({"id": "t1", "category": "mine", "prompt": "Hello", "system": "terse"}),
+    )
     got = prompts.load_prompts(str(f))
     assert [p.id for p in got] == ["v1", "t1"]
     assert got[0].category == "charxiv" and got[0].images == (tmp_path / "img" / "a.png", tmp_path / "img" / "b.jpg")
@@ -98,16 +106,28 @@ def test_user_file_with_relative_images(tmp_path):
     assert got[1].system == "terse"
 
 
-@pytest.mark.parametrize("line,message", [
-    ('{"id": "a", "category": "math"}', r"mine.jsonl:1: field 'prompt' must be a non-empty string"),
-    ('{"id": "a", "category": "math", "prompt": "x", "image": "a.png"}', r"mine.jsonl:1: unknown field\(s\) image"),
-    ('{"id": "a", "category": "math", "prompt": "x", "images": "a.png"}', r"'images' must be a list of file paths"),
-    ('{"id": "a", "category": "math", "prompt": "x", "images": ["nope.png"]}', r"mine.jsonl:1: prompt 'a': image not found: .*nope.png"),
-    ('{"id": "a", "category": "", "prompt": "x"}', r"field 'category' must be a non-empty string"),
-    ('{"id": "a", "category": "math", "prompt": "x", "system": 3}', r"field 'system' must be a string"),
-    ('["a"]', r"mine.jsonl:1: expected a JSON object, got list"),
-    ('{"id": "a", ', r"mine.jsonl:1: invalid JSON"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ('{"id": "a", "category": "math"}', r"mine.jsonl:1: field 'prompt' must be a non-empty string"),
+        (
+            '{"id": "a", "category": "math", "prompt": "x", "image": "a.png"}',
+            r"mine.jsonl:1: unknown field\(s\) image",
+        ),
+        (
+            '{"id": "a", "category": "math", "prompt": "x", "images": "a.png"}',
+            r"'images' must be a list of file paths",
+        ),
+        (
+            '{"id": "a", "category": "math", "prompt": "x", "images": ["nope.png"]}',
+            r"mine.jsonl:1: prompt 'a': image not found: .*nope.png",
+        ),
+        ('{"id": "a", "category": "", "prompt": "x"}', r"field 'category' must be a non-empty string"),
+        ('{"id": "a", "category": "math", "prompt": "x", "system": 3}', r"field 'system' must be a string"),
+        ('["a"]', r"mine.jsonl:1: expected a JSON object, got list"),
+        ('{"id": "a", ', r"mine.jsonl:1: invalid JSON"),
+    ],
+)
 def test_bad_lines_name_file_and_line(tmp_path, line, message):
     f = _write(tmp_path, line)
     with pytest.raises(UsageError, match=message):
@@ -136,9 +156,21 @@ def test_public_question_files_read_as_they_are() -> None:
     spec = prompts.load_prompts(EVAL / "spec_bench_question.jsonl")
     assert len(spec) == 480
     counts = {c: sum(p.category == c for p in spec) for c in {p.category for p in spec}}
-    assert counts == {"writing": 10, "roleplay": 10, "reasoning": 10, "math": 10, "coding": 10, "extraction": 10,
-                      "stem": 10, "humanities": 10, "translation": 80, "summarization": 80, "qa": 80,
-                      "math_reasoning": 80, "rag": 80}
+    assert counts == {
+        "writing": 10,
+        "roleplay": 10,
+        "reasoning": 10,
+        "math": 10,
+        "coding": 10,
+        "extraction": 10,
+        "stem": 10,
+        "humanities": 10,
+        "translation": 80,
+        "summarization": 80,
+        "qa": 80,
+        "math_reasoning": 80,
+        "rag": 80,
+    }
     mt = prompts.load_prompts(EVAL / "mt_bench_question.jsonl")
     first = json.loads((EVAL / "mt_bench_question.jsonl").read_text().splitlines()[0])
     assert (mt[0].id, mt[0].category, mt[0].text) == ("81", "writing", first["turns"][0])
@@ -146,12 +178,18 @@ def test_public_question_files_read_as_they_are() -> None:
     assert len(prompts.select(mt, ["coding"], limit=3)) == 3
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"question_id": 1, "category": "qa", "turns": []}', "first turn is a non-empty string"),
-    ('{"question_id": 1, "category": "qa", "turns": ["hi"], "answer": "x"}', "unknown field(s) answer in a question"),
-    ('{"question_id": true, "category": "qa", "turns": ["hi"]}', "'question_id' must be a number"),
-    ('{"question_id": 1, "turns": ["hi"]}', "'category' must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"question_id": 1, "category": "qa", "turns": []}', "first turn is a non-empty string"),
+        (
+            '{"question_id": 1, "category": "qa", "turns": ["hi"], "answer": "x"}',
+            "unknown field(s) answer in a question",
+        ),
+        ('{"question_id": true, "category": "qa", "turns": ["hi"]}', "'question_id' must be a number"),
+        ('{"question_id": 1, "turns": ["hi"]}', "'category' must be a non-empty string"),
+    ],
+)
 def test_a_bad_question_line_is_one_usage_error(tmp_path: Path, line: str, message: str) -> None:
     f = tmp_path / "q.jsonl"
     f.write_text(line + "\n")

@@ -53,11 +53,24 @@ def test_request_bodies():
     with pytest.raises(UsageError, match="empty"):
         protocol.build_messages("  ")
     assert protocol.chat_payload(msgs, max_tokens=8, temp=0.0, seed=None) == {
-        "messages": msgs, "max_tokens": 8, "temperature": 0.0, "stream": True}
-    body = protocol.completion_payload([1, 2], n_predict=4, seed=3, ignore_eos=False,
-                                       response_fields=protocol.COMPLETION_FIELDS)
-    assert body == {"prompt": [1, 2], "n_predict": 4, "temperature": 0, "seed": 3, "return_tokens": True,
-                    "ignore_eos": False, "cache_prompt": False, "response_fields": protocol.COMPLETION_FIELDS}
+        "messages": msgs,
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    body = protocol.completion_payload(
+        [1, 2], n_predict=4, seed=3, ignore_eos=False, response_fields=protocol.COMPLETION_FIELDS
+    )
+    assert body == {
+        "prompt": [1, 2],
+        "n_predict": 4,
+        "temperature": 0,
+        "seed": 3,
+        "return_tokens": True,
+        "ignore_eos": False,
+        "cache_prompt": False,
+        "response_fields": protocol.COMPLETION_FIELDS,
+    }
     assert "seed" not in protocol.completion_payload("hi", n_predict=1)
 
 
@@ -65,8 +78,12 @@ def test_sse_lines_and_chunks():
     assert protocol.sse_data('data: {"a": 1}') == '{"a": 1}'
     assert protocol.sse_data("data: [DONE]") == protocol.SSE_DONE
     assert protocol.sse_data(": keep-alive") is None
-    chunk = {"choices": [{"delta": {"content": "he"}, "finish_reason": None},
-                         {"delta": {"content": "llo"}, "finish_reason": "stop"}]}
+    chunk = {
+        "choices": [
+            {"delta": {"content": "he"}, "finish_reason": None},
+            {"delta": {"content": "llo"}, "finish_reason": "stop"},
+        ]
+    }
     assert protocol.chunk_text(chunk) == (["he", "llo"], "stop")
     assert protocol.timings_drafts({}) == (0, 0)  # llama-server leaves both out when nothing was drafted
 
@@ -76,7 +93,9 @@ def test_budget_comes_from_the_user_then_the_registry_then_the_default(knob, reg
     files = ResolvedFiles(target=Path("t.gguf"), draft=Path("d.gguf"), mmproj=None, budget=registry)
     cfg = server_config(files, ServerKnobs(budget=knob, p_min=0.5, ngl=99))
     assert (cfg.n_max, cfg.p_min, cfg.ngld) == (expected, 0.5, 99)
-    plain = server_config(ResolvedFiles(Path("t.gguf"), None, None, registry), ServerKnobs(budget=knob, p_min=0.5, ngl=99))
+    plain = server_config(
+        ResolvedFiles(Path("t.gguf"), None, None, registry), ServerKnobs(budget=knob, p_min=0.5, ngl=99)
+    )
     assert (plain.n_max, plain.p_min, plain.ngld, plain.ngl) == (None, None, None, 99)  # draft-only settings
 
 

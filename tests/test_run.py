@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-from support.chat_oracle import expected_chat
 
 import dsparkcli
 from dsparkcli import runner
 from dsparkcli.llama import protocol
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
+from support.chat_oracle import expected_chat
 
 PROMPT = "What is in this image?"
 N = 40
@@ -42,14 +42,32 @@ def expected(engine, vpair):
     img = runner.load_image(vpair.image)
     cfg = ServerConfig(model=vpair.target, mmproj=vpair.mmproj, threads=2, ctx=1024)
     with LlamaServer(engine, cfg) as srv:
-        pred = expected_chat(srv.client, man, protocol.build_messages(PROMPT, [img.data_url]), n_max=BUDGET, n_predict=N)
+        pred = expected_chat(
+            srv.client, man, protocol.build_messages(PROMPT, [img.data_url]), n_max=BUDGET, n_predict=N
+        )
     assert pred.draft_n > pred.draft_n_accepted > 0  # accept rate 0.7: a non-trivial case
     return pred
 
 
 def _args(vpair, *extra: str) -> list[str]:
-    return ["run", str(vpair.image), PROMPT, "--target", str(vpair.target), "--draft", str(vpair.draft),
-            "--mmproj", str(vpair.mmproj), "--max-tokens", str(N), "-t", "2", "--ctx", "1024", *extra]
+    return [
+        "run",
+        str(vpair.image),
+        PROMPT,
+        "--target",
+        str(vpair.target),
+        "--draft",
+        str(vpair.draft),
+        "--mmproj",
+        str(vpair.mmproj),
+        "--max-tokens",
+        str(N),
+        "-t",
+        "2",
+        "--ctx",
+        "1024",
+        *extra,
+    ]
 
 
 def test_run_streams_the_predicted_text_and_stats(cli, vpair, expected):
@@ -95,8 +113,18 @@ def test_no_draft_gives_the_same_text(cli, vpair, expected):
 
 def test_python_api_returns_a_frozen_result(engine, vpair, expected):
     streamed: list[str] = []
-    result = dsparkcli.run(PROMPT, [vpair.image], target=vpair.target, draft=vpair.draft, mmproj=vpair.mmproj,
-                           budget=BUDGET, max_tokens=N, threads=2, ctx=1024, on_text=streamed.append)
+    result = dsparkcli.run(
+        PROMPT,
+        [vpair.image],
+        target=vpair.target,
+        draft=vpair.draft,
+        mmproj=vpair.mmproj,
+        budget=BUDGET,
+        max_tokens=N,
+        threads=2,
+        ctx=1024,
+        on_text=streamed.append,
+    )
     assert "".join(streamed) == result.text == expected.text
     assert result.acceptance.drafted == expected.draft_n
     assert result.acceptance.accepted == expected.draft_n_accepted
@@ -124,10 +152,13 @@ def test_bad_image_is_one_line(cli, vpair, tmp_path):
 
 @pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_missing_image_and_missing_model(cli, vpair, tmp_path):
-    assert "image not found" in _one_line_error(cli("run", str(tmp_path / "x.png"), "hi", "--target", str(vpair.target)), 2)
+    assert "image not found" in _one_line_error(
+        cli("run", str(tmp_path / "x.png"), "hi", "--target", str(vpair.target)), 2
+    )
     assert "target model not found" in _one_line_error(cli("run", "hi", "--target", str(tmp_path / "t.gguf")), 2)
     assert "draft model not found" in _one_line_error(
-        cli("run", "hi", "--target", str(vpair.target), "--draft", str(tmp_path / "d.gguf")), 2)
+        cli("run", "hi", "--target", str(vpair.target), "--draft", str(tmp_path / "d.gguf")), 2
+    )
 
 
 def test_image_without_mmproj_is_refused(cli, vpair):
@@ -148,19 +179,51 @@ def test_wrong_pair_is_refused_before_launch(cli, vpair, tmp_path):
 def test_wrong_mmproj_is_named_as_the_mmproj(cli, vpair, tmp_path):
     """The draft fits; the projector does not: the one line names the mmproj file and the widths, not the draft."""
     other = synth.write_pair(tmp_path / "other", vocab=200, vision=True, seed=2)  # n_embd 256, not 128
-    proc = cli("run", str(vpair.image), "hi", "--target", str(vpair.target), "--draft", str(vpair.draft),
-               "--mmproj", str(other.mmproj), "-t", "2")
+    proc = cli(
+        "run",
+        str(vpair.image),
+        "hi",
+        "--target",
+        str(vpair.target),
+        "--draft",
+        str(vpair.draft),
+        "--mmproj",
+        str(other.mmproj),
+        "-t",
+        "2",
+    )
     msg = _one_line_error(proc, 1)
-    assert msg.startswith(f"dspark: error: mmproj {other.mmproj} does not fit target {vpair.target}: mmproj width: "
-                          "the projector feeds 256-wide embeddings (mm.2.weight ne[1] (mlp)), the target's are 128"), msg
+    assert msg.startswith(
+        f"dspark: error: mmproj {other.mmproj} does not fit target {vpair.target}: mmproj width: "
+        "the projector feeds 256-wide embeddings (mm.2.weight ne[1] (mlp)), the target's are 128"
+    ), msg
     assert str(vpair.draft) not in msg and "loading" not in proc.stderr
 
 
 def test_server_crash_during_generation_is_one_line(engine, vpair):
     """Kill llama-server while dspark streams: a typed one-line error, not a hang or a traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "run", "--target", str(vpair.target),
-                             "--draft", str(vpair.draft), "--max-tokens", "4000", "--ctx", "4096", "-t", "1",
-                             "go on"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsparkcli.cli.app",
+            "run",
+            "--target",
+            str(vpair.target),
+            "--draft",
+            str(vpair.draft),
+            "--max-tokens",
+            "4000",
+            "--ctx",
+            "4096",
+            "-t",
+            "1",
+            "go on",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     from test_server import _children_named, _wait_for
 
     try:
@@ -179,27 +242,81 @@ def test_server_crash_during_generation_is_one_line(engine, vpair):
 
 
 def test_serve_then_run_against_it(engine, vpair, expected, tmp_path):
-    serve = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(vpair.target),
-                              "--draft", str(vpair.draft), "--mmproj", str(vpair.mmproj), "--budget", str(BUDGET),
-                              "--port", "0", "-t", "2", "--ctx", "1024", "--json"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsparkcli.cli.app",
+            "serve",
+            "--target",
+            str(vpair.target),
+            "--draft",
+            str(vpair.draft),
+            "--mmproj",
+            str(vpair.mmproj),
+            "--budget",
+            str(BUDGET),
+            "--port",
+            "0",
+            "-t",
+            "2",
+            "--ctx",
+            "1024",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         info = json.loads("".join(iter(serve.stdout.readline, "}\n")) + "}")
         assert info["url"].startswith("http://127.0.0.1:") and info["budget"] == BUDGET
         for _ in range(2):  # the model stays loaded between questions
-            proc = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "run", str(vpair.image), PROMPT,
-                                   "--server", info["url"], "--max-tokens", str(N), "--json"],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "dsparkcli.cli.app",
+                    "run",
+                    str(vpair.image),
+                    PROMPT,
+                    "--server",
+                    info["url"],
+                    "--max-tokens",
+                    str(N),
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert proc.returncode == 0, proc.stderr
             rec = json.loads(proc.stdout)
             assert rec["text"] == expected.text
             assert rec["drafted"] == expected.draft_n and rec["accepted"] == expected.draft_n_accepted
             assert rec["mean_acceptance_length"] == pytest.approx(expected.mean_len)
-        shown = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "run", str(vpair.image), PROMPT,
-                                "--server", info["url"], "--max-tokens", str(N)], capture_output=True, text=True, timeout=60)
+        shown = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dsparkcli.cli.app",
+                "run",
+                str(vpair.image),
+                PROMPT,
+                "--server",
+                info["url"],
+                "--max-tokens",
+                str(N),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert shown.returncode == 0 and shown.stdout.strip() == expected.text, shown.stderr
         stats = shown.stderr.strip().splitlines()[-1]  # run asks the server its budget first and names it
-        assert f"| budget {info['budget']} | drafted {expected.draft_n} | accepted {expected.draft_n_accepted} " in stats
+        assert (
+            f"| budget {info['budget']} | drafted {expected.draft_n} | accepted {expected.draft_n_accepted} " in stats
+        )
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=20) == 0  # the normal end of serve
     finally:
@@ -227,18 +344,22 @@ def test_serve_port_in_use_is_one_line(cli, vpair):
     assert "port is already in use" in msg
 
 
-@pytest.mark.parametrize("given,named", [
-    (("--budget", "auto"), "--budget auto"),  # a number is the request's own (tests/test_adaptive.py)
-    (("--target", "t.gguf", "--draft", "d.gguf"), "--target, --draft"),
-    (("--model", "smollm2-135m"), "--model"),
-    (("--mmproj", "mm.gguf", "--ctx", "512"), "--mmproj, --ctx"),
-    (("--p-min", "auto", "--", "-fa", "on"), "--p-min auto, arguments after --"),
-])
+@pytest.mark.parametrize(
+    "given,named",
+    [
+        (("--budget", "auto"), "--budget auto"),  # a number is the request's own (tests/test_adaptive.py)
+        (("--target", "t.gguf", "--draft", "d.gguf"), "--target, --draft"),
+        (("--model", "smollm2-135m"), "--model"),
+        (("--mmproj", "mm.gguf", "--ctx", "512"), "--mmproj, --ctx"),
+        (("--p-min", "auto", "--", "-fa", "on"), "--p-min auto, arguments after --"),
+    ],
+)
 def test_run_server_refuses_what_only_a_start_can_use(cli, given, named):
     # port 9 (discard) has no server: the refusal comes before any connection
     msg = _one_line_error(cli("run", "hi", "--server", "http://127.0.0.1:9", *given), 2)
-    assert msg.startswith(f"dspark: error: {named}: set when a server starts, so they cannot apply to --server "
-                          "http://127.0.0.1:9"), msg
+    assert msg.startswith(
+        f"dspark: error: {named}: set when a server starts, so they cannot apply to --server http://127.0.0.1:9"
+    ), msg
 
 
 @pytest.mark.timing  # compares the fastest runs of two clients
@@ -285,14 +406,38 @@ filename = "{vpair.mmproj.name}"
 repo = "synth/pair"
 glob = "draft-*.gguf"
 """)
-        yield {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.endpoint, "DSPARK_CONFIG_DIR": str(cfg),
-               "DSPARK_LLAMA_BIN": str(engine.server), "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+        yield {
+            "HF_HOME": str(tmp_path / "hf"),
+            "HF_ENDPOINT": hub.endpoint,
+            "DSPARK_CONFIG_DIR": str(cfg),
+            "DSPARK_LLAMA_BIN": str(engine.server),
+            "HF_HUB_OFFLINE": "0",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+        }
 
 
 def test_run_with_hf_references(cli, vpair, expected, hub_env):
-    proc = cli("run", str(vpair.image), PROMPT, "--target", f"hf://synth/pair/{vpair.target.name}",
-               "--draft", f"hf://synth/pair/{vpair.draft.name}", "--mmproj", f"hf://synth/pair/{vpair.mmproj.name}",
-               "--budget", str(BUDGET), "--max-tokens", str(N), "-t", "2", "--ctx", "1024", "--json", env=hub_env)
+    proc = cli(
+        "run",
+        str(vpair.image),
+        PROMPT,
+        "--target",
+        f"hf://synth/pair/{vpair.target.name}",
+        "--draft",
+        f"hf://synth/pair/{vpair.draft.name}",
+        "--mmproj",
+        f"hf://synth/pair/{vpair.mmproj.name}",
+        "--budget",
+        str(BUDGET),
+        "--max-tokens",
+        str(N),
+        "-t",
+        "2",
+        "--ctx",
+        "1024",
+        "--json",
+        env=hub_env,
+    )
     assert proc.returncode == 0, proc.stderr
     rec = json.loads(proc.stdout)
     assert rec["text"] == expected.text
@@ -302,8 +447,21 @@ def test_run_with_hf_references(cli, vpair, expected, hub_env):
 
 def test_run_with_a_registry_model(cli, vpair, expected, hub_env):
     """--model NAME: files resolved (the draft through a glob), fetched, verified, paired, then run."""
-    proc = cli("run", str(vpair.image), PROMPT, "--model", "synth", "--max-tokens", str(N), "-t", "2",
-               "--ctx", "1024", "--json", env=hub_env)
+    proc = cli(
+        "run",
+        str(vpair.image),
+        PROMPT,
+        "--model",
+        "synth",
+        "--max-tokens",
+        str(N),
+        "-t",
+        "2",
+        "--ctx",
+        "1024",
+        "--json",
+        env=hub_env,
+    )
     assert proc.returncode == 0, proc.stderr
     rec = json.loads(proc.stdout)
     assert rec["budget"] == BUDGET  # the registry's default budget
@@ -311,8 +469,21 @@ def test_run_with_a_registry_model(cli, vpair, expected, hub_env):
     assert (rec["drafted"], rec["accepted"]) == (expected.draft_n, expected.draft_n_accepted)
     assert Path(rec["files"]["draft"]).name == vpair.draft.name
     # offline afterwards: the verified cache serves the same run without the hub
-    proc = cli("run", str(vpair.image), PROMPT, "--model", "synth", "--max-tokens", str(N), "-t", "2",
-               "--ctx", "1024", "--json", env={**hub_env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"})
+    proc = cli(
+        "run",
+        str(vpair.image),
+        PROMPT,
+        "--model",
+        "synth",
+        "--max-tokens",
+        str(N),
+        "-t",
+        "2",
+        "--ctx",
+        "1024",
+        "--json",
+        env={**hub_env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["text"] == expected.text
 
@@ -323,8 +494,22 @@ def test_unknown_model_name_suggests(cli, hub_env):
 
 
 def test_no_draft_does_not_download_the_draft(cli, vpair, expected, hub_env):
-    proc = cli("run", str(vpair.image), PROMPT, "--model", "synth", "--no-draft", "--max-tokens", str(N), "-t", "2",
-               "--ctx", "1024", "--json", env=hub_env)
+    proc = cli(
+        "run",
+        str(vpair.image),
+        PROMPT,
+        "--model",
+        "synth",
+        "--no-draft",
+        "--max-tokens",
+        str(N),
+        "-t",
+        "2",
+        "--ctx",
+        "1024",
+        "--json",
+        env=hub_env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["text"] == expected.text
     cached = {p.name for p in Path(hub_env["HF_HOME"]).rglob("*.gguf")}

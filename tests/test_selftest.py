@@ -32,7 +32,10 @@ def test_selftest_passes_on_the_engine(engine):
     assert result.ok
     assert seen == list(result.checks)
     assert [c.name for c in result.checks] == [
-        "completion prompt=1,2,3", "completion prompt=77", "chat with image", "/metrics after 3 requests",
+        "completion prompt=1,2,3",
+        "completion prompt=77",
+        "chat with image",
+        "/metrics after 3 requests",
         "completion prompt=1,2,3",
     ]
     for check in result.checks:

@@ -28,10 +28,30 @@ def pair(tmp_path_factory):
 
 
 def _serve(pair, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(pair.target),
-                             "--draft", str(pair.draft), "--port", "0", "-t", "1", "--ctx", "256", "--json", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsparkcli.cli.app",
+            "serve",
+            "--target",
+            str(pair.target),
+            "--draft",
+            str(pair.draft),
+            "--port",
+            "0",
+            "-t",
+            "1",
+            "--ctx",
+            "256",
+            "--json",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     text = "".join(iter(proc.stdout.readline, "}\n"))
     if not text.strip():
         proc.wait(timeout=30)
@@ -79,9 +99,11 @@ def test_api_key_on_the_command_line_warns(cli, tmp_path):
 def test_api_key_file_problems_are_one_line(cli, tmp_path):
     empty = tmp_path / "empty"
     empty.write_text("\n")
-    for args, words in ((("--api-key-file", str(tmp_path / "none")), "cannot read --api-key-file"),
-                        (("--api-key-file", str(empty)), "is empty"),
-                        (("--api-key-file", str(empty), "--api-key", "k"), "not both")):
+    for args, words in (
+        (("--api-key-file", str(tmp_path / "none")), "cannot read --api-key-file"),
+        (("--api-key-file", str(empty)), "is empty"),
+        (("--api-key-file", str(empty), "--api-key", "k"), "not both"),
+    ):
         proc = cli("serve", "--target", "t.gguf", *args)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("dspark: error: ")
         assert words in proc.stderr, proc.stderr
@@ -94,8 +116,25 @@ def test_a_second_serve_on_a_busy_port_keeps_the_first_log(engine, pair):
         before = log.read_bytes()
         assert b"server is listening" in before or b"HTTP server" in before or len(before) > 1000
         port = info["url"].rsplit(":", 1)[1]
-        second = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(pair.target),
-                                 "--port", port, "-t", "1", "--ctx", "256"], capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dsparkcli.cli.app",
+                "serve",
+                "--target",
+                str(pair.target),
+                "--port",
+                port,
+                "-t",
+                "1",
+                "--ctx",
+                "256",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 4 and "port" in second.stderr.strip().splitlines()[-1], second.stderr
         assert httpx.get(info["url"] + "/health").status_code == 200  # the first one still serves
         after = log.read_bytes()
@@ -172,14 +211,39 @@ def test_the_printed_line_runs_as_printed_with_the_key_and_never_shows_it(engine
     key_file = tmp_path / "key"
     key_file.write_text(SECRET + "\n")
     port = free_port()
-    given = {"env": ((), {"DSPARK_API_KEY": SECRET}), "file": (("--api-key-file", str(key_file)), {}),
-             "flag": (("--api-key", SECRET), {})}
+    given = {
+        "env": ((), {"DSPARK_API_KEY": SECRET}),
+        "file": (("--api-key-file", str(key_file)), {}),
+        "flag": (("--api-key", SECRET), {}),
+    }
     extra, env = given[how]
     base = {k: v for k, v in os.environ.items() if k not in ("DSPARK_API_KEY", "LLAMA_API_KEY")}
-    printed = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(pair.target),
-                              "--draft", str(pair.draft), "--host", "0.0.0.0", "--port", str(port), "-t", "1",
-                              "--ctx", "256", "--print", *extra], capture_output=True, text=True, timeout=60,
-                             env={**base, **env})
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsparkcli.cli.app",
+            "serve",
+            "--target",
+            str(pair.target),
+            "--draft",
+            str(pair.draft),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "-t",
+            "1",
+            "--ctx",
+            "256",
+            "--print",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**base, **env},
+    )
     assert printed.returncode == 0, printed.stderr
     line = printed.stdout.strip()
     assert SECRET not in line and "--api-key" not in line and len(line.splitlines()) == 1
@@ -188,8 +252,13 @@ def test_the_printed_line_runs_as_printed_with_the_key_and_never_shows_it(engine
     assert ("set it there before running it" in printed.stderr) == (how == "flag")
     # run it as printed, from a shell that has DSPARK_API_KEY set (the key file needs nothing)
     shell_env = {**base, "DSPARK_API_KEY": SECRET} if how != "file" else base
-    proc = subprocess.Popen(["bash", "-c", line], env=shell_env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", line],
+        env=shell_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _health(url)
@@ -212,9 +281,13 @@ def test_a_key_with_a_comma_is_one_key_to_llama_server(engine, pair):
             assert got == status, (tried, got)
     finally:
         _stop(proc)
-    printed = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(pair.target),
-                              "--print"], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "DSPARK_API_KEY": key})
+    printed = subprocess.run(
+        [sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(pair.target), "--print"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DSPARK_API_KEY": key},
+    )
     assert printed.returncode == 2 and key not in printed.stdout + printed.stderr
     assert printed.stderr.strip().splitlines()[-1].startswith("dspark: error: the API key holds a comma")
 
@@ -224,22 +297,53 @@ def test_the_vllm_line_takes_the_key_from_where_it_came_from(tmp_path):
     shell without it, the line's assignment gives vLLM the file's key."""
     key_file = tmp_path / "key"
     key_file.write_text(SECRET + "\n")
-    printed = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "serve", "minicpm-v-4.7", "--engine",
-                              "vllm", "--host", "0.0.0.0", "--api-key-file", str(key_file), "--print"],
-                             capture_output=True, text=True, timeout=60)
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsparkcli.cli.app",
+            "serve",
+            "minicpm-v-4.7",
+            "--engine",
+            "vllm",
+            "--host",
+            "0.0.0.0",
+            "--api-key-file",
+            str(key_file),
+            "--print",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert printed.returncode == 0, printed.stderr
     line = printed.stdout.strip()
     assert SECRET not in line and line.startswith('VLLM_API_KEY="$(head -n 1 ')
     assignment = line.split(" vllm serve ", 1)[0]
     base = {k: v for k, v in os.environ.items() if k != "DSPARK_API_KEY"}
-    shown = subprocess.run(["bash", "-c", f"{assignment} printenv VLLM_API_KEY"], capture_output=True, text=True,
-                           env=base, check=True)
+    shown = subprocess.run(
+        ["bash", "-c", f"{assignment} printenv VLLM_API_KEY"], capture_output=True, text=True, env=base, check=True
+    )
     assert shown.stdout == SECRET + "\n"
     messy = tmp_path / "messy"
     messy.write_text(f"  {SECRET}\r\n")  # dspark strips the blanks; `head -n 1` would not
-    printed = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "serve", "minicpm-v-4.7", "--engine",
-                              "vllm", "--api-key-file", str(messy), "--print"], capture_output=True, text=True,
-                             timeout=60)
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsparkcli.cli.app",
+            "serve",
+            "minicpm-v-4.7",
+            "--engine",
+            "vllm",
+            "--api-key-file",
+            str(messy),
+            "--print",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert printed.returncode == 2 and "blanks or a CR around the key" in printed.stderr
     assert SECRET not in printed.stderr + printed.stdout
 
@@ -264,9 +368,11 @@ def test_giving_up_names_a_log_that_exists(engine, pair):
             proc.kill()
             proc.wait()
     last = seen[-1].strip()
-    assert rc == 4 and last.startswith("dspark: error: llama-server failed 2 times in a row; gave up after 1 "
-                                       "restarts: llama-server failed during serving (signal 9, SIGKILL): killed "
-                                       "by a signal (log: "), "".join(seen)
+    assert rc == 4 and last.startswith(
+        "dspark: error: llama-server failed 2 times in a row; gave up after 1 "
+        "restarts: llama-server failed during serving (signal 9, SIGKILL): killed "
+        "by a signal (log: "
+    ), "".join(seen)
     named = [Path(p) for p in re.findall(r"\(log:? (\S+?)\)", "".join(seen))]
     assert len(named) == 3 and named[0].name.endswith("-died-1.log") and named[1] == named[2]  # 2 deaths, the end
     assert named[2].name.endswith("-died-2.log") and all(p.is_file() for p in named)
@@ -280,13 +386,33 @@ def test_sigint_stops_serve_started_with_sigint_ignored(engine, pair):
     """Issue 28: a background shell (`nohup make test &`, a script's `dspark serve &`) starts its jobs with
     SIGINT ignored, which children inherit; dspark ignored the Ctrl-C then, and 11 signal tests failed that
     way. serve takes SIGINT whatever it inherited, and llama-server gets the default disposition."""
-    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(pair.target),
-                             "--port", "0", "-t", "1", "--ctx", "256", "--json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sigint)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsparkcli.cli.app",
+            "serve",
+            "--target",
+            str(pair.target),
+            "--port",
+            "0",
+            "-t",
+            "1",
+            "--ctx",
+            "256",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
     try:
         info = json.loads("".join(iter(proc.stdout.readline, "}\n")) + "}")
-        ignored = {pid: int(re.search(r"SigIgn:\s*([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text()).group(1), 16)
-                   for pid in (proc.pid, info["pid"])}
+        ignored = {
+            pid: int(re.search(r"SigIgn:\s*([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text()).group(1), 16)
+            for pid in (proc.pid, info["pid"])
+        }
         assert not any(mask & (1 << (signal.SIGINT - 1)) for mask in ignored.values())  # dspark, llama-server
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)

@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 import pytest
-from support.chat_oracle import expected_chat
 from test_bench import _is_zombie, _servers_of
 from test_server import _children_named, _wait_for
 
@@ -35,6 +34,7 @@ from dsparkcli.llama import protocol
 from dsparkcli.llama.server import ServerClient, ServerConfig, stream_chat
 from dsparkcli.llama.supervise import Event, Supervisor, backoff_delay
 from dsparkcli.synth import known_answer as synth
+from support.chat_oracle import expected_chat
 
 N = 32
 BUDGET = 3
@@ -70,10 +70,33 @@ class Served:
         self.stderr = open(self.stderr_path, "w")
         env = {**os.environ, "DSPARK_LLAMA_BIN": str(engine.bin_dir), "DSPARK_CACHE_DIR": str(tmp / "cache")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dsparkcli.cli.app", "serve", "--target", str(pair.target), "--draft",
-             str(pair.draft), "--budget", str(BUDGET), "--parallel", str(PARALLEL), "--port", "0", "-t", "1",
-             "--ctx", "512", "--json", *extra],
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env)
+            [
+                sys.executable,
+                "-m",
+                "dsparkcli.cli.app",
+                "serve",
+                "--target",
+                str(pair.target),
+                "--draft",
+                str(pair.draft),
+                "--budget",
+                str(BUDGET),
+                "--parallel",
+                str(PARALLEL),
+                "--port",
+                "0",
+                "-t",
+                "1",
+                "--ctx",
+                "512",
+                "--json",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            env=env,
+        )
         assert self.proc.stdout is not None
         self.info = json.loads("".join(iter(self.proc.stdout.readline, "}\n")) + "}")
         self.url = self.info["url"]
@@ -106,7 +129,9 @@ def answers(served, pair) -> dict[tuple[str, int], synth.Prediction]:
     template (/apply-template); /completion prompts are token ids, answered from their last token."""
     man = synth.load_manifest(pair.manifest)
     client = ServerClient(served.url)
-    out = {("chat", i): expected_chat(client, man, _messages(i), n_max=BUDGET, n_predict=N) for i in range(CHAT_PROMPTS)}
+    out = {
+        ("chat", i): expected_chat(client, man, _messages(i), n_max=BUDGET, n_predict=N) for i in range(CHAT_PROMPTS)
+    }
     out.update({("tokens", t): synth.predict(man, [1, t], n_max=BUDGET, n_predict=N) for t in range(25)})
     client.close()
     assert len({p.tokens for p in out.values()}) >= 25  # answers differ: a mixed-up reply cannot pass
@@ -195,8 +220,10 @@ def test_concurrent_load_answers_every_request_exactly(served, answers):
     stop.set()
     for t in helpers:
         t.join(timeout=30)
-    print(f"{CLIENTS}x{REQUESTS} requests in {elapsed:.2f} s, {hung_up[0]} hang-ups, "
-          f"RSS idle {idle_kib / 1024:.1f} MiB, peak {peak[0] / 1024:.1f} MiB")
+    print(
+        f"{CLIENTS}x{REQUESTS} requests in {elapsed:.2f} s, {hung_up[0]} hang-ups, "
+        f"RSS idle {idle_kib / 1024:.1f} MiB, peak {peak[0] / 1024:.1f} MiB"
+    )
     assert errors == []
     assert len(results) == CLIENTS * REQUESTS
     for (k, j), got in results.items():
@@ -283,8 +310,10 @@ def test_restarts_that_keep_failing_end_serve_in_one_line(engine, tmp_path):
         s.close()
     events = s.events()
     lines = events.strip().splitlines()
-    assert lines[-1] == (f"dspark: error: llama-server failed 3 times in a row; gave up after 2 restarts: "
-                         f"target model not found: {pair.target}")
+    assert lines[-1] == (
+        f"dspark: error: llama-server failed 3 times in a row; gave up after 2 restarts: "
+        f"target model not found: {pair.target}"
+    )
     assert "restarting llama-server in 0.5 s (attempt 1 of 2)" in events
     assert "restarting llama-server in 1 s (attempt 2 of 2)" in events
     assert events.count("target model not found") == 3  # two failed restarts, then the verdict
@@ -314,8 +343,11 @@ def test_a_server_that_stayed_up_clears_the_restart_count(engine, pair):
         sup.check()
         os.kill(sup.server.pid, signal.SIGKILL)
         sup.server.process.wait()
-        with pytest.raises(ServerError, match=r"^llama-server failed 2 times in a row; gave up after 1 restarts: "
-                                              r"llama-server failed during serving \(signal 9, SIGKILL\)"):
+        with pytest.raises(
+            ServerError,
+            match=r"^llama-server failed 2 times in a row; gave up after 1 restarts: "
+            r"llama-server failed during serving \(signal 9, SIGKILL\)",
+        ):
             sup.check()
 
 

@@ -89,7 +89,9 @@ def test_server_starts_answers_and_stops(engine, pair, tmp_path):
         metrics = srv.client.metrics()
         assert metrics["llamacpp:spec_decode_num_drafts_total"] == expected.steps
         assert "--spec-type" in srv.argv and "draft-dspark" in srv.argv
-        assert srv.log_path.is_file() and "adding speculative implementation 'draft-dspark'" in srv.log_path.read_text()
+        assert (
+            srv.log_path.is_file() and "adding speculative implementation 'draft-dspark'" in srv.log_path.read_text()
+        )
     assert not _alive(pid)
     assert srv.process.returncode == 0  # SIGTERM when idle: clean exit
 
@@ -127,7 +129,9 @@ def test_launches_on_one_port_within_one_second_keep_one_log_each(engine, pair, 
     port = free_port()
     logs = []
     for _ in range(3):
-        with LlamaServer(engine, ServerConfig(model=pair.target, port=port, threads=1, ctx=256), log_dir=tmp_path) as srv:
+        with LlamaServer(
+            engine, ServerConfig(model=pair.target, port=port, threads=1, ctx=256), log_dir=tmp_path
+        ) as srv:
             logs.append(srv.log_path)
     assert len(set(logs)) == 3 and all(p.stat().st_size > 0 for p in logs)
 
@@ -138,7 +142,9 @@ def test_port_in_use_is_typed(engine, pair, tmp_path):
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(ServerError) as info:
-            LlamaServer(engine, ServerConfig(model=pair.target, port=port, threads=2, ctx=512), log_dir=tmp_path).start()
+            LlamaServer(
+                engine, ServerConfig(model=pair.target, port=port, threads=2, ctx=512), log_dir=tmp_path
+            ).start()
     assert info.value.kind == "port"
 
 
@@ -160,8 +166,15 @@ def test_stop_escalates_to_sigkill_when_sigterm_hangs(engine, pair, tmp_path):
 
     t = threading.Thread(target=long_request, daemon=True)
     t.start()
-    _wait_for(lambda: "slot update_slots" in srv.log_path.read_text() or "prompt processing" in srv.log_path.read_text()
-              or "launch_slot" in srv.log_path.read_text(), 10, "request to start")
+    _wait_for(
+        lambda: (
+            "slot update_slots" in srv.log_path.read_text()
+            or "prompt processing" in srv.log_path.read_text()
+            or "launch_slot" in srv.log_path.read_text()
+        ),
+        10,
+        "request to start",
+    )
     time.sleep(0.2)
     started = time.monotonic()
     rc = srv.stop()
@@ -172,14 +185,31 @@ def test_stop_escalates_to_sigkill_when_sigterm_hangs(engine, pair, tmp_path):
 
 
 def _run_dspark(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dsparkcli.cli.app", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_mid_stream_leaves_no_server(engine, pair, sig):
-    proc = _run_dspark(["run", "--target", str(pair.target), "--draft", str(pair.draft), "--budget", "7",
-                        "--max-tokens", "4000", "--ctx", "4096", "-t", "1", "count forever"])
+    proc = _run_dspark(
+        [
+            "run",
+            "--target",
+            str(pair.target),
+            "--draft",
+            str(pair.draft),
+            "--budget",
+            "7",
+            "--max-tokens",
+            "4000",
+            "--ctx",
+            "4096",
+            "-t",
+            "1",
+            "count forever",
+        ]
+    )
     try:
         server_pid = _wait_for(lambda: _children_named(proc.pid, "llama-server"), 30, "llama-server child")[0]
         assert proc.stdout is not None
@@ -226,10 +256,21 @@ def test_sigkill_of_dspark_still_kills_the_server(engine, pair, tmp_path):
 
 
 def test_classify_log_kinds():
-    assert classify_log("gguf_init_from_file: failed to open GGUF file 'x' (No such file or directory)")[0] == "missing-file"
+    assert (
+        classify_log("gguf_init_from_file: failed to open GGUF file 'x' (No such file or directory)")[0]
+        == "missing-file"
+    )
     assert classify_log("gguf_init_from_file_impl: invalid magic characters: 'NOPE'")[0] == "bad-gguf"
-    assert classify_log("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000 MiB: cudaMalloc failed: out of memory")[0] == "out-of-memory"
-    assert classify_log("llama_model_load: error loading model: unknown model architecture: 'foo'")[0] == "unsupported-arch"
+    assert (
+        classify_log(
+            "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000 MiB: cudaMalloc failed: out of memory"
+        )[0]
+        == "out-of-memory"
+    )
+    assert (
+        classify_log("llama_model_load: error loading model: unknown model architecture: 'foo'")[0]
+        == "unsupported-arch"
+    )
     assert classify_log("start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080")[0] == "port"
     assert classify_log("ggml.c:3354: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed")[0] == "crash"
 
@@ -245,14 +286,33 @@ llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 14
 
 
 def test_argv_from_config():
-    cfg = ServerConfig(model=Path("t.gguf"), draft=Path("d.gguf"), mmproj=Path("m.gguf"), n_max=5, n_min=1,
-                       p_min=0.5, ngl=99, ngld=99, flash_attn="on", ctx=8192, extra_args=("--jinja",))
+    cfg = ServerConfig(
+        model=Path("t.gguf"),
+        draft=Path("d.gguf"),
+        mmproj=Path("m.gguf"),
+        n_max=5,
+        n_min=1,
+        p_min=0.5,
+        ngl=99,
+        ngld=99,
+        flash_attn="on",
+        ctx=8192,
+        extra_args=("--jinja",),
+    )
     argv = cfg.argv(Path("/bin/llama-server"), 1234)
     joined = " ".join(argv)
     assert "--host 127.0.0.1 --port 1234 -m t.gguf" in joined
     assert "--mmproj m.gguf -md d.gguf --spec-type draft-dspark" in joined
-    for flag in ("--spec-draft-n-max 5", "--spec-draft-n-min 1", "--spec-draft-p-min 0.5", "-ngl 99", "-ngld 99",
-                 "-fa on", "-c 8192", "--metrics"):
+    for flag in (
+        "--spec-draft-n-max 5",
+        "--spec-draft-n-min 1",
+        "--spec-draft-p-min 0.5",
+        "-ngl 99",
+        "-ngld 99",
+        "-fa on",
+        "-c 8192",
+        "--metrics",
+    ):
         assert flag in joined
     assert argv[-1] == "--jinja"
 
@@ -296,9 +356,11 @@ def test_an_engine_abort_is_named_by_its_own_line(tmp_path: Path) -> None:
     srv = LlamaServer.__new__(LlamaServer)
     srv.log_path = root / "results/h200/load2/abort16.log"
     e = srv._died(-6, during="generation (real16@1 x16)")
-    assert e.message == ("llama-server failed during generation (real16@1 x16) (signal 6, SIGABRT): "
-                      "/tmp/ds/src/llama_cpp_python-0.3.36/vendor/llama.cpp/common/common.cpp:2158: get_sub_batch: "
-                      "failed to add token 1100540700 at index 9 (error -2, n = 24)")
+    assert e.message == (
+        "llama-server failed during generation (real16@1 x16) (signal 6, SIGABRT): "
+        "/tmp/ds/src/llama_cpp_python-0.3.36/vendor/llama.cpp/common/common.cpp:2158: get_sub_batch: "
+        "failed to add token 1100540700 at index 9 (error -2, n = 24)"
+    )
     assert e.kind == "crash"
     quiet = tmp_path / "quiet.log"
     quiet.write_text("main: server is listening on http://127.0.0.1:8080\nslot launch_slot_: id 0 | task 0\n")
@@ -309,5 +371,8 @@ def test_an_engine_abort_is_named_by_its_own_line(tmp_path: Path) -> None:
 def test_scripts_split_their_own_arguments_from_llama_servers():
     from dsparkcli.llama.server import split_server_args
 
-    assert split_server_args(["--out", "d", "--", "-ngl", "99", "--", "x"]) == (["--out", "d"], ["-ngl", "99", "--", "x"])
+    assert split_server_args(["--out", "d", "--", "-ngl", "99", "--", "x"]) == (
+        ["--out", "d"],
+        ["-ngl", "99", "--", "x"],
+    )
     assert split_server_args(["--out", "d"]) == (["--out", "d"], [])

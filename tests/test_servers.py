@@ -14,8 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support.logs import request_log
-from support.scripts import run_script
 
 from dsparkcli.bench import tuning
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
@@ -28,10 +26,13 @@ from dsparkcli.distill.parity import logged_proposals
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
+from support.logs import request_log
+from support.scripts import run_script
 
 T, D = Path("t.gguf"), Path("d.gguf")
-PROMPTS = tuple(Prompt(f"{c}-{i}", c, f"{c} question number {i}, answer briefly") for c in ("alpha", "beta")
-                for i in range(2))
+PROMPTS = tuple(
+    Prompt(f"{c}-{i}", c, f"{c} question number {i}, answer briefly") for c in ("alpha", "beta") for i in range(2)
+)
 
 
 def _cfg(**kw) -> ServerConfig:
@@ -63,8 +64,13 @@ def test_synthetic_acceptance_is_shared_only_when_the_rates_are_a_prefix():
 
 
 def test_a_plans_budgets_share_the_server_of_its_largest():
-    plain, k1, k3, k5, odd = (ServerConfig(model=T), _cfg(n_max=1), _cfg(n_max=3), _cfg(n_max=5),
-                              _cfg(n_max=2, p_min=0.4))
+    plain, k1, k3, k5, odd = (
+        ServerConfig(model=T),
+        _cfg(n_max=1),
+        _cfg(n_max=3),
+        _cfg(n_max=5),
+        _cfg(n_max=2, p_min=0.4),
+    )
     assert plan_hosts([plain, k1, k3, k5, odd]) == [plain, k5, k5, k5, odd]
 
 
@@ -94,8 +100,20 @@ def test_a_shared_server_drafts_and_accepts_exactly_like_its_own(engine, pair, t
     def arm(k: int) -> Arm:
         return Arm(f"draft@{k}", d, k, synth_rates=rates[:k]) if synthetic else Arm(f"draft@{k}", d, k)
 
-    plan = BenchPlan(target=pair.target, drafts=(d,), budgets=(), prompts=PROMPTS, reps=1, warmup=0, n_predict=40,
-                     ctx=1024, threads=1, seed=1, ignore_eos=True, explicit_arms=(arm(2), arm(4), arm(6)))
+    plan = BenchPlan(
+        target=pair.target,
+        drafts=(d,),
+        budgets=(),
+        prompts=PROMPTS,
+        reps=1,
+        warmup=0,
+        n_predict=40,
+        ctx=1024,
+        threads=1,
+        seed=1,
+        ignore_eos=True,
+        explicit_arms=(arm(2), arm(4), arm(6)),
+    )
     alone = run_bench(engine, plan, out=tmp_path / "alone.jsonl", run_id="alone")
     n_alone = _launches(tmp_path / "cache")
     with new_pool(engine, share=True) as pool:
@@ -107,15 +125,28 @@ def test_a_shared_server_drafts_and_accepts_exactly_like_its_own(engine, pair, t
         assert got == want and got[0] > 0, (k, got, want)
     by = {(r["config"], r["prompt_id"]): r for r in s if r["record"] == "request"}
     assert by[("draft@2", "alpha-0")]["request_n_max"] == 2 and "request_n_max" not in by[("draft@6", "alpha-0")]
-    assert all(r["identical_to_plain"] for r in s if r["record"] == "request" and "identical_to_plain" in r) \
-        or synthetic  # emulated acceptance is not valid output; real acceptance is exact
+    assert (
+        all(r["identical_to_plain"] for r in s if r["record"] == "request" and "identical_to_plain" in r) or synthetic
+    )  # emulated acceptance is not valid output; real acceptance is exact
 
 
 def test_tune_keeps_one_plain_and_one_draft_server_across_its_phases(engine, pair, tmp_path, monkeypatch):
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
-    tp = tuning.TunePlan(target=pair.target, draft=pair.draft, prompts=PROMPTS, budgets=(1, 3, 6), threads=1,
-                         ctx=1024, reuse_cost=False, n_predict=24, cost_n_predict=12, synth_len=3.0, synth_mode="rates",
-                         ignore_eos=True, top=2)
+    tp = tuning.TunePlan(
+        target=pair.target,
+        draft=pair.draft,
+        prompts=PROMPTS,
+        budgets=(1, 3, 6),
+        threads=1,
+        ctx=1024,
+        reuse_cost=False,
+        n_predict=24,
+        cost_n_predict=12,
+        synth_len=3.0,
+        synth_mode="rates",
+        ignore_eos=True,
+        top=2,
+    )
     rec = tuning.run_tune(engine, tp, out=tmp_path / "tune.jsonl")
     assert rec.complete and rec.verified
     # cost: plain + one server per budget; acceptance: one at budget 6, which also runs a verified k=6;
@@ -140,8 +171,9 @@ def test_a_request_budget_drafts_the_block_its_own_server_drafts(engine, pair, t
         with LlamaServer(engine, cfg) as srv:
             assert srv.client is not None and srv.log_path is not None
             start = srv.log_path.stat().st_size
-            srv.client.completion({"prompt": "alpha question number 0", "n_predict": 24, "temperature": 0,
-                                   "ignore_eos": True, **fields})
+            srv.client.completion(
+                {"prompt": "alpha question number 0", "n_predict": 24, "temperature": 0, "ignore_eos": True, **fields}
+            )
             return logged_proposals(request_log(srv.log_path, start))
 
     shared, own, big = proposals(6, {"speculative.n_max": 2}), proposals(2, {}), proposals(6, {})
@@ -156,8 +188,9 @@ def hybrid(tmp_path_factory):
     --spec-draft-n-max + 1 recurrent snapshots per layer and rolls back to one after each rejection."""
     from dsparkcli.synth.full_width import write_full_width
 
-    fw = write_full_width(tmp_path_factory.mktemp("hybrid"), scale=0.05, qtype="Q8_0", draft_qtype="Q8_0",
-                          target_arch="qwen35moe")
+    fw = write_full_width(
+        tmp_path_factory.mktemp("hybrid"), scale=0.05, qtype="Q8_0", draft_qtype="Q8_0", target_arch="qwen35moe"
+    )
     return fw.target, fw.draft
 
 
@@ -170,15 +203,33 @@ def test_a_hybrid_target_rolls_back_alike_on_a_shared_server(engine, hybrid, tmp
     d = Draft("draft", draft)
     rates = (0.8, 0.5)
     prompts = (Prompt("p", "general", "Write a detailed, step-by-step explanation of how a hash map works."),)
-    plan = BenchPlan(target=target, drafts=(d,), budgets=(), prompts=prompts, reps=1, warmup=0, n_predict=48,
-                     ctx=1024, threads=2, seed=1, ignore_eos=True, with_plain=False,
-                     explicit_arms=(Arm("draft@2", d, 2, synth_rates=rates),))
+    plan = BenchPlan(
+        target=target,
+        drafts=(d,),
+        budgets=(),
+        prompts=prompts,
+        reps=1,
+        warmup=0,
+        n_predict=48,
+        ctx=1024,
+        threads=2,
+        seed=1,
+        ignore_eos=True,
+        with_plain=False,
+        explicit_arms=(Arm("draft@2", d, 2, synth_rates=rates),),
+    )
     own = read_jsonl(run_bench(engine, plan, out=tmp_path / "own.jsonl", run_id="own").out, "own")
-    host = replace(plan, explicit_arms=(Arm("draft@6", d, 6, synth_rates=rates + (0.3, 0.2, 0.1, 0.05)),
-                                        Arm("draft@2", d, 2, synth_rates=rates)))
+    host = replace(
+        plan,
+        explicit_arms=(
+            Arm("draft@6", d, 6, synth_rates=rates + (0.3, 0.2, 0.1, 0.05)),
+            Arm("draft@2", d, 2, synth_rates=rates),
+        ),
+    )
     with new_pool(engine, share=True) as pool:
-        shared = read_jsonl(run_bench(engine, host, out=tmp_path / "shared.jsonl", run_id="shared", pool=pool).out,
-                            "shared")
+        shared = read_jsonl(
+            run_bench(engine, host, out=tmp_path / "shared.jsonl", run_id="shared", pool=pool).out, "shared"
+        )
     mine = [r for r in shared if r["record"] == "request" and r["config"] == "draft@2"]
     theirs = [r for r in own if r["record"] == "request"]
     assert mine[0]["request_n_max"] == 2 and mine[0]["tokens"] == theirs[0]["tokens"]
@@ -194,13 +245,28 @@ def test_a_hybrid_target_rolls_back_alike_on_a_shared_server(engine, hybrid, tmp
 def test_the_shared_step_cost_script_runs_here(engine, tmp_path):
     """scripts/shared_step_cost.py, the H200 measurement of patch 0004 on and off, on the CPU engine."""
     out = tmp_path / "ssc"
-    proc = run_script("shared_step_cost", "--out", str(out), "--budgets", "1", "3",
-                      "--reps", "1", "--n-predict", "12", "--threads", "1", "--copy-all",
-                      engine_dir=engine.bin_dir, cache=tmp_path / "cache")
+    proc = run_script(
+        "shared_step_cost",
+        "--out",
+        str(out),
+        "--budgets",
+        "1",
+        "3",
+        "--reps",
+        "1",
+        "--n-predict",
+        "12",
+        "--threads",
+        "1",
+        "--copy-all",
+        engine_dir=engine.bin_dir,
+        cache=tmp_path / "cache",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "shared-step-cost.json").read_text())
     assert [(r["config"], r["copy_all_snapshots"]) for r in doc["rows"]] == [
-        (c, off) for off in (False, True) for c in ("plain", "cost@1", "cost@3")]
+        (c, off) for off in (False, True) for c in ("plain", "cost@1", "cost@3")
+    ]
     assert all(r["own_ms"] > 0 and r["shared_ms"] > 0 for r in doc["rows"])
 
 
@@ -209,25 +275,59 @@ def test_the_step_switches_script_runs_every_switch_set_here(engine, tmp_path):
     every switch set runs the same cost cells, the speedup leg runs patched and stock only, and each run's
     records carry its switch set in the run id."""
     out = tmp_path / "sw"
-    proc = run_script("step_switches", "--out", str(out), "--budgets", "1", "3",
-                      "--patches", "0006", "0007", "--alone", "0006", "0007",
-                      "--reps", "1", "--n-predict", "8", "--threads", "1", "--lengths", "3.5",
-                      "--speedup-n-predict", "8", "--rounds", "2",
-                      engine_dir=engine.bin_dir, cache=tmp_path / "cache")
+    proc = run_script(
+        "step_switches",
+        "--out",
+        str(out),
+        "--budgets",
+        "1",
+        "3",
+        "--patches",
+        "0006",
+        "0007",
+        "--alone",
+        "0006",
+        "0007",
+        "--reps",
+        "1",
+        "--n-predict",
+        "8",
+        "--threads",
+        "1",
+        "--lengths",
+        "3.5",
+        "--speedup-n-predict",
+        "8",
+        "--rounds",
+        "2",
+        engine_dir=engine.bin_dir,
+        cache=tmp_path / "cache",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "step-switches.json").read_text())
-    assert doc["switch_sets"] == {"patched": {}, "stock": {"DSPARK_STOCK_MMVF": "1", "DSPARK_STOCK_ARGMAX": "1"},
-                                  "0006 off": {"DSPARK_STOCK_MMVF": "1"}, "0007 off": {"DSPARK_STOCK_ARGMAX": "1"}}
+    assert doc["switch_sets"] == {
+        "patched": {},
+        "stock": {"DSPARK_STOCK_MMVF": "1", "DSPARK_STOCK_ARGMAX": "1"},
+        "0006 off": {"DSPARK_STOCK_MMVF": "1"},
+        "0007 off": {"DSPARK_STOCK_ARGMAX": "1"},
+    }
     cost = [(r["round"], r["config"], r["switches"]) for r in doc["rows"] if r["table"] == "cost"]
     assert cost == [(n, c, s) for n in (1, 2) for c in ("plain", "cost@1", "cost@3") for s in doc["switch_sets"]]
     assert all(r["ms"] > 0 for r in doc["rows"])
     assert [r["over_stock"] for r in doc["rows"] if r["table"] == "cost" and r["switches"] == "stock"] == [1.0] * 6
     speed = [(r["round"], r["config"], r["switches"]) for r in doc["rows"] if r["table"] == "speedup"]
     assert speed == [(n, "L3.5@5", s) for n in (1, 2) for s in ("patched", "stock")]
-    runs = {json.loads(line)["run_id"] for line in (out / "step-switches.jsonl").read_text().splitlines()
-            if json.loads(line).get("record") == "request"}
-    assert runs == {f"{kind}-{s}-r{n}" for n in (1, 2) for kind, sets in (
-        ("cost", ("patched", "stock", "0006-off", "0007-off")), ("speed", ("patched", "stock"))) for s in sets}
+    runs = {
+        json.loads(line)["run_id"]
+        for line in (out / "step-switches.jsonl").read_text().splitlines()
+        if json.loads(line).get("record") == "request"
+    }
+    assert runs == {
+        f"{kind}-{s}-r{n}"
+        for n in (1, 2)
+        for kind, sets in (("cost", ("patched", "stock", "0006-off", "0007-off")), ("speed", ("patched", "stock")))
+        for s in sets
+    }
     assert not any(v in os.environ for v in ("DSPARK_STOCK_MMVF", "DSPARK_STOCK_ARGMAX"))
 
 
@@ -237,18 +337,42 @@ def test_step_switches_on_a_real_pair_with_no_graphs_beside_and_graph_counters(e
     themselves are tested in tests/test_cuda_graph_counts.py)."""
     target, draft = pair.target, pair.draft
     out = tmp_path / "sw"
-    proc = run_script("step_switches", "--out", str(out), "--budgets", "1", "3",
-                      "--target", str(target), "--draft", str(draft), "--patches", "0006", "--no-graphs",
-                      "--graph-stats", "--reps", "1", "--n-predict", "8", "--threads", "1",
-                      engine_dir=engine.bin_dir, cache=tmp_path / "cache")
+    proc = run_script(
+        "step_switches",
+        "--out",
+        str(out),
+        "--budgets",
+        "1",
+        "3",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--patches",
+        "0006",
+        "--no-graphs",
+        "--graph-stats",
+        "--reps",
+        "1",
+        "--n-predict",
+        "8",
+        "--threads",
+        "1",
+        engine_dir=engine.bin_dir,
+        cache=tmp_path / "cache",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "step-switches.json").read_text())
-    assert doc["switch_sets"] == {"patched": {}, "stock": {"DSPARK_STOCK_MMVF": "1"},
-                                  "no graphs": {"GGML_CUDA_DISABLE_GRAPHS": "1"}}
+    assert doc["switch_sets"] == {
+        "patched": {},
+        "stock": {"DSPARK_STOCK_MMVF": "1"},
+        "no graphs": {"GGML_CUDA_DISABLE_GRAPHS": "1"},
+    }
     cost = [(r["config"], r["switches"]) for r in doc["rows"] if r["table"] == "cost"]
     assert cost == [(c, s) for c in ("plain", "cost@1", "cost@3") for s in doc["switch_sets"]]
     stats = json.loads((out / "graph-stats.json").read_text())["runs"]
     assert [(r["switches"], r["configs"]) for r in stats] == [
-        (s, c) for s in doc["switch_sets"] for c in (["plain", "cost@1"], ["cost@3"])]
+        (s, c) for s in doc["switch_sets"] for c in (["plain", "cost@1"], ["cost@3"])
+    ]
     assert all(r["servers"] == [] for r in stats)  # the CPU engine has no CUDA graphs to count
     assert "GGML_CUDA_DISABLE_GRAPHS" not in os.environ

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cli import REPO
 
 from dsparkcli.cli.app import COMMAND_MODULES, EXTRA_COMMANDS
+from support.cli import REPO
 
 RUNS = 5
 
@@ -55,18 +55,39 @@ def test_start_up_is_a_small_multiple_of_python_itself(argv, ratio, python_pass)
 
 
 # huggingface_hub.constants (a few ms: where the HF cache is) is fine; its API client and HTTP stack are not
-HEAVY = {"httpx", "httpx2", "huggingface_hub.hf_api", "huggingface_hub.errors", "numpy", "gguf", "PIL", "matplotlib",
-         "rich.progress"}  # (typer itself brings pydantic once a command is built)
+HEAVY = {
+    "httpx",
+    "httpx2",
+    "huggingface_hub.hf_api",
+    "huggingface_hub.errors",
+    "numpy",
+    "gguf",
+    "PIL",
+    "matplotlib",
+    "rich.progress",
+}  # (typer itself brings pydantic once a command is built)
 
 
-@pytest.mark.parametrize("argv", [("--version",), ("--help",), ("run", "--help"), ("inspect", "--help"),
-                                  ("models",), ("synth", "--help"), ("bench", "--help")])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--version",),
+        ("--help",),
+        ("run", "--help"),
+        ("inspect", "--help"),
+        ("models",),
+        ("synth", "--help"),
+        ("bench", "--help"),
+    ],
+)
 def test_help_and_listing_import_nothing_heavy(argv):
-    code = ("import atexit, json, sys\n"
-            "atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))\n"
-            f"sys.argv = ['dspark', *{list(argv)!r}]\n"
-            "from dsparkcli.cli.app import main\n"
-            "main()\n")
+    code = (
+        "import atexit, json, sys\n"
+        "atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))\n"
+        f"sys.argv = ['dspark', *{list(argv)!r}]\n"
+        "from dsparkcli.cli.app import main\n"
+        "main()\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     loaded = set(json.loads(proc.stderr.strip().splitlines()[-1]))
@@ -95,8 +116,10 @@ def test_version_and_help_wall_time_is_a_small_multiple_of_python_itself():
     base = statistics.median(took["pass"])
     for argv, ratio in WALL_RATIOS.items():
         median = statistics.median(took[argv])
-        assert median <= ratio * base, (f"dspark {' '.join(argv)}: {median:.3f} s wall = {median / base:.1f}x "
-                                        f"python -c pass ({base:.3f} s); at most {ratio:.1f}x")
+        assert median <= ratio * base, (
+            f"dspark {' '.join(argv)}: {median:.3f} s wall = {median / base:.1f}x "
+            f"python -c pass ({base:.3f} s); at most {ratio:.1f}x"
+        )
 
 
 @pytest.mark.parametrize("argv", [("--version",), ("--help",), ()])
@@ -105,12 +128,14 @@ def test_version_and_the_listing_compile_little_of_dspark(argv):
     dspark modules it imports: the version and the command listing import under 1500 of its ~18000 lines,
     whatever the modules are called (no command module; no core beyond errors, flags, placement, limits).
     `--version` answers in the console script's entry point, before typer."""
-    code = ("import atexit, json, sys\n"
-            "atexit.register(lambda: print(json.dumps([getattr(m, '__file__', None) for n, m in sys.modules.items() "
-            "if n.split('.')[0] == 'dsparkcli']), file=sys.stderr))\n"
-            f"sys.argv = ['dspark', *{list(argv)!r}]\n"
-            "from dsparkcli.cli import main\n"  # the console script's entry point (pyproject)
-            "sys.exit(main())\n")
+    code = (
+        "import atexit, json, sys\n"
+        "atexit.register(lambda: print(json.dumps([getattr(m, '__file__', None) for n, m in sys.modules.items() "
+        "if n.split('.')[0] == 'dsparkcli']), file=sys.stderr))\n"
+        f"sys.argv = ['dspark', *{list(argv)!r}]\n"
+        "from dsparkcli.cli import main\n"  # the console script's entry point (pyproject)
+        "sys.exit(main())\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     files = [Path(f) for f in json.loads(proc.stderr.strip().splitlines()[-1]) if f]
     lines = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
@@ -122,9 +147,23 @@ def test_the_light_listing_is_the_one_the_commands_give(columns):
     """`dspark --help` lists the commands from app.LISTING without importing them: it must read exactly as
     the listing of the registered commands (their names, order and first help paragraphs) at any width."""
     env = {**os.environ, "COLUMNS": columns}
-    light = subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", "--help"], capture_output=True, text=True,
-                           env=env, cwd=REPO, check=True).stdout
-    full = subprocess.run([sys.executable, "-c", "from dsparkcli.cli.app import build_app\n"
-                           "build_app()(args=['--help'], prog_name='dspark')"], capture_output=True, text=True,
-                          env=env, cwd=REPO).stdout
+    light = subprocess.run(
+        [sys.executable, "-m", "dsparkcli.cli.app", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=True,
+    ).stdout
+    full = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from dsparkcli.cli.app import build_app\nbuild_app()(args=['--help'], prog_name='dspark')",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    ).stdout
     assert "Commands:" in light and light == full

@@ -20,8 +20,9 @@ V = 16
 SUCC = tuple((t + 1) % V for t in range(V))  # g(t) = t + 1: the chain after token 0 is 1, 2, 3, ...
 
 
-def hand_manifest(*, wrong: dict[int, int] | None = None, conf: dict[int, float] | None = None,
-                  block_size: int = 8) -> synth.Manifest:
+def hand_manifest(
+    *, wrong: dict[int, int] | None = None, conf: dict[int, float] | None = None, block_size: int = 8
+) -> synth.Manifest:
     draft_map = list(SUCC)
     for row, proposal in (wrong or {}).items():
         draft_map[row] = proposal
@@ -29,9 +30,21 @@ def hand_manifest(*, wrong: dict[int, int] | None = None, conf: dict[int, float]
     if conf is not None:
         conf_logits = tuple(conf.get(t, 3.0) for t in range(V))
     return synth.Manifest(
-        path=None, version=1, vocab=V, n_embd=128, block_size=block_size, seed=0, accept_rate=1.0, g=SUCC,
-        draft_map=tuple(draft_map), wrong_rows=tuple(sorted(wrong or {})), mask_token_id=V - 1,
-        confidence=conf is not None, conf_logits=conf_logits, vision=False, files={},
+        path=None,
+        version=1,
+        vocab=V,
+        n_embd=128,
+        block_size=block_size,
+        seed=0,
+        accept_rate=1.0,
+        g=SUCC,
+        draft_map=tuple(draft_map),
+        wrong_rows=tuple(sorted(wrong or {})),
+        mask_token_id=V - 1,
+        confidence=conf is not None,
+        conf_logits=conf_logits,
+        vision=False,
+        files={},
     )
 
 
@@ -120,14 +133,20 @@ def test_tiny_budgets_never_draft(n_predict, tokens):
 
 def test_only_the_last_prompt_token_matters():
     man = hand_manifest(wrong={5: 9})
-    assert synth.predict(man, [3, 9, 12, 2], n_max=5, n_predict=20) == synth.predict_from_last(man, 2, n_max=5,
-                                                                                              n_predict=20)
+    assert synth.predict(man, [3, 9, 12, 2], n_max=5, n_predict=20) == synth.predict_from_last(
+        man, 2, n_max=5, n_predict=20
+    )
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"n_max": 0}, "n_max"), ({"n_predict": 0}, "n_predict"), ({"p_min": 0.5}, "confidence head"),
-    ({"n_min": -1}, "n_min"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_max": 0}, "n_max"),
+        ({"n_predict": 0}, "n_predict"),
+        ({"p_min": 0.5}, "confidence head"),
+        ({"n_min": -1}, "n_min"),
+    ],
+)
 def test_predictor_rejects_impossible_settings(kwargs, message):
     with pytest.raises(UsageError, match=message):
         synth.predict_from_last(hand_manifest(), 0, **kwargs)
@@ -218,8 +237,8 @@ def test_confidence_head_scripts_sigmoid_of_the_manifest_logits(tmp_path):
     _, draft = read_gguf(pair.draft)
     proj, bias = draft["conf_proj.weight"], draft["conf_proj.bias"]
     assert proj.shape == (1, man.n_embd + 64)
-    assert not proj[0, :man.n_embd].any()  # t_embd part: zero
-    logits = proj[0, man.n_embd:] + bias[0]
+    assert not proj[0, : man.n_embd].any()  # t_embd part: zero
+    logits = proj[0, man.n_embd :] + bias[0]
     assert np.allclose(logits, man.conf_logits)
     assert set(man.conf_logits) <= set(synth.CONF_LOGITS) and len(set(man.conf_logits)) > 1
     assert man.confidence_of(0) == pytest.approx(1 / (1 + math.exp(-man.conf_logits[0])))
@@ -260,9 +279,14 @@ def test_manifest_records_file_hashes_and_detects_changes(tmp_path):
         synth.verify_files(man)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"accept_rate": 1.5}, "accept-rate"), ({"vocab": 4}, "vocab"), ({"block_size": 0}, "block-size"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"accept_rate": 1.5}, "accept-rate"),
+        ({"vocab": 4}, "vocab"),
+        ({"block_size": 0}, "block-size"),
+    ],
+)
 def test_write_pair_rejects_bad_settings(tmp_path, kwargs, message):
     with pytest.raises(UsageError, match=message):
         synth.write_pair(tmp_path, **kwargs)

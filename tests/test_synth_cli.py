@@ -36,13 +36,35 @@ def test_synth_human_output_names_files_and_next_step(cli, tmp_path):
 def test_synth_predict_json_equals_the_library(cli, tmp_path):
     pair = synth.write_pair(tmp_path, accept_rate=0.5, seed=6, confidence=True)
     man = synth.load_manifest(pair.manifest)
-    proc = cli("synth-predict", str(pair.manifest), "--prompt-tokens", "4,5,6", "--n-max", "5", "--n-predict", "20",
-               "--p-min", "0.5", "--json")
+    proc = cli(
+        "synth-predict",
+        str(pair.manifest),
+        "--prompt-tokens",
+        "4,5,6",
+        "--n-max",
+        "5",
+        "--n-predict",
+        "20",
+        "--p-min",
+        "0.5",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     expected = synth.predict(man, [4, 5, 6], n_max=5, n_predict=20, p_min=0.5)
     assert json.loads(proc.stdout) == json.loads(json.dumps(dataclasses.asdict(expected)))
-    proc = cli("synth-predict", str(tmp_path), "--last-token", "6", "--n-max", "5", "--n-predict", "20", "--p-min",
-               "0.5", "--json")
+    proc = cli(
+        "synth-predict",
+        str(tmp_path),
+        "--last-token",
+        "6",
+        "--n-max",
+        "5",
+        "--n-predict",
+        "20",
+        "--p-min",
+        "0.5",
+        "--json",
+    )
     assert json.loads(proc.stdout)["tokens"] == list(expected.tokens)
 
 
@@ -56,15 +78,18 @@ def test_synth_predict_table(cli, tmp_path):
     assert "mean len            8.00" in proc.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("synth", "{d}", "--accept-rate", "2"), "--accept-rate must be between 0 and 1"),
-    (("synth", "{d}", "--vocab", "3"), "--vocab must be between"),
-    (("synth-predict", "{d}/missing.json", "--last-token", "1"), "manifest not found"),
-    (("synth-predict", "{d}/pair", "--prompt-tokens", "1,x"), "comma-separated token ids"),
-    (("synth-predict", "{d}/pair", "--prompt-tokens", "1", "--last-token", "1"), "exactly one of"),
-    (("synth-predict", "{d}/pair", "--last-token", "1", "--p-min", "0.3"), "confidence head"),
-    (("synth-predict", "{d}/pair", "--last-token", "999"), "outside the synthetic vocab"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("synth", "{d}", "--accept-rate", "2"), "--accept-rate must be between 0 and 1"),
+        (("synth", "{d}", "--vocab", "3"), "--vocab must be between"),
+        (("synth-predict", "{d}/missing.json", "--last-token", "1"), "manifest not found"),
+        (("synth-predict", "{d}/pair", "--prompt-tokens", "1,x"), "comma-separated token ids"),
+        (("synth-predict", "{d}/pair", "--prompt-tokens", "1", "--last-token", "1"), "exactly one of"),
+        (("synth-predict", "{d}/pair", "--last-token", "1", "--p-min", "0.3"), "confidence head"),
+        (("synth-predict", "{d}/pair", "--last-token", "999"), "outside the synthetic vocab"),
+    ],
+)
 def test_errors_are_one_line_with_exit_2(cli, tmp_path, args, message):
     synth.write_pair(tmp_path / "pair")
     proc = cli(*(a.format(d=tmp_path) for a in args))

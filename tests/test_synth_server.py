@@ -51,7 +51,8 @@ def observed(resp: dict) -> tuple[int, int]:
 def spec_metrics(client: ServerClient, n_pos: int) -> dict:
     m = client.metrics()
     return {
-        "steps": m[M + "drafts_total"], "drafted": m[M + "draft_tokens_total"],
+        "steps": m[M + "drafts_total"],
+        "drafted": m[M + "draft_tokens_total"],
         "accepted": m[M + "accepted_tokens_total"],
         "per_pos": tuple(m[f'{M}accepted_tokens_per_pos_total{{position="{i}"}}'] for i in range(n_pos)),
         "beyond": f'{M}accepted_tokens_per_pos_total{{position="{n_pos}"}}' in m,
@@ -60,9 +61,11 @@ def spec_metrics(client: ServerClient, n_pos: int) -> dict:
 
 def expected_metrics(preds: list[synth.Prediction]) -> dict:
     return {
-        "steps": sum(p.steps for p in preds), "drafted": sum(p.draft_n for p in preds),
+        "steps": sum(p.steps for p in preds),
+        "drafted": sum(p.draft_n for p in preds),
         "accepted": sum(p.draft_n_accepted for p in preds),
-        "per_pos": tuple(sum(c) for c in zip(*(p.accepted_per_pos for p in preds))), "beyond": False,
+        "per_pos": tuple(sum(c) for c in zip(*(p.accepted_per_pos for p in preds))),
+        "beyond": False,
     }
 
 
@@ -174,8 +177,9 @@ def vision_pair(tmp_path_factory) -> synth.SynthPair:
 
 def image_messages(image: Path, text: str) -> list[dict]:
     url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": text}]}]
+    return [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}
+    ]
 
 
 def templated(client: ServerClient, messages: list[dict]) -> str:

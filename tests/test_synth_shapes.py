@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.scripts import script
 
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import full_width as ss
+from support.scripts import script
 
 # A native build on this AMX CPU segfaulted in ggml_backend_amx_mul_mat on these quantised files
 # (qwen35moe and qwen3moe, Q8_0 and Q4_K); the portable x86-64-v3 engine has no AMX path, and
@@ -31,7 +31,14 @@ def test_scale_one_has_the_real_pairs_shapes() -> None:
     d_params = sum(s.n_elements for s in ss.draft_tensors(d, "Q8_0"))
     assert abs(d_params - 389_223_169) / 389_223_169 < 0.001  # the card's parameter count
     # target: 40 layers, hidden 2048, 35 B total / ~3 B active, vocab 248144
-    assert (t.arch, t.n_layer, t.n_embd, t.vocab, t.n_expert, t.n_expert_used) == ("qwen35moe", 40, 2048, 248_144, 256, 8)
+    assert (t.arch, t.n_layer, t.n_embd, t.vocab, t.n_expert, t.n_expert_used) == (
+        "qwen35moe",
+        40,
+        2048,
+        248_144,
+        256,
+        8,
+    )
     specs = ss.target_tensors(t, "Q8_0")
     pc = ss.param_counts(t, specs)
     assert 34.0e9 < pc["params_total"] < 35.5e9
@@ -63,8 +70,10 @@ def test_small_pair_files_match_plan_and_manifest(small_pair: ss.FullWidthPair) 
     assert man["synthetic"] is True and man["target_arch"] == "qwen35moe" and "recurrent" in man["target_arch_reason"]
     t, d = ss.shapes_for(scale=0.05)
     assert d.target_layers == (1, 2, 4, 6, 7) and t.n_layer == 8 and d.mask_token_id == t.vocab - 68
-    for path, info, specs in ((small_pair.target, man["target"], ss.target_tensors(t, "Q8_0")),
-                              (small_pair.draft, man["draft"], ss.draft_tensors(d, "Q8_0"))):
+    for path, info, specs in (
+        (small_pair.target, man["target"], ss.target_tensors(t, "Q8_0")),
+        (small_pair.draft, man["draft"], ss.draft_tensors(d, "Q8_0")),
+    ):
         data = path.read_bytes()
         assert hashlib.sha256(data).hexdigest() == info["sha256"]  # hashed while streaming = hash of the file
         assert len(data) == info["bytes"]
@@ -103,12 +112,23 @@ def test_q4k_blocks_decode_to_planned_std(tmp_path: Path) -> None:
     assert abs(float(w.std()) - 0.5 / np.sqrt(512)) < 0.002 and abs(float(w.mean())) < 2e-3
 
 
-def _run(engine, pair: ss.FullWidthPair, tmp_path: Path, *, synth_len: float, n_max: int, n_predict: int) -> tuple[dict, dict]:
-    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=n_max, synth_len=synth_len, ctx=2048, threads=2,
-                       p_min=0.0, extra_args=CPU_ARGS)
+def _run(
+    engine, pair: ss.FullWidthPair, tmp_path: Path, *, synth_len: float, n_max: int, n_predict: int
+) -> tuple[dict, dict]:
+    cfg = ServerConfig(
+        model=pair.target,
+        draft=pair.draft,
+        n_max=n_max,
+        synth_len=synth_len,
+        ctx=2048,
+        threads=2,
+        p_min=0.0,
+        extra_args=CPU_ARGS,
+    )
     with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
-        resp = srv.client.completion({"prompt": list(range(1, 17)), "n_predict": n_predict, "temperature": 0,
-                                      "ignore_eos": True, "seed": 7})
+        resp = srv.client.completion(
+            {"prompt": list(range(1, 17)), "n_predict": n_predict, "temperature": 0, "ignore_eos": True, "seed": 7}
+        )
         metrics = srv.client.metrics()
     return resp["timings"], metrics
 
@@ -134,6 +154,7 @@ def test_real_server_drafts_with_emulated_acceptance(engine, small_pair: ss.Full
 
 # ------------------------------------------------------------------ the GPU study's tooling, on CPU
 
+
 def _scripts():
     return script("gpu_sweep"), script("bench_to_md")
 
@@ -149,17 +170,45 @@ def test_sweep_grid_respects_llama_cpp_limit() -> None:
     assert with_cost[:26] == cells  # the upstream grid keeps its place in front
     extra = [(c.category, c.synth_len, c.budget, c.n_predict, c.key) for c in with_cost[26:]]
     assert extra == [("cost", 1.0, k, (64,), f"L1-k{k}") for k in gpu_sweep.BUDGETS] + [
-        ("full", 2.0, 1, (), "L2-k1"), ("full", 3.0, 2, (), "L3-k2")]
+        ("full", 2.0, 1, (), "L2-k1"),
+        ("full", 3.0, 2, (), "L3-k2"),
+    ]
     assert len({c.key for c in with_cost}) == len(with_cost) == 35
 
 
 def test_sweep_records_and_tables_trace_to_each_other(engine, small_pair: ss.FullWidthPair, tmp_path: Path) -> None:
     gpu_sweep, bench_to_md = _scripts()
     out, history = tmp_path / "sweep.jsonl", tmp_path / "history.jsonl"
-    common = ["--manifest", str(small_pair.manifest), "--cpu", "--n-predict", "32", "--reps", "1", "--verify-reps", "1",
-              "--budgets", "2", "3", "--categories", "general", "--with-cost", "--cost-n-predict", "16",
-              "--load-mode", "auto", "--no-overhead", "--llama-bin", str(engine.bin_dir), "--log-dir", str(tmp_path / "logs"),
-              "--mirror", str(history), "--resume", str(history)]
+    common = [
+        "--manifest",
+        str(small_pair.manifest),
+        "--cpu",
+        "--n-predict",
+        "32",
+        "--reps",
+        "1",
+        "--verify-reps",
+        "1",
+        "--budgets",
+        "2",
+        "3",
+        "--categories",
+        "general",
+        "--with-cost",
+        "--cost-n-predict",
+        "16",
+        "--load-mode",
+        "auto",
+        "--no-overhead",
+        "--llama-bin",
+        str(engine.bin_dir),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--mirror",
+        str(history),
+        "--resume",
+        str(history),
+    ]
     assert gpu_sweep.main(["--out", str(out)] + common) == 0
     recs = bench_to_md.load([out])
     by_type: dict[str, list[dict]] = {}
@@ -192,14 +241,22 @@ def test_sweep_records_and_tables_trace_to_each_other(engine, small_pair: ss.Ful
     assert f"**{s['speedup_median']:.2f}×**" in md
     t1 = plain["by_n_predict"]["32"]["t_step_ms"]["median"]
     # s (ms per accepted token): least squares over the two spec cells of step - step(L=1) against tau - 1
-    pts = [(configs[key]["by_n_predict"]["32"]["mean_len"]["median"] - 1,
-            configs[key]["by_n_predict"]["32"]["t_step_ms"]["median"] - configs[f"L1-k{k}"]["by_n_predict"]["16"]["t_step_ms"]["median"])
-           for key, k in (("L3.501-k3", 3), ("L3-k2", 2))]
+    pts = [
+        (
+            configs[key]["by_n_predict"]["32"]["mean_len"]["median"] - 1,
+            configs[key]["by_n_predict"]["32"]["t_step_ms"]["median"]
+            - configs[f"L1-k{k}"]["by_n_predict"]["16"]["t_step_ms"]["median"],
+        )
+        for key, k in (("L3.501-k3", 3), ("L3-k2", 2))
+    ]
     s_tok = sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
     tau, c_k = s["mean_len"]["median"], c3["t_step_ms"]["median"]
     bound, model = tau * t1 / c_k, tau * t1 / (c_k + (tau - 1) * s_tok)
     assert f"{bound:.2f} · {model:.2f} · **{s['speedup_median']:.2f}**" in md
-    assert f"| 3 | {c_k:.2f} | {c3['t_draft_ms']['median']:.2f} | {c_k - c3['t_draft_ms']['median']:.2f} | {t1:.3f} | {c_k / t1:.2f} |" in md
+    assert (
+        f"| 3 | {c_k:.2f} | {c3['t_draft_ms']['median']:.2f} | {c_k - c3['t_draft_ms']['median']:.2f} | {t1:.3f} | {c_k / t1:.2f} |"
+        in md
+    )
 
     # a second call resumes from the mirrored history: only the plain baseline is measured again
     out2 = tmp_path / "sweep2.jsonl"
@@ -208,22 +265,44 @@ def test_sweep_records_and_tables_trace_to_each_other(engine, small_pair: ss.Ful
     assert [c["config"] for c in again] == ["plain"]
 
 
-def test_replicate_study_interleaves_loads_against_each_rounds_plain(engine, small_pair: ss.FullWidthPair,
-                                                                     tmp_path: Path) -> None:
+def test_replicate_study_interleaves_loads_against_each_rounds_plain(
+    engine, small_pair: ss.FullWidthPair, tmp_path: Path
+) -> None:
     gpu_sweep, bench_to_md = _scripts()
     out = tmp_path / "rep.jsonl"
-    common = ["--manifest", str(small_pair.manifest), "--cpu", "--n-predict", "32", "--reps", "1",
-              "--load-mode", "auto", "--no-overhead", "--llama-bin", str(engine.bin_dir), "--log-dir", str(tmp_path / "logs")]
+    common = [
+        "--manifest",
+        str(small_pair.manifest),
+        "--cpu",
+        "--n-predict",
+        "32",
+        "--reps",
+        "1",
+        "--load-mode",
+        "auto",
+        "--no-overhead",
+        "--llama-bin",
+        str(engine.bin_dir),
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
     with pytest.raises(SystemExit) as bad:
         gpu_sweep.main(["--out", str(out), "--loads", "2", "--only", "L9-k3"] + common)
     assert bad.value.code == 2  # unknown configuration key: a usage error before any server starts
     assert gpu_sweep.main(["--out", str(out), "--loads", "2", "--only", "L3.501-k3"] + common) == 0
     configs = [r for r in bench_to_md.load([out]) if r["type"] == "config"]
-    assert [(c["config"], c["load_round"]) for c in configs] == [("plain", 0), ("L3.501-k3", 0), ("plain", 1), ("L3.501-k3", 1)]
+    assert [(c["config"], c["load_round"]) for c in configs] == [
+        ("plain", 0),
+        ("L3.501-k3", 0),
+        ("plain", 1),
+        ("L3.501-k3", 1),
+    ]
     for plain, spec in (configs[0:2], configs[2:4]):  # each ratio against the plain load of its own round
         s = spec["by_n_predict"]["32"]
-        assert s["speedup_median"] == pytest.approx(s["tok_s"]["median"] / plain["by_n_predict"]["32"]["tok_s"]["median"])
+        assert s["speedup_median"] == pytest.approx(
+            s["tok_s"]["median"] / plain["by_n_predict"]["32"]["tok_s"]["median"]
+        )
     md = bench_to_md.render(bench_to_md.load([out]))
     ups = sorted(c["by_n_predict"]["32"]["speedup_median"] for c in configs[1::2])
     assert "Load-to-load variation" in md
-    assert ("| L3.501-k3 | 32 | " in md and f"[{ups[0]:.2f}–{ups[1]:.2f}] (2 loads) | {ups[1] / ups[0] - 1:.1%} |" in md)
+    assert "| L3.501-k3 | 32 | " in md and f"[{ups[0]:.2f}–{ups[1]:.2f}] (2 loads) | {ups[1] / ups[0] - 1:.1%} |" in md

@@ -20,20 +20,21 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cli import REPO, interrupt_when
 
 from dsparkcli.bench import tuning
-from dsparkcli.budget import model as tune
-from dsparkcli.budget import store
 from dsparkcli.bench.plan import BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
 from dsparkcli.bench.records import ALL, PLAIN, PromptRecord, read_jsonl
 from dsparkcli.bench.run import MEDIA_MARKER, run_bench
+from dsparkcli.budget import model as tune
+from dsparkcli.budget import store
 from dsparkcli.errors import BenchError
 from dsparkcli.synth import known_answer as synth
+from support.cli import REPO, interrupt_when
 
-PROMPTS = tuple(Prompt(f"{c}-{i}", c, f"{c} question number {i}, answer briefly") for c in ("alpha", "beta")
-                for i in range(2))
+PROMPTS = tuple(
+    Prompt(f"{c}-{i}", c, f"{c} question number {i}, answer briefly") for c in ("alpha", "beta") for i in range(2)
+)
 
 
 @pytest.fixture(autouse=True)
@@ -44,15 +45,17 @@ def _cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     """Some rows wrong, scripted confidence: non-trivial per-position acceptance, with and without p_min."""
-    return synth.write_pair(tmp_path_factory.mktemp("tune-mixed"), vocab=128, accept_rate=0.7, confidence=True,
-                            seed=11)
+    return synth.write_pair(
+        tmp_path_factory.mktemp("tune-mixed"), vocab=128, accept_rate=0.7, confidence=True, seed=11
+    )
 
 
 @pytest.fixture(scope="module")
 def right(tmp_path_factory):
     """Always right, a target 12x dearer than the tiny default: the largest budget pays."""
-    return synth.write_pair(tmp_path_factory.mktemp("tune-right"), vocab=128, accept_rate=1.0, seed=3,
-                            target_layers=24)
+    return synth.write_pair(
+        tmp_path_factory.mktemp("tune-right"), vocab=128, accept_rate=1.0, seed=3, target_layers=24
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +72,34 @@ def _plan(pair, **kw) -> tuning.TunePlan:
 def test_measured_per_position_acceptance_is_the_synthetic_prediction(engine, mixed, tmp_path):
     n, reps, k = 48, 2, 8
     out = tmp_path / "tune.jsonl"
-    rec = tuning.run_tune(engine, _plan(mixed, budgets=(k,), p_mins=(0.0, 0.5), n_predict=n, reps=reps, top=1),
-                          out=out)
+    rec = tuning.run_tune(
+        engine, _plan(mixed, budgets=(k,), p_mins=(0.0, 0.5), n_predict=n, reps=reps, top=1), out=out
+    )
     man = synth.load_manifest(mixed.manifest)
-    rendered = {r["prompt_id"]: PromptRecord.from_record(r).rendered
-                for r in read_jsonl(out, f"{rec.run_id}-acceptance") if r["record"] == "prompt"}
+    rendered = {
+        r["prompt_id"]: PromptRecord.from_record(r).rendered
+        for r in read_jsonl(out, f"{rec.run_id}-acceptance")
+        if r["record"] == "prompt"
+    }
     assert set(rendered) == {p.id for p in PROMPTS}
     for p_min in (0.0, 0.5):
         for cat in ("alpha", "beta"):
-            preds = [synth.predict_from_last(man, synth.last_prompt_token(man, rendered[p.id], MEDIA_MARKER),
-                                             n_max=k, n_predict=n, p_min=p_min) for p in PROMPTS if p.category == cat]
+            preds = [
+                synth.predict_from_last(
+                    man, synth.last_prompt_token(man, rendered[p.id], MEDIA_MARKER), n_max=k, n_predict=n, p_min=p_min
+                )
+                for p in PROMPTS
+                if p.category == cat
+            ]
             got = next(a for a in rec.acceptance if a.category == cat and a.p_min == p_min)
             width = max(len(got.counters.accepted_per_pos), k)
-            expect_pp = [reps * sum(pr.accepted_per_pos[i] if i < len(pr.accepted_per_pos) else 0 for pr in preds)
-                         for i in range(width)]
-            assert list(got.counters.accepted_per_pos) + [0] * (width - len(got.counters.accepted_per_pos)) == expect_pp
+            expect_pp = [
+                reps * sum(pr.accepted_per_pos[i] if i < len(pr.accepted_per_pos) else 0 for pr in preds)
+                for i in range(width)
+            ]
+            assert (
+                list(got.counters.accepted_per_pos) + [0] * (width - len(got.counters.accepted_per_pos)) == expect_pp
+            )
             assert got.counters.steps == reps * sum(pr.steps for pr in preds)
             assert got.counters.drafted == reps * sum(pr.draft_n for pr in preds)
             assert got.counters.accepted == reps * sum(pr.draft_n_accepted for pr in preds)
@@ -105,8 +121,16 @@ ATTEMPTS = 3  # two cores shared with other work: a whole arm can run at half sp
 def _grid_argmax(engine, pair, budgets, tmp_path) -> dict[str, int | None]:
     """Every budget and plain through `dspark bench`'s runner; per category the budget with the highest
     speedup (None: plain decoding)."""
-    plan = BenchPlan(target=pair.target, drafts=(Draft("d", pair.draft),), budgets=budgets, prompts=PROMPTS,
-                     reps=REPS, n_predict=N, ctx=1024, threads=1)
+    plan = BenchPlan(
+        target=pair.target,
+        drafts=(Draft("d", pair.draft),),
+        budgets=budgets,
+        prompts=PROMPTS,
+        reps=REPS,
+        n_predict=N,
+        ctx=1024,
+        threads=1,
+    )
     res = run_bench(engine, plan, out=tmp_path / "grid.jsonl")
     best: dict[str, tuple[float, int | None]] = {}
     for s in res.summaries:
@@ -122,8 +146,9 @@ def test_tunes_pick_is_the_argmax_of_a_brute_force_grid(engine, right, wrong, tm
     pair = right if which == "right" else wrong
     seen = []
     for attempt in range(ATTEMPTS):
-        rec = tuning.run_tune(engine, _plan(pair, budgets=budgets, n_predict=N, reps=REPS, top=2),
-                              out=tmp_path / f"t{attempt}.jsonl")
+        rec = tuning.run_tune(
+            engine, _plan(pair, budgets=budgets, n_predict=N, reps=REPS, top=2), out=tmp_path / f"t{attempt}.jsonl"
+        )
         grid = _grid_argmax(engine, pair, budgets, tmp_path / f"g{attempt}")
         picks = {c.category: (c.candidate.budget if c.candidate else None) for c in rec.choices}
         seen.append((picks, grid))
@@ -137,8 +162,11 @@ def test_tunes_pick_is_the_argmax_of_a_brute_force_grid(engine, right, wrong, tm
 
 
 def _env(engine, tmp_path) -> dict[str, str]:
-    return {"DSPARK_LLAMA_BIN": str(engine.bin_dir), "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-            "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
+    return {
+        "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
 
 
 def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
@@ -146,8 +174,27 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
     prompts = _write_prompts(tmp_path)
     files = ["--target", str(right.target), "--draft", str(right.draft)]
     t0 = time.monotonic()
-    proc = cli("tune", *files, "--prompts", str(prompts), "--budgets", "1", "8", "-n", "64", "--reps", "2",
-               "--threads", "1", "--ctx", "1024", "--json", "--cost-table", str(tmp_path / "cost.txt"), env=env)
+    proc = cli(
+        "tune",
+        *files,
+        "--prompts",
+        str(prompts),
+        "--budgets",
+        "1",
+        "8",
+        "-n",
+        "64",
+        "--reps",
+        "2",
+        "--threads",
+        "1",
+        "--ctx",
+        "1024",
+        "--json",
+        "--cost-table",
+        str(tmp_path / "cost.txt"),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["complete"] is True and Path(doc["stored"]).is_file()
@@ -174,10 +221,31 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
     proc = cli(*ask, "--budget", "auto", "--threads", "2", env=env)  # -t changes the speed: no match, named
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["budget"] == 5
-    assert ("--budget auto: no tuning matches this pair, engine and settings: it was tuned with --threads 1 "
-            "(here 2); using budget 5") in proc.stderr
-    proc = cli("bench", *files, "--prompts", str(prompts), "--budget", "auto", "2", "--reps", "1", "-n", "16",
-               "--threads", "1", "--ctx", "1024", "--json", "--out", str(tmp_path / "b.jsonl"), env=env)
+    assert (
+        "--budget auto: no tuning matches this pair, engine and settings: it was tuned with --threads 1 "
+        "(here 2); using budget 5"
+    ) in proc.stderr
+    proc = cli(
+        "bench",
+        *files,
+        "--prompts",
+        str(prompts),
+        "--budget",
+        "auto",
+        "2",
+        "--reps",
+        "1",
+        "-n",
+        "16",
+        "--threads",
+        "1",
+        "--ctx",
+        "1024",
+        "--json",
+        "--out",
+        str(tmp_path / "b.jsonl"),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["summaries"]
     if chosen is not None:
@@ -187,15 +255,40 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
         assert {s["config"] for s in rows} == {"plain", f"{label}@2", f"{label}@auto"}
         assert {s["drafted"] for s in rows if s["config"] == f"{label}@auto"} == {0}
     proc = cli(*ask, "--budget", "eight", env=env)
-    assert proc.returncode == 2 and proc.stderr.strip() == "dspark: error: --budget must be a number, 'auto' or 'adaptive' (got 'eight')"
+    assert (
+        proc.returncode == 2
+        and proc.stderr.strip() == "dspark: error: --budget must be a number, 'auto' or 'adaptive' (got 'eight')"
+    )
 
 
 def test_ctrl_c_keeps_what_was_measured(engine, right, tmp_path):
     out = tmp_path / "t.jsonl"
     rc, _, stderr, _ = interrupt_when(
-        ["tune", "--target", str(right.target), "--draft", str(right.draft), "--prompts", str(_write_prompts(tmp_path)),
-         "--budgets", "1", "2", "4", "8", "--reps", "40", "-n", "64", "--threads", "1", "--out", str(out)],
-        lambda: out.is_file() and out.read_text().count('"record":"request"') >= 5, env=_env(engine, tmp_path))
+        [
+            "tune",
+            "--target",
+            str(right.target),
+            "--draft",
+            str(right.draft),
+            "--prompts",
+            str(_write_prompts(tmp_path)),
+            "--budgets",
+            "1",
+            "2",
+            "4",
+            "8",
+            "--reps",
+            "40",
+            "-n",
+            "64",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        lambda: out.is_file() and out.read_text().count('"record":"request"') >= 5,
+        env=_env(engine, tmp_path),
+    )
     assert rc == 130, stderr
     assert stderr.strip().splitlines()[-1].startswith("dspark: error: interrupted: what was measured is kept")
     assert "Traceback" not in stderr
@@ -207,8 +300,9 @@ def test_ctrl_c_keeps_what_was_measured(engine, right, tmp_path):
 
 def _write_prompts(tmp_path: Path) -> Path:
     path = tmp_path / "p.jsonl"
-    path.write_text("".join(json.dumps({"id": p.id, "category": p.category, "prompt": p.text}) + "\n"
-                            for p in PROMPTS))
+    path.write_text(
+        "".join(json.dumps({"id": p.id, "category": p.category, "prompt": p.text}) + "\n" for p in PROMPTS)
+    )
     return path
 
 
@@ -217,11 +311,43 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
     --budget auto through run, serve and bench): the H200 commands, on the CPU engine with small settings."""
     env = {**os.environ, **_env(engine, tmp_path), "PYTHONPATH": str(REPO), "PYTHON": sys.executable}
     out = tmp_path / "study"
-    proc = subprocess.run([sys.executable, "scripts/tune_study.py", "--target", str(right.target), "--draft",
-                           str(right.draft), "--out", str(out), "--lengths", "2", "4", "--budgets", "1", "3",
-                           "--n-predict", "24", "--cost-n-predict", "12", "--grid-n-predict", "24", "--grid-reps",
-                           "1", "--threads", "1", "--ctx", "1024", "--adaptive", "--tune-adaptive"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/tune_study.py",
+            "--target",
+            str(right.target),
+            "--draft",
+            str(right.draft),
+            "--out",
+            str(out),
+            "--lengths",
+            "2",
+            "4",
+            "--budgets",
+            "1",
+            "3",
+            "--n-predict",
+            "24",
+            "--cost-n-predict",
+            "12",
+            "--grid-n-predict",
+            "24",
+            "--grid-reps",
+            "1",
+            "--threads",
+            "1",
+            "--ctx",
+            "1024",
+            "--adaptive",
+            "--tune-adaptive",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "tune-study.json").read_text())
     assert [r["L"] for r in summary["rows"]] == [2.0, 4.0]
@@ -230,16 +356,23 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
         assert row["tune_pick"] in (None, 1, 3) and row["pick_vs_best"] is not None
         # --adaptive: the grid has it; --tune-adaptive: tune's verification too
         assert row["adaptive_in_grid"] > 0 and row["tune_adaptive_measured"] > 0
-        assert row["tune_adaptive_vs_pick"] == pytest.approx(row["tune_adaptive_measured"] / (row["tune_measured"] or 1.0))
+        assert row["tune_adaptive_vs_pick"] == pytest.approx(
+            row["tune_adaptive_measured"] / (row["tune_measured"] or 1.0)
+        )
     assert summary["rows"][1]["timings_s"].get("cost_reused") == 1.0  # the cost model is measured once
     assert summary["tune_wall_s"] > 0 and summary["grid_wall_s"] > 0
     records = [json.loads(ln) for ln in (out / "tune-records.jsonl").read_text().splitlines()]
     assert [r["synth_len"] for r in records] == [2.0, 4.0] and all(r["synthetic"] for r in records)
 
     real = tmp_path / "real"
-    proc = subprocess.run(["bash", "scripts/tune_real.sh", str(right.target), str(right.draft), str(real)], cwd=REPO,
-                          env={**env, "LIMIT": "1", "N": "16", "REPS": "1", "THREADS": "1", "SERVER_ARGS": ""},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "scripts/tune_real.sh", str(right.target), str(right.draft), str(real)],
+        cwd=REPO,
+        env={**env, "LIMIT": "1", "N": "16", "REPS": "1", "THREADS": "1", "SERVER_ARGS": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     rec = json.loads((real / "tune.json").read_text())
     overall = next(c for c in rec["choices"] if c["category"] == "all")
@@ -283,8 +416,23 @@ def test_tune_then_bench_auto_and_adaptive_with_each_commands_defaults(engine, r
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["key"]["flags"] == {"np": "1"}
-    proc = cli("bench", *files, "--prompts", prompts, "--budget", "auto", "adaptive", "-n", "16", "--reps", "1",
-               "--json", "--out", str(tmp_path / "b.jsonl"), env=env)
+    proc = cli(
+        "bench",
+        *files,
+        "--prompts",
+        prompts,
+        "--budget",
+        "auto",
+        "adaptive",
+        "-n",
+        "16",
+        "--reps",
+        "1",
+        "--json",
+        "--out",
+        str(tmp_path / "b.jsonl"),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"adaptive budget: llama.cpp picks 0..4 per step from tuning {doc['key_id']}'s step costs" in proc.stderr
     assert f"tuning {doc['key_id']}: " in proc.stderr
@@ -293,12 +441,17 @@ def test_tune_then_bench_auto_and_adaptive_with_each_commands_defaults(engine, r
     auto_config = f"{label}@{overall['budget']}" if overall["budget"] else f"{label}@auto"
     configs = {s["config"] for s in json.loads(proc.stdout)["summaries"]}
     assert configs == {"plain", auto_config, f"{label}@adaptive"}
-    argv = next(r["server_argv"] for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())
-                if r["record"] == "request" and r["config"] == f"{label}@adaptive")
+    argv = next(
+        r["server_argv"]
+        for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())
+        if r["record"] == "request" and r["config"] == f"{label}@adaptive"
+    )
     assert "-c" not in argv and "-t" not in argv  # bench's own defaults (the model's context), tune's key
     # and a setting that does change speed is named when it differs, for both words alike
     for word in ("auto", "adaptive"):
         proc = cli("bench", *files, "--prompts", prompts, "--budget", word, "-n", "8", "--threads", "1", env=env)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.strip() == (f"dspark: error: --budget {word}: no tuning matches this pair, engine and "
-                                       "settings: it was tuned with --threads default (here 1)")
+        assert proc.stderr.strip() == (
+            f"dspark: error: --budget {word}: no tuning matches this pair, engine and "
+            "settings: it was tuned with --threads default (here 1)"
+        )

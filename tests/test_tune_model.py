@@ -7,8 +7,6 @@ import json
 import math
 
 import pytest
-from support.cli import REPO
-from support.scripts import script
 
 from dsparkcli.budget import model as tune
 from dsparkcli.budget.apply import APPLY_MARK, apply_to_models
@@ -19,19 +17,34 @@ from dsparkcli.budget.record import TuningRecord
 from dsparkcli.errors import UsageError
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama.protocol import SpecCounters
+from support.cli import REPO
+from support.scripts import script
 
 # BENCHMARKS.md, run 680f74: t1 and the all-rejected step costs (ms), s fitted over 56 cells
-H200 = CostModel(t1_ms=4.431, t_step_ms=((1, 6.89), (2, 7.64), (3, 9.75), (5, 11.93), (7, 13.66), (10, 19.78),
-                                          (15, 22.53)), s_ms=0.561)
+H200 = CostModel(
+    t1_ms=4.431,
+    t_step_ms=((1, 6.89), (2, 7.64), (3, 9.75), (5, 11.93), (7, 13.66), (10, 19.78), (15, 22.53)),
+    s_ms=0.561,
+)
 
 
 def _acc(per_pos, steps, *, budget=None, tokens=None, requests=1, drafted=None, p_min=0.0, category="c"):
     budget = budget or len(per_pos)
     accepted = sum(per_pos)
     tokens = tokens if tokens is not None else requests + steps + accepted  # every round a step
-    return Acceptance(category, budget, p_min, SpecCounters(drafted=drafted if drafted is not None else steps * budget,
-                                                             accepted=accepted, steps=steps,
-                                                             accepted_per_pos=tuple(per_pos)), tokens, requests)
+    return Acceptance(
+        category,
+        budget,
+        p_min,
+        SpecCounters(
+            drafted=drafted if drafted is not None else steps * budget,
+            accepted=accepted,
+            steps=steps,
+            accepted_per_pos=tuple(per_pos),
+        ),
+        tokens,
+        requests,
+    )
 
 
 def test_break_even_matches_the_h200_table():
@@ -98,8 +111,11 @@ def test_synth_rates_are_llama_cpps():
 
 
 def test_choice_measured_wins_and_plain_when_nothing_pays():
-    preds = [Prediction("c", Candidate(3, 0.0), 1.40, 3.0), Prediction("c", Candidate(5, 0.0), 1.35, 4.0),
-             Prediction("c", Candidate(7, 0.0), 1.40, 4.5)]
+    preds = [
+        Prediction("c", Candidate(3, 0.0), 1.40, 3.0),
+        Prediction("c", Candidate(5, 0.0), 1.35, 4.0),
+        Prediction("c", Candidate(7, 0.0), 1.40, 4.5),
+    ]
     assert tune.choose(preds, "c").candidate == Candidate(3, 0.0)  # tie -> the smaller budget
     measured = {Candidate(3, 0.0): 1.20, Candidate(5, 0.0): 1.31}
     ch = tune.choose(preds, "c", measured)
@@ -110,26 +126,47 @@ def test_choice_measured_wins_and_plain_when_nothing_pays():
 
 
 def test_speed_flags_and_the_key():
-    argv = ["llama-server", "-m", "t.gguf", "-ngl", "99", "--flash-attn", "on", "-c", "4096", "--threads=8",
-            "--spec-draft-n-max", "5", "-np", "1"]
+    argv = [
+        "llama-server",
+        "-m",
+        "t.gguf",
+        "-ngl",
+        "99",
+        "--flash-attn",
+        "on",
+        "-c",
+        "4096",
+        "--threads=8",
+        "--spec-draft-n-max",
+        "5",
+        "-np",
+        "1",
+    ]
     # -c is not a speed setting: llama.cpp attends over the cells in use, not the allocated context
     assert speed_flags(argv) == (("fa", "on"), ("ngl", "99"), ("np", "1"), ("threads", "8"))
     key = TuningKey("a" * 64, "b" * 64, "0c1e570", "cuda", "NVIDIA H200", speed_flags(argv))
     other = TuningKey("a" * 64, "b" * 64, "0c1e570", "cuda", "NVIDIA H200", (("np", "1"),))
     assert key.id != other.id and len(key.id) == 16
     assert TuningKey.from_record(json.loads(json.dumps(key.to_record()))) == key
-    assert other.differences(key) == ["-fa on (here default)", "-ngl 99 (here default)",
-                                      "--threads 8 (here default)"]
+    assert other.differences(key) == ["-fa on (here default)", "-ngl 99 (here default)", "--threads 8 (here default)"]
 
 
 def _record() -> TuningRecord:
     acc = _acc([90, 60, 30, 10], 100, category="code")
     preds = tuple(tune.predict_all(H200, [acc], [1, 2, 3]))
-    return TuningRecord(key=TuningKey("a" * 64, "b" * 64, "abc", "cpu", "none", (("ctx", "4096"),)), cost=H200,
-                        acceptance=(acc,), predictions=preds, choices=(Choice("code", Candidate(3, 0.0), 1.5, 1.4),
-                                                                       Choice("all", None, None, 1.0)),
-                        verified=(("code", "k=3", 1.4),), budgets=(1, 2, 3), timings_s={"total": 1.5},
-                        created="2026-12-01T00:00:00+00:00", run_id="r", jsonl="x.jsonl")
+    return TuningRecord(
+        key=TuningKey("a" * 64, "b" * 64, "abc", "cpu", "none", (("ctx", "4096"),)),
+        cost=H200,
+        acceptance=(acc,),
+        predictions=preds,
+        choices=(Choice("code", Candidate(3, 0.0), 1.5, 1.4), Choice("all", None, None, 1.0)),
+        verified=(("code", "k=3", 1.4),),
+        budgets=(1, 2, 3),
+        timings_s={"total": 1.5},
+        created="2026-12-01T00:00:00+00:00",
+        run_id="r",
+        jsonl="x.jsonl",
+    )
 
 
 def test_record_round_trips_and_exports_the_cost_table():
@@ -139,8 +176,16 @@ def test_record_round_trips_and_exports_the_cost_table():
     assert back.choice("code").candidate == Candidate(3, 0.0) and back.choice().candidate is None
     lines = tune.cost_table(H200).splitlines()
     assert [ln for ln in lines if not ln.startswith("#")] == [
-        "s 0.561000", "0 4.431000", "1 6.890000", "2 7.640000", "3 9.750000", "5 11.930000", "7 13.660000",
-        "10 19.780000", "15 22.530000"]
+        "s 0.561000",
+        "0 4.431000",
+        "1 6.890000",
+        "2 7.640000",
+        "3 9.750000",
+        "5 11.930000",
+        "7 13.660000",
+        "10 19.780000",
+        "15 22.530000",
+    ]
     with pytest.raises(ValueError):
         TuningRecord.from_record({"kind": "something else"})
 
@@ -207,8 +252,11 @@ def _cell(cost: CostModel, acc: Acceptance) -> tuple[Acceptance, float]:
     k = acc.budget
     q = acc.step_fraction
     tokens = q * acc.tokens_per_step(k) + 1 - q
-    ms = (q * (cost.step(acc.drafted_per_step(k)) + (acc.tokens_per_step(k) - 1) * cost.s_ms) + (1 - q) * cost.t1_ms
-          + cost.p_min_extra(acc.p_min, k))
+    ms = (
+        q * (cost.step(acc.drafted_per_step(k)) + (acc.tokens_per_step(k) - 1) * cost.s_ms)
+        + (1 - q) * cost.t1_ms
+        + cost.p_min_extra(acc.p_min, k)
+    )
     return acc, ms / tokens
 
 
@@ -218,12 +266,22 @@ def test_a_scripted_p_min_slowdown_is_not_charged_to_accepted_tokens():
     charged to accepted tokens, as the version 1 fit did, s comes out nearly twice too dear."""
     truth = CostModel(t1_ms=4.431, t_step_ms=H200.t_step_ms, s_ms=0.561, p_min_ms=((0.3, 0.2), (0.6, 0.4)))
     cells = []
-    for cat, per_pos, steps in (("code", [80, 60, 40, 20, 10, 5, 2], 100), ("math", [90, 80, 70, 60, 50, 40, 30], 100),
-                                ("general", [40, 10, 5, 1, 0, 0, 0], 100)):
+    for cat, per_pos, steps in (
+        ("code", [80, 60, 40, 20, 10, 5, 2], 100),
+        ("math", [90, 80, 70, 60, 50, 40, 30], 100),
+        ("general", [40, 10, 5, 1, 0, 0, 0], 100),
+    ):
         cells.append(_cell(truth, _acc(per_pos, steps, budget=7, category=cat)))
         for p, cut in ((0.3, 20), (0.6, 45)):  # a threshold cuts rounds to nothing and blocks short
-            acc = _acc(per_pos, steps - cut, budget=7, category=cat, p_min=p, drafted=(steps - cut) * 4,
-                       tokens=1 + (steps - cut) + sum(per_pos) + 2 * cut)
+            acc = _acc(
+                per_pos,
+                steps - cut,
+                budget=7,
+                category=cat,
+                p_min=p,
+                drafted=(steps - cut) * 4,
+                tokens=1 + (steps - cut) + sum(per_pos) + 2 * cut,
+            )
             assert acc.plain_rounds == 2 * cut
             cells.append(_cell(truth, acc))
     start = CostModel(truth.t1_ms, truth.t_step_ms)
@@ -260,8 +318,11 @@ def test_the_committed_h200_tuning_refitted():
 
 
 def test_misses_name_the_cells_more_than_ten_per_cent_off():
-    preds = [Prediction("code", Candidate(3, 0.0), 1.20, 3.0), Prediction("code", Candidate(5, 0.6), 1.10, 3.5),
-             Prediction("all", Candidate(3, 0.0), 1.00, 2.0)]
+    preds = [
+        Prediction("code", Candidate(3, 0.0), 1.20, 3.0),
+        Prediction("code", Candidate(5, 0.6), 1.10, 3.5),
+        Prediction("all", Candidate(3, 0.0), 1.00, 2.0),
+    ]
     verified = [("code", "k=3", 1.09), ("code", "k=5,p=0.6", 0.88), ("all", "k=3", 1.05), ("code", "adaptive", 1.3)]
     got = tune.misses(preds, verified)
     assert [(m.category, m.label) for m in got] == [("code", "k=5,p=0.6")]  # -20 %; -9.2 % and +5 % are within
@@ -272,11 +333,17 @@ def test_misses_name_the_cells_more_than_ten_per_cent_off():
 def _tuned(categories, choices, created="2026-12-01T00:00:00+00:00") -> TuningRecord:
     key = TuningKey("a" * 64, "b" * 64, "abc", "cpu", "none", (("np", "1"),))
     accs = tuple(_acc([90, 60, 30, 10], 100, category=c) for c in categories)
-    return TuningRecord(key=key, cost=H200, acceptance=accs, predictions=tuple(tune.predict_all(H200, accs, [1, 2, 3])),
-                        choices=tuple(Choice(c, Candidate(b, 0.0) if b else None, None, 1.2 if b else 1.0)
-                                      for c, b in choices),
-                        verified=tuple((c, f"k={b}", 1.2) for c, b in choices if b), budgets=(1, 2, 3),
-                        created=created, overall_of=tuple(categories))
+    return TuningRecord(
+        key=key,
+        cost=H200,
+        acceptance=accs,
+        predictions=tuple(tune.predict_all(H200, accs, [1, 2, 3])),
+        choices=tuple(Choice(c, Candidate(b, 0.0) if b else None, None, 1.2 if b else 1.0) for c, b in choices),
+        verified=tuple((c, f"k={b}", 1.2) for c, b in choices if b),
+        budgets=(1, 2, 3),
+        created=created,
+        overall_of=tuple(categories),
+    )
 
 
 def test_a_second_categorys_tuning_keeps_the_first(tmp_path, monkeypatch):
@@ -295,13 +362,22 @@ def test_a_second_categorys_tuning_keeps_the_first(tmp_path, monkeypatch):
     assert {v[0] for v in stored.verified} == {"math", "code", "all"}
     store.save(everything)  # all three: replaces both, and its overall
     assert {c.category: c.candidate and c.candidate.budget for c in store.find(code.key).choices} == {
-        "math": 3, "code": 2, "general": None, "all": 2}
+        "math": 3,
+        "code": 2,
+        "general": None,
+        "all": 2,
+    }
     stored = store.save(code)  # code alone again: math, general and the overall of all three stay
     assert {c.category: c.candidate and c.candidate.budget for c in stored.choices} == {
-        "math": 3, "general": None, "code": 3, "all": 2}
+        "math": 3,
+        "general": None,
+        "code": 3,
+        "all": 2,
+    }
     assert stored.overall_of == ("math", "code", "general")
-    assert [p for p in stored.predictions if p.category == "all"] == [p for p in everything.predictions
-                                                                      if p.category == "all"]
+    assert [p for p in stored.predictions if p.category == "all"] == [
+        p for p in everything.predictions if p.category == "all"
+    ]
 
 
 def test_a_tuning_of_another_acceptance_replaces_rather_than_joins(tmp_path, monkeypatch):

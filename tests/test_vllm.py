@@ -10,6 +10,10 @@ import json
 import shlex
 
 import pytest
+
+from dsparkcli import vllm
+from dsparkcli.errors import UsageError
+from dsparkcli.hub.registry import load_registry
 from support.vllm_docs import (
     ATTENTION_BACKENDS,
     PASS_CONFIG_FIELDS,
@@ -17,10 +21,6 @@ from support.vllm_docs import (
     SPECULATIVE_FIELDS,
     SPECULATIVE_METHODS,
 )
-
-from dsparkcli import vllm
-from dsparkcli.errors import UsageError
-from dsparkcli.hub.registry import load_registry
 
 
 def _parse(argv: tuple[str, ...]) -> dict[str, object]:
@@ -64,9 +64,17 @@ def test_the_registry_pair_becomes_the_model_cards_recipe():
     assert opts["--default-chat-template-kwargs"] == {"enable_thinking": False}
     assert (opts["--host"], opts["--port"]) == ("127.0.0.1", 8000)
     spec = opts["--speculative-config"]
-    assert spec == cmd.speculative_config == {
-        "method": "dspark", "model": "openbmb/MiniCPM-V-4.7-35B-A3B-DSpark", "num_speculative_tokens": 15,
-        "enable_adaptive_verification": False, "revision": "5facb75c"}
+    assert (
+        spec
+        == cmd.speculative_config
+        == {
+            "method": "dspark",
+            "model": "openbmb/MiniCPM-V-4.7-35B-A3B-DSpark",
+            "num_speculative_tokens": 15,
+            "enable_adaptive_verification": False,
+            "revision": "5facb75c",
+        }
+    )
 
 
 def test_the_speculative_config_uses_only_documented_keys_and_types():
@@ -79,8 +87,9 @@ def test_the_speculative_config_uses_only_documented_keys_and_types():
 
 
 def test_budget_overrides_the_registry_and_extra_args_go_last():
-    cmd = vllm.serve_command(load_registry().get("minicpm-v-4.7"), budget=7, extra_args=("--gpu-memory-utilization",
-                                                                                           "0.85"))
+    cmd = vllm.serve_command(
+        load_registry().get("minicpm-v-4.7"), budget=7, extra_args=("--gpu-memory-utilization", "0.85")
+    )
     assert cmd.speculative_config["num_speculative_tokens"] == 7
     assert cmd.argv[-2:] == ("--gpu-memory-utilization", "0.85")
 
@@ -94,8 +103,10 @@ def test_the_api_key_is_never_written_out():
     assert shlex.split(cmd.shell_line())[1:] == list(cmd.argv)
 
 
-GGUF_ONLY = '[pairs.tiny]\n[pairs.tiny.target]\nrepo="a/b"\nfilename="t.gguf"\n[pairs.tiny.drafts.d]\nrepo="a/b"\n' \
-            'filename="d.gguf"\n'
+GGUF_ONLY = (
+    '[pairs.tiny]\n[pairs.tiny.target]\nrepo="a/b"\nfilename="t.gguf"\n[pairs.tiny.drafts.d]\nrepo="a/b"\n'
+    'filename="d.gguf"\n'
+)
 
 
 def test_a_pair_without_a_vllm_table_is_one_line(user_models, monkeypatch):
@@ -124,8 +135,10 @@ def test_serve_print_and_json(cli):
 def test_llama_only_options_are_refused_with_vllm(cli):
     proc = cli("serve", "--engine", "vllm", "--print", "--ctx", "4096", "--rpc", "127.0.0.1:50052")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("dspark: error: --ctx, --rpc: llama.cpp options; --engine vllm serves a registry "
-                                   "pair's safetensors with the model card's recipe (vLLM flags go after --)")
+    assert proc.stderr.strip() == (
+        "dspark: error: --ctx, --rpc: llama.cpp options; --engine vllm serves a registry "
+        "pair's safetensors with the model card's recipe (vLLM flags go after --)"
+    )
 
 
 def test_running_without_vllm_installed_is_one_line(cli, tmp_path):

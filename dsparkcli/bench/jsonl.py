@@ -21,8 +21,9 @@ class JsonlSink:
     only the process.
     """
 
-    def __init__(self, path: Path | TextIO, *, mirrors: Sequence[Path] = (), compact: bool = True,
-                 fsync: bool = False) -> None:
+    def __init__(
+        self, path: Path | TextIO, *, mirrors: Sequence[Path] = (), compact: bool = True, fsync: bool = False
+    ) -> None:
         self.fhs: list[TextIO] = []
         self._owned: list[TextIO] = []
         for p in [path, *mirrors]:
@@ -48,7 +49,9 @@ class JsonlSink:
             fh.close()
 
 
-def iter_jsonl(path: Path, on_bad_line: Callable[[int, str], None] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(
+    path: Path, on_bad_line: Callable[[int, str], None] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) of every non-empty line. A line that is not JSON raises, unless
     ``on_bad_line(lineno, line)`` is given (a file cut mid-line by a killed run)."""
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):

@@ -45,17 +45,23 @@ def stream_completion(client: ServerClient, payload: dict[str, Any]) -> tuple[di
         if chunk.get("stop") or "timings" in chunk:
             final = chunk
     latency = 1000.0 * (time.perf_counter() - started)
-    resp: dict[str, Any] = {"content": "".join(content), "tokens": tokens, "timings": final.get("timings") or {},
-                            "stop_type": final.get("stop_type")}
+    resp: dict[str, Any] = {
+        "content": "".join(content),
+        "tokens": tokens,
+        "timings": final.get("timings") or {},
+        "stop_type": final.get("stop_type"),
+    }
     for key in ("tokens_evaluated", "truncated"):
         if key in final:
             resp[key] = final[key]
     return resp, ttft, latency
 
 
-def run_pass(clients: Sequence[ServerClient], jobs: Sequence[Sequence[Job]],
-             send: Callable[[ServerClient, Job], tuple[dict[str, Any], float | None, float]],
-             ) -> tuple[list[Answer[Job]], float]:
+def run_pass(
+    clients: Sequence[ServerClient],
+    jobs: Sequence[Sequence[Job]],
+    send: Callable[[ServerClient, Job], tuple[dict[str, Any], float | None, float]],
+) -> tuple[list[Answer[Job]], float]:
     """Client k sends jobs[k] in order, all clients at once. Returns (answers in completion order, wall s
     from the first request sent to the last answer). The first failure stops every client and is raised."""
     answers: list[Answer[Job]] = []
@@ -83,8 +89,9 @@ def run_pass(clients: Sequence[ServerClient], jobs: Sequence[Sequence[Job]],
 
     # daemon threads joined with a timeout: Ctrl-C reaches the main thread at once, and the caller's
     # server shutdown then ends the requests still in flight
-    threads = [threading.Thread(target=worker, args=(k,), daemon=True, name=f"dspark-client-{k}")
-               for k in range(len(clients))]
+    threads = [
+        threading.Thread(target=worker, args=(k,), daemon=True, name=f"dspark-client-{k}") for k in range(len(clients))
+    ]
     for t in threads:
         t.start()
     try:

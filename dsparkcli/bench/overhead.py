@@ -14,7 +14,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-
 from dsparkcli.llama import protocol
 from dsparkcli.llama.server import ServerClient, stream_chat
 
@@ -51,8 +50,13 @@ class OverheadResult:
         return min(self.dspark_ttft_s) - min(self.bare_ttft_s)
 
     def to_record(self) -> dict[str, Any]:
-        return {**asdict(self), "decode_ratio": self.decode_ratio, "ttft_delta_s": self.ttft_delta_s,
-                "decode_ratio_best": self.decode_ratio_best, "ttft_delta_best_s": self.ttft_delta_best_s}
+        return {
+            **asdict(self),
+            "decode_ratio": self.decode_ratio,
+            "ttft_delta_s": self.ttft_delta_s,
+            "decode_ratio_best": self.decode_ratio_best,
+            "ttft_delta_best_s": self.ttft_delta_best_s,
+        }
 
 
 def bare_request(http: httpx.Client, payload: dict[str, Any]) -> tuple[float, float]:
@@ -76,8 +80,9 @@ def bare_request(http: httpx.Client, payload: dict[str, Any]) -> tuple[float, fl
 
 
 def measure(client: ServerClient, prompt: str, *, reps: int = 10, n_predict: int = 512) -> OverheadResult:
-    payload = protocol.chat_payload(protocol.build_messages(prompt), max_tokens=n_predict, temp=0.0, seed=0,
-                                    ignore_eos=True)
+    payload = protocol.chat_payload(
+        protocol.build_messages(prompt), max_tokens=n_predict, temp=0.0, seed=0, ignore_eos=True
+    )
     sink = open(os.devnull, "w")  # dspark writes every streamed piece, as the CLI does to stdout
     bare_tps, bare_ttft, ds_tps, ds_ttft = [], [], [], []
     import httpx  # deferred: only a bench run measures the overhead
@@ -96,5 +101,11 @@ def measure(client: ServerClient, prompt: str, *, reps: int = 10, n_predict: int
     finally:
         sink.close()
         http.close()
-    return OverheadResult(reps=reps, n_predict=n_predict, bare_decode_tok_s=tuple(bare_tps),
-                          dspark_decode_tok_s=tuple(ds_tps), bare_ttft_s=tuple(bare_ttft), dspark_ttft_s=tuple(ds_ttft))
+    return OverheadResult(
+        reps=reps,
+        n_predict=n_predict,
+        bare_decode_tok_s=tuple(bare_tps),
+        dspark_decode_tok_s=tuple(ds_tps),
+        bare_ttft_s=tuple(bare_ttft),
+        dspark_ttft_s=tuple(ds_ttft),
+    )

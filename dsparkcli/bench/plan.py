@@ -12,8 +12,8 @@ from dsparkcli.bench.records import PLAIN
 from dsparkcli.errors import UsageError
 from dsparkcli.gguf.pairing import AcceptanceKind, acceptance_kind
 from dsparkcli.hub.registry import load_registry
-from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.protocol import AUTO, SPEC_N_MAX, SPEC_P_MIN
 from dsparkcli.llama.server import ServerConfig
 from dsparkcli.llama.speculation import Speculation
@@ -28,6 +28,7 @@ class Draft:
 
 ADAPTIVE_LABEL = "adaptive"  # the adaptive arm's config name: "<draft>@adaptive"
 AUTO_LABEL = "auto"  # --budget auto's arm when the tuning picked plain decoding: "<draft>@auto", no draft
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -82,8 +83,11 @@ class Arm:
             return None, None, None
         if self.synth_rates is not None:
             return (self.p_min if self.p_min is not None else plan.p_min), None, self.synth_rates
-        return (self.p_min if self.p_min is not None else plan.p_min,
-                self.synth_len if self.synth_len is not None else plan.synth_len, None)
+        return (
+            self.p_min if self.p_min is not None else plan.p_min,
+            self.synth_len if self.synth_len is not None else plan.synth_len,
+            None,
+        )
 
     def synth_mean(self, plan: BenchPlan) -> float | None:
         """The arm's synthetic mean acceptance length (None: real acceptance)."""
@@ -162,8 +166,14 @@ class BenchPlan:
         if self.synth_len is not None:
             return AcceptanceKind("SYNTHETIC", f"--spec-synth-len {self.synth_len:g}: llama.cpp emulates acceptance")
         if self.emulated:
-            return AcceptanceKind("SYNTHETIC", "--spec-synth-len/--spec-synth-rates cells: llama.cpp emulates acceptance")
-        return AcceptanceKind("SYNTHETIC", self.scripted) if self.scripted else AcceptanceKind("REAL", "a real draft on a real target")
+            return AcceptanceKind(
+                "SYNTHETIC", "--spec-synth-len/--spec-synth-rates cells: llama.cpp emulates acceptance"
+            )
+        return (
+            AcceptanceKind("SYNTHETIC", self.scripted)
+            if self.scripted
+            else AcceptanceKind("REAL", "a real draft on a real target")
+        )
 
     def arms(self) -> list[Arm]:
         arms = [Arm(PLAIN)] if self.with_plain else []
@@ -172,13 +182,26 @@ class BenchPlan:
         for d in self.drafts:
             arms += [Arm(f"{d.label}@{b}", d, b) for b in self.budgets]
             if self.cost_table is not None:
-                arms.append(Arm(f"{d.label}@{ADAPTIVE_LABEL}", d, self.adaptive_k, cost_table=self.cost_table,
-                                without_draft=self.adaptive_without_draft))
+                arms.append(
+                    Arm(
+                        f"{d.label}@{ADAPTIVE_LABEL}",
+                        d,
+                        self.adaptive_k,
+                        cost_table=self.cost_table,
+                        without_draft=self.adaptive_without_draft,
+                    )
+                )
             if self.auto_without_draft and d == self.drafts[0]:
                 arms.append(Arm(f"{d.label}@{AUTO_LABEL}", d, None, without_draft=True))
             elif self.auto_per_category and d == self.drafts[0]:
-                arms.append(Arm(f"{d.label}@{AUTO_LABEL}", d, max(k for _, k, _ in self.auto_per_category),
-                                per_category=self.auto_per_category))
+                arms.append(
+                    Arm(
+                        f"{d.label}@{AUTO_LABEL}",
+                        d,
+                        max(k for _, k, _ in self.auto_per_category),
+                        per_category=self.auto_per_category,
+                    )
+                )
         for s in self.specs:
             if s.uses_model:
                 assert s.path is not None, "a draft-simple speculation's model is resolved before the plan"
@@ -198,13 +221,22 @@ class BenchPlan:
             return self.server_config(replace(arm, without_draft=False), concurrency).without_draft()
         p_min, synth_len, synth_rates = arm.settings(self)  # the arm's own (tune's cells), else the plan's
         return ServerConfig(
-            model=self.target, draft=arm.draft.path if arm.draft else None, mmproj=self.mmproj,
-            spec_type=arm.spec.kind if arm.spec else None, spec_flags=arm.spec.flags() if arm.spec else (),
-            n_max=AUTO if arm.adaptive else arm.budget, cost_table=arm.cost_table,
-            p_min=p_min, synth_len=synth_len, synth_rates=synth_rates,
+            model=self.target,
+            draft=arm.draft.path if arm.draft else None,
+            mmproj=self.mmproj,
+            spec_type=arm.spec.kind if arm.spec else None,
+            spec_flags=arm.spec.flags() if arm.spec else (),
+            n_max=AUTO if arm.adaptive else arm.budget,
+            cost_table=arm.cost_table,
+            p_min=p_min,
+            synth_len=synth_len,
+            synth_rates=synth_rates,
             # llama-server splits -c over its slots: every client gets plan.ctx
-            ctx=self.ctx * concurrency if self.ctx else None, n_parallel=concurrency,
-            threads=self.threads, placement=self.placement, extra_args=self.extra_args,
+            ctx=self.ctx * concurrency if self.ctx else None,
+            n_parallel=concurrency,
+            threads=self.threads,
+            placement=self.placement,
+            extra_args=self.extra_args,
         )
 
     def total_requests(self) -> int:
@@ -219,7 +251,13 @@ class BenchPlan:
             self._validate_arms()
         elif not self.drafts and not self.specs:
             raise UsageError("bench needs at least one draft (--draft or --model) or --spec")
-        elif self.model_drafts and not self.budgets and self.cost_table is None and not self.auto_without_draft and not self.auto_per_category:
+        elif (
+            self.model_drafts
+            and not self.budgets
+            and self.cost_table is None
+            and not self.auto_without_draft
+            and not self.auto_per_category
+        ):
             raise UsageError("bench needs at least one --budget")
         if any(b < 1 for b in self.budgets):
             raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")
@@ -251,14 +289,18 @@ class BenchPlan:
         if self.synth_len is not None and not self.explicit_arms and self.budgets:
             worst = min(self.budgets)
             if not 1.0 <= self.synth_len <= worst + 1:
-                raise UsageError(f"--synth-len must be within [1, {worst + 1}] for budget {worst} (got {self.synth_len})")
+                raise UsageError(
+                    f"--synth-len must be within [1, {worst + 1}] for budget {worst} (got {self.synth_len})"
+                )
         if not self.prompts:
             raise UsageError("no prompts selected")
         if self.mmproj is None:
             vision = [p.id for p in self.prompts if p.has_images]
             if vision:
-                raise UsageError(f"{len(vision)} prompts have images (e.g. {vision[0]}) but no --mmproj was given",
-                                 hint="pass --mmproj, or --category text")
+                raise UsageError(
+                    f"{len(vision)} prompts have images (e.g. {vision[0]}) but no --mmproj was given",
+                    hint="pass --mmproj, or --category text",
+                )
 
 
 @dataclass(frozen=True)
@@ -300,9 +342,17 @@ def _label(path: str, taken: set[str]) -> str:
     return label
 
 
-def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None,
-                   yes: bool = False, engine: Engine | None = None,
-                   on_notice: Callable[[str], None] | None = None, dspark: bool = True) -> BenchInputs:
+def resolve_inputs(
+    *,
+    model: str | None,
+    target: str | None,
+    drafts: Sequence[str],
+    mmproj: str | None,
+    yes: bool = False,
+    engine: Engine | None = None,
+    on_notice: Callable[[str], None] | None = None,
+    dspark: bool = True,
+) -> BenchInputs:
     """Local paths (or hf:// refs) with --target, else the registry pair (``drafts``: keys or paths,
     each optionally ``LABEL=...`` to name its configurations).
 
@@ -315,11 +365,19 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
         files = resolve_files(PairSpec(model=model, target=target, mmproj=mmproj, no_draft=True), downloads)
         check_pairing(files, engine)
         if target is not None:
-            return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=(), scripted=scripted(files.target, []))
+            return BenchInputs(
+                target=files.target, mmproj=files.mmproj, drafts=(), scripted=scripted(files.target, [])
+            )
         pair = load_registry().get(model)
         # no upstream acceptance: the registry's figures are its DSpark draft's
-        return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=(), budget=pair.budget, model_name=pair.name,
-                           scripted=scripted(files.target, []))
+        return BenchInputs(
+            target=files.target,
+            mmproj=files.mmproj,
+            drafts=(),
+            budget=pair.budget,
+            model_name=pair.name,
+            scripted=scripted(files.target, []),
+        )
     resolved: list[Draft] = []
     taken: set[str] = set()
     if target is not None:
@@ -334,8 +392,12 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
             label = given or _label(d, taken)
             taken.add(label)
             resolved.append(Draft(label, files.draft))  # type: ignore[arg-type]
-        return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),
-                           scripted=scripted(files.target, [d.path for d in resolved]))
+        return BenchInputs(
+            target=files.target,
+            mmproj=files.mmproj,
+            drafts=tuple(resolved),
+            scripted=scripted(files.target, [d.path for d in resolved]),
+        )
     reg = load_registry()
     name = model or reg.default
     if name is None:
@@ -356,6 +418,12 @@ def resolve_inputs(*, model: str | None, target: str | None, drafts: Sequence[st
         check_pairing(files, engine)
         taken.add(label)
         resolved.append(Draft(label, files.draft))
-    return BenchInputs(target=files.target, mmproj=files.mmproj, drafts=tuple(resolved),
-                       upstream_acceptance=tuple(pair.acceptance.items()), budget=pair.budget, model_name=name,
-                       scripted=scripted(files.target, [d.path for d in resolved]))
+    return BenchInputs(
+        target=files.target,
+        mmproj=files.mmproj,
+        drafts=tuple(resolved),
+        upstream_acceptance=tuple(pair.acceptance.items()),
+        budget=pair.budget,
+        model_name=name,
+        scripted=scripted(files.target, [d.path for d in resolved]),
+    )

@@ -26,17 +26,27 @@ from typing import Any
 # they count as "matmul" (the table says so).
 KINDS = ("matmul", "moe", "flash_attn", "norm", "rope", "elementwise", "copy", "sampling", "recurrent", "other")
 KIND_LABELS = {
-    "matmul": "matmul (MMQ/MMVQ/cuBLAS)", "moe": "mul_mat_id (MoE routing)", "flash_attn": "flash attn",
-    "norm": "norm/softmax", "rope": "rope", "elementwise": "elementwise/glu", "copy": "get_rows/cpy/concat",
-    "sampling": "argmax/top-k", "recurrent": "ssm/delta-net", "other": "other",
+    "matmul": "matmul (MMQ/MMVQ/cuBLAS)",
+    "moe": "mul_mat_id (MoE routing)",
+    "flash_attn": "flash attn",
+    "norm": "norm/softmax",
+    "rope": "rope",
+    "elementwise": "elementwise/glu",
+    "copy": "get_rows/cpy/concat",
+    "sampling": "argmax/top-k",
+    "recurrent": "ssm/delta-net",
+    "other": "other",
 }
 
 # First match wins: the more specific patterns come first ("topk_moe" before "top_k", "mul_mat_id" before
 # "mul_mat"). Matched against the kernel's base name (no "void ", template arguments or parameters).
 _RULES: tuple[tuple[str, str], ...] = (
     # not a bare "moe": mul_mat_vec_q_moe is the expert product itself (MMVQ with ids, batches of 2-8)
-    ("moe", r"mul_mat_id|mm_ids_helper|topk_moe|moe_weighted_reduction|k_copy_src1_to_contiguous|"
-            r"k_copy_dst_from_contiguous"),
+    (
+        "moe",
+        r"mul_mat_id|mm_ids_helper|topk_moe|moe_weighted_reduction|k_copy_src1_to_contiguous|"
+        r"k_copy_dst_from_contiguous",
+    ),
     ("recurrent", r"ssm_conv|ssm_scan|gated_delta|delta_net|rwkv|wkv|gla_f32|conv1d"),
     ("flash_attn", r"flash_attn|fattn"),
     ("sampling", r"argmax|argsort|top_k|topk|cumsum|sampl"),
@@ -44,8 +54,11 @@ _RULES: tuple[tuple[str, str], ...] = (
     ("norm", r"norm|soft_max|softmax"),
     ("rope", r"rope"),
     ("copy", r"get_rows|set_rows|cpy|copy|concat|dup|transpose|convert|dequantize|repeat|pad|k_set\b"),
-    ("elementwise", r"bin_bcast|unary|glu|silu|gelu|relu|sigmoid|softplus|swiglu|geglu|scale|clamp|add|mul|sub|"
-                    r"div|sqr|sqrt|exp|tanh|neg|step|fill|sum_rows|sum|mean"),
+    (
+        "elementwise",
+        r"bin_bcast|unary|glu|silu|gelu|relu|sigmoid|softplus|swiglu|geglu|scale|clamp|add|mul|sub|"
+        r"div|sqr|sqrt|exp|tanh|neg|step|fill|sum_rows|sum|mean",
+    ),
 )
 _COMPILED = tuple((kind, re.compile(pat)) for kind, pat in _RULES)
 
@@ -98,7 +111,7 @@ def parse_ncu_csv(text: str, metric: str = TIME_METRIC) -> list[Kernel]:
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith(('"ID"', "ID,"))), None)
     if start is None:
-        raise ValueError("no ncu CSV header (a line starting with \"ID\") in the input")
+        raise ValueError('no ncu CSV header (a line starting with "ID") in the input')
     rows = csv.DictReader(io.StringIO("\n".join(lines[start:])))
     out: dict[int, Kernel] = {}
     for row in rows:
@@ -191,8 +204,9 @@ def step_profile(kernels: Sequence[Kernel], *, min_match: float = 1.0) -> StepPr
         by_kind[k.kind] += k.ns / 1e6
     if steps:
         by_kind = {kind: ms / steps for kind, ms in by_kind.items()}
-    return StepProfile(kernels=len(kernels), period=period, steps=steps,
-                       total_ms=sum(k.ns for k in used) / 1e6, by_kind_ms=by_kind)
+    return StepProfile(
+        kernels=len(kernels), period=period, steps=steps, total_ms=sum(k.ns for k in used) / 1e6, by_kind_ms=by_kind
+    )
 
 
 def server_step(timings: Mapping[str, Any], spec_steps: int) -> dict[str, Any]:
@@ -203,12 +217,18 @@ def server_step(timings: Mapping[str, Any], spec_steps: int) -> dict[str, Any]:
     """
     predicted_n, predicted_ms = int(timings["predicted_n"]), float(timings["predicted_ms"])
     steps = spec_steps if spec_steps else predicted_n
-    return {"prompt_n": int(timings.get("prompt_n", 0)), "prompt_ms": float(timings.get("prompt_ms", 0.0)),
-            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-            "draft_n": int(timings.get("draft_n", 0)), "draft_n_accepted": int(timings.get("draft_n_accepted", 0)),
-            "steps": steps, "t_step_ms": predicted_ms / steps if steps else None,
-            "tokens_per_step": predicted_n / steps if steps else None,
-            "ms_per_token": predicted_ms / predicted_n if predicted_n else None}
+    return {
+        "prompt_n": int(timings.get("prompt_n", 0)),
+        "prompt_ms": float(timings.get("prompt_ms", 0.0)),
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "draft_n": int(timings.get("draft_n", 0)),
+        "draft_n_accepted": int(timings.get("draft_n_accepted", 0)),
+        "steps": steps,
+        "t_step_ms": predicted_ms / steps if steps else None,
+        "tokens_per_step": predicted_n / steps if steps else None,
+        "ms_per_token": predicted_ms / predicted_n if predicted_n else None,
+    }
 
 
 def median_timing(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -224,11 +244,16 @@ def breakdown_row(config: str, server: Mapping[str, Any] | None, prof: StepProfi
     t_step = server.get("t_step_ms") if server else None
     tps = server.get("tokens_per_step") if server else None
     kernel = prof.kernel_ms_per_step if prof else None
-    row: dict[str, Any] = {"config": config, "t_step_ms": t_step, "tokens_per_step": tps,
-                           "t_draft_ms": server.get("t_draft_ms") if server else None,
-                           "kernel_ms": kernel, "kernels_per_step": prof.period if prof else None,
-                           "by_kind_ms": dict(prof.by_kind_ms) if prof and prof.steps else None,
-                           "gap_ms": t_step - kernel if t_step is not None and kernel is not None else None}
+    row: dict[str, Any] = {
+        "config": config,
+        "t_step_ms": t_step,
+        "tokens_per_step": tps,
+        "t_draft_ms": server.get("t_draft_ms") if server else None,
+        "kernel_ms": kernel,
+        "kernels_per_step": prof.period if prof else None,
+        "by_kind_ms": dict(prof.by_kind_ms) if prof and prof.steps else None,
+        "gap_ms": t_step - kernel if t_step is not None and kernel is not None else None,
+    }
     row["ms_per_token"] = t_step / tps if t_step is not None and tps else None
     row["kernel_ms_per_token"] = kernel / tps if kernel is not None and tps else None
     return row
@@ -253,5 +278,11 @@ def rows_from_records(records: Iterable[Mapping[str, Any]], *, min_match: float 
             timings.setdefault(cfg, []).append(r)
         else:
             kernels[cfg] = kernels_from_record(r)
-    return [breakdown_row(c, median_timing(timings[c]) if c in timings else None,
-                          step_profile(kernels[c], min_match=min_match) if c in kernels else None) for c in order]
+    return [
+        breakdown_row(
+            c,
+            median_timing(timings[c]) if c in timings else None,
+            step_profile(kernels[c], min_match=min_match) if c in kernels else None,
+        )
+        for c in order
+    ]

@@ -94,8 +94,9 @@ def parse_record(obj: Any, *, where: str, base_dir: Path) -> Prompt:
         return _question(obj, where=where)
     unknown = sorted(set(obj) - set(_KEYS_REQUIRED) - set(_KEYS_OPTIONAL))
     if unknown:
-        raise UsageError(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: "
-                         f"{', '.join(_KEYS_REQUIRED + _KEYS_OPTIONAL)})")
+        raise UsageError(
+            f"{where}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(_KEYS_REQUIRED + _KEYS_OPTIONAL)})"
+        )
     for key in _KEYS_REQUIRED:
         value = obj.get(key)
         if not isinstance(value, str) or not value.strip():
@@ -115,8 +116,9 @@ def parse_record(obj: Any, *, where: str, base_dir: Path) -> Prompt:
         except UsageError as e:
             raise UsageError(f"{where}: prompt '{obj['id']}': {e.message}") from e
         images.append(path)
-    return Prompt(id=obj["id"], category=obj["category"].strip().lower(), text=obj["prompt"],
-                  images=tuple(images), system=system)
+    return Prompt(
+        id=obj["id"], category=obj["category"].strip().lower(), text=obj["prompt"], images=tuple(images), system=system
+    )
 
 
 def _question(obj: dict[str, Any], *, where: str) -> Prompt:
@@ -124,8 +126,10 @@ def _question(obj: dict[str, Any], *, where: str) -> Prompt:
     a single-turn benchmark does not have)."""
     unknown = sorted(set(obj) - set(_QUESTION_KEYS) - set(_QUESTION_OPTIONAL))
     if unknown:
-        raise UsageError(f"{where}: unknown field(s) {', '.join(unknown)} in a question (allowed: "
-                         f"{', '.join(_QUESTION_KEYS + _QUESTION_OPTIONAL)})")
+        raise UsageError(
+            f"{where}: unknown field(s) {', '.join(unknown)} in a question (allowed: "
+            f"{', '.join(_QUESTION_KEYS + _QUESTION_OPTIONAL)})"
+        )
     qid, category, turns = obj.get("question_id"), obj.get("category"), obj.get("turns")
     if isinstance(qid, bool) or not isinstance(qid, (int, str)) or not str(qid).strip():
         raise UsageError(f"{where}: field 'question_id' must be a number or a non-empty string")
@@ -163,8 +167,9 @@ def load_prompts(source: str | Path | None = None) -> tuple[Prompt, ...]:
     return tuple(prompts)
 
 
-def select(prompts: tuple[Prompt, ...], categories: list[str] | tuple[str, ...] | None = None,
-           limit: int | None = None) -> tuple[Prompt, ...]:
+def select(
+    prompts: tuple[Prompt, ...], categories: list[str] | tuple[str, ...] | None = None, limit: int | None = None
+) -> tuple[Prompt, ...]:
     """Prompts of the given categories (``vision``/``text`` name groups), at most ``limit`` per category."""
     chosen = prompts
     if categories:
@@ -177,8 +182,10 @@ def select(prompts: tuple[Prompt, ...], categories: list[str] | tuple[str, ...] 
         present = {p.category for p in prompts}
         missing = [c for c in wanted if c not in present]
         if missing:
-            raise UsageError(f"no prompts in categor{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)} "
-                             f"(available: {', '.join(sorted(present))})")
+            raise UsageError(
+                f"no prompts in categor{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)} "
+                f"(available: {', '.join(sorted(present))})"
+            )
         chosen = tuple(p for p in prompts if p.category in wanted)
     if limit is not None:
         if limit < 1:

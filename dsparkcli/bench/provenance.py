@@ -16,8 +16,12 @@ from dsparkcli.llama.engine import Engine
 
 __all__ = ["FileFacts", "build_record", "collect", "file_facts", "gpu_facts", "gpu_names", "hash_cache_path"]
 
-GPU_FACT_FIELDS = (("name", "name"), ("memory_total", "memory.total"), ("driver", "driver_version"),
-                   ("mem_clock_max", "clocks.max.memory"))
+GPU_FACT_FIELDS = (
+    ("name", "name"),
+    ("memory_total", "memory.total"),
+    ("driver", "driver_version"),
+    ("mem_clock_max", "clocks.max.memory"),
+)
 
 
 def gpu_facts() -> dict[str, Any]:
@@ -33,8 +37,14 @@ def gpu_facts() -> dict[str, Any]:
     return {"name": "unknown"}
 
 
-def collect(engine: Engine, files: dict[str, Path | None], *, argv: list[str] | None = None,
-            reps: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect(
+    engine: Engine,
+    files: dict[str, Path | None],
+    *,
+    argv: list[str] | None = None,
+    reps: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The provenance block every bench record carries."""
     facts = {role: asdict(file_facts(p)) for role, p in files.items() if p is not None}
     gpus = gpu_names()
@@ -42,8 +52,13 @@ def collect(engine: Engine, files: dict[str, Path | None], *, argv: list[str] | 
     commit = engine.commit or (str(build.get("commit", "")) if build else "")
     return {
         "dspark_version": __version__,
-        "engine": {"server": str(engine.server), "version": engine.version, "commit": commit,
-                   "backend": engine.backend, "build": build},
+        "engine": {
+            "server": str(engine.server),
+            "version": engine.version,
+            "commit": commit,
+            "backend": engine.backend,
+            "build": build,
+        },
         "gpu": ", ".join(gpus) if gpus else "none",
         "argv": list(sys.argv if argv is None else argv),
         "files": facts,

@@ -61,13 +61,24 @@ class PromptRecord:
     media_marker: str
 
     def to_record(self) -> dict[str, Any]:
-        return {"record": "prompt", "prompt_id": self.prompt_id, "category": self.category, "rendered": self.rendered,
-                "images_sha256": list(self.images_sha256), "media_marker": self.media_marker}
+        return {
+            "record": "prompt",
+            "prompt_id": self.prompt_id,
+            "category": self.category,
+            "rendered": self.rendered,
+            "images_sha256": list(self.images_sha256),
+            "media_marker": self.media_marker,
+        }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> PromptRecord:
-        return cls(rec["prompt_id"], rec["category"], rec["rendered"], tuple(rec.get("images_sha256") or ()),
-                   rec.get("media_marker", ""))
+        return cls(
+            rec["prompt_id"],
+            rec["category"],
+            rec["rendered"],
+            tuple(rec.get("images_sha256") or ()),
+            rec.get("media_marker", ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -113,19 +124,38 @@ class RequestRecord:
 
     def to_record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
-            "record": "request", "config": self.config, "draft": self.draft, "budget": self.budget,
-            "synthetic": self.synthetic, "synth_len": self.synth_len, "category": self.category,
-            "prompt_id": self.prompt_id, "rep": self.rep, "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
-            "n_predicted": self.n_predicted, "predicted_ms": self.predicted_ms, "tok_s": self.tok_s,
-            "request_ms": self.request_ms, "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
-            "stop_type": self.stop_type, "truncated": self.truncated, "tokens": list(self.tokens),
-            "tokens_sha256": self.tokens_sha256, "output_sha256": self.output_sha256,
+            "record": "request",
+            "config": self.config,
+            "draft": self.draft,
+            "budget": self.budget,
+            "synthetic": self.synthetic,
+            "synth_len": self.synth_len,
+            "category": self.category,
+            "prompt_id": self.prompt_id,
+            "rep": self.rep,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "n_predicted": self.n_predicted,
+            "predicted_ms": self.predicted_ms,
+            "tok_s": self.tok_s,
+            "request_ms": self.request_ms,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
+            "stop_type": self.stop_type,
+            "truncated": self.truncated,
+            "tokens": list(self.tokens),
+            "tokens_sha256": self.tokens_sha256,
+            "output_sha256": self.output_sha256,
             "server_argv": list(self.server_argv),
         }
         if self.identity is not None:
-            rec.update({"identical_to_plain": self.identity.identical_to_plain,
-                        "first_divergence": self.identity.first_divergence,
-                        "plain_sha256": self.identity.plain_sha256})
+            rec.update(
+                {
+                    "identical_to_plain": self.identity.identical_to_plain,
+                    "first_divergence": self.identity.first_divergence,
+                    "plain_sha256": self.identity.plain_sha256,
+                }
+            )
         if self.concurrency is not None:
             rec.update({"concurrency": self.concurrency, "client": self.client, "ttft_ms": self.ttft_ms})
         rec.update({"request_n_max": self.request_n_max} if self.request_n_max is not None else {})
@@ -135,19 +165,36 @@ class RequestRecord:
     def from_record(cls, rec: Mapping[str, Any]) -> RequestRecord:
         identity = None
         if "identical_to_plain" in rec or "first_divergence" in rec:
-            identity = Identity(rec.get("identical_to_plain") is not False, rec.get("first_divergence"),
-                                rec.get("plain_sha256"))
+            identity = Identity(
+                rec.get("identical_to_plain") is not False, rec.get("first_divergence"), rec.get("plain_sha256")
+            )
         return cls(
-            config=rec["config"], category=rec["category"], prompt_id=rec["prompt_id"], rep=rec["rep"],
-            n_predicted=rec["n_predicted"], predicted_ms=rec["predicted_ms"], draft=rec.get("draft"),
-            budget=rec.get("budget"), synthetic=bool(rec.get("synthetic")), synth_len=rec.get("synth_len"),
-            prompt_n=rec.get("prompt_n", 0), prompt_ms=rec.get("prompt_ms"), tok_s=rec.get("tok_s"),
-            request_ms=rec.get("request_ms", 0.0), draft_n=rec.get("draft_n", 0),
-            draft_n_accepted=rec.get("draft_n_accepted", 0), stop_type=rec.get("stop_type"),
-            truncated=rec.get("truncated"), tokens=tuple(rec.get("tokens") or ()),
-            tokens_sha256=rec.get("tokens_sha256", ""), output_sha256=rec.get("output_sha256", ""),
-            server_argv=tuple(rec.get("server_argv") or ()), identity=identity,
-            concurrency=rec.get("concurrency"), client=rec.get("client"), ttft_ms=rec.get("ttft_ms"),
+            config=rec["config"],
+            category=rec["category"],
+            prompt_id=rec["prompt_id"],
+            rep=rec["rep"],
+            n_predicted=rec["n_predicted"],
+            predicted_ms=rec["predicted_ms"],
+            draft=rec.get("draft"),
+            budget=rec.get("budget"),
+            synthetic=bool(rec.get("synthetic")),
+            synth_len=rec.get("synth_len"),
+            prompt_n=rec.get("prompt_n", 0),
+            prompt_ms=rec.get("prompt_ms"),
+            tok_s=rec.get("tok_s"),
+            request_ms=rec.get("request_ms", 0.0),
+            draft_n=rec.get("draft_n", 0),
+            draft_n_accepted=rec.get("draft_n_accepted", 0),
+            stop_type=rec.get("stop_type"),
+            truncated=rec.get("truncated"),
+            tokens=tuple(rec.get("tokens") or ()),
+            tokens_sha256=rec.get("tokens_sha256", ""),
+            output_sha256=rec.get("output_sha256", ""),
+            server_argv=tuple(rec.get("server_argv") or ()),
+            identity=identity,
+            concurrency=rec.get("concurrency"),
+            client=rec.get("client"),
+            ttft_ms=rec.get("ttft_ms"),
             request_n_max=rec.get("request_n_max"),
         )
 
@@ -167,19 +214,34 @@ class CountersRecord:
     concurrency: int | None = None  # a --concurrency run: one block per pass (category ``all``)
 
     def to_record(self) -> dict[str, Any]:
-        rec = {"record": "counters", "config": self.config, "draft": self.draft, "budget": self.budget,
-               "category": self.category, "rep": self.rep, **self.counters.to_record(),
-               "synthetic": self.synthetic, "server_argv": list(self.server_argv)}
+        rec = {
+            "record": "counters",
+            "config": self.config,
+            "draft": self.draft,
+            "budget": self.budget,
+            "category": self.category,
+            "rep": self.rep,
+            **self.counters.to_record(),
+            "synthetic": self.synthetic,
+            "server_argv": list(self.server_argv),
+        }
         if self.concurrency is not None:
             rec["concurrency"] = self.concurrency
         return rec
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> CountersRecord:
-        return cls(config=rec["config"], category=rec["category"], rep=rec["rep"],
-                   counters=SpecCounters.from_record(rec), draft=rec.get("draft"), budget=rec.get("budget"),
-                   synthetic=bool(rec.get("synthetic")), server_argv=tuple(rec.get("server_argv") or ()),
-                   concurrency=rec.get("concurrency"))
+        return cls(
+            config=rec["config"],
+            category=rec["category"],
+            rep=rec["rep"],
+            counters=SpecCounters.from_record(rec),
+            draft=rec.get("draft"),
+            budget=rec.get("budget"),
+            synthetic=bool(rec.get("synthetic")),
+            server_argv=tuple(rec.get("server_argv") or ()),
+            concurrency=rec.get("concurrency"),
+        )
 
 
 @dataclass(frozen=True)
@@ -190,12 +252,18 @@ class Divergence:
     plain_sha256: str | None
 
     def to_record(self) -> dict[str, Any]:
-        return {"prompt_id": self.prompt_id, "first_divergence": self.first_divergence,
-                "output_sha256": self.output_sha256, "plain_sha256": self.plain_sha256}
+        return {
+            "prompt_id": self.prompt_id,
+            "first_divergence": self.first_divergence,
+            "output_sha256": self.output_sha256,
+            "plain_sha256": self.plain_sha256,
+        }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Divergence:
-        return cls(rec["prompt_id"], rec.get("first_divergence"), rec.get("output_sha256", ""), rec.get("plain_sha256"))
+        return cls(
+            rec["prompt_id"], rec.get("first_divergence"), rec.get("output_sha256", ""), rec.get("plain_sha256")
+        )
 
 
 @dataclass(frozen=True)
@@ -225,30 +293,54 @@ class DraftSummary:
 
     def to_record(self) -> dict[str, Any]:
         c, all_ = self.counters, self.counters.plus(self.uncounted)
-        rec = {"drafted": all_.drafted, "accepted": all_.accepted, "steps": c.steps,
-               "acceptance_rate": all_.acceptance_rate, "mean_length": c.mean_length,
-               "accepted_per_pos": list(c.accepted_per_pos), "acceptance_per_pos": self.acceptance_per_pos,
-               "timings_drafted": self.timings_drafted, "timings_accepted": self.timings_accepted,
-               "identical": self.identical, "prompts": self.prompts, "identical_pct": self.identical_pct,
-               "divergent": [d.to_record() for d in self.divergent]}
+        rec = {
+            "drafted": all_.drafted,
+            "accepted": all_.accepted,
+            "steps": c.steps,
+            "acceptance_rate": all_.acceptance_rate,
+            "mean_length": c.mean_length,
+            "accepted_per_pos": list(c.accepted_per_pos),
+            "acceptance_per_pos": self.acceptance_per_pos,
+            "timings_drafted": self.timings_drafted,
+            "timings_accepted": self.timings_accepted,
+            "identical": self.identical,
+            "prompts": self.prompts,
+            "identical_pct": self.identical_pct,
+            "divergent": [d.to_record() for d in self.divergent],
+        }
         if self.uncounted_requests:
-            rec.update({"uncounted_requests": self.uncounted_requests, "uncounted_drafted": self.uncounted.drafted,
-                        "uncounted_accepted": self.uncounted.accepted})
+            rec.update(
+                {
+                    "uncounted_requests": self.uncounted_requests,
+                    "uncounted_drafted": self.uncounted.drafted,
+                    "uncounted_accepted": self.uncounted.accepted,
+                }
+            )
         return rec
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> DraftSummary:
         """From a summary row (rate, mean length and per-position shares are derived, not read)."""
-        uncounted = SpecCounters(drafted=int(rec.get("uncounted_drafted", 0)),
-                                 accepted=int(rec.get("uncounted_accepted", 0)))
+        uncounted = SpecCounters(
+            drafted=int(rec.get("uncounted_drafted", 0)), accepted=int(rec.get("uncounted_accepted", 0))
+        )
         counted = SpecCounters.from_record(rec)
-        counted = SpecCounters(drafted=counted.drafted - uncounted.drafted, accepted=counted.accepted - uncounted.accepted,
-                               steps=counted.steps, accepted_per_pos=counted.accepted_per_pos)
-        return cls(counters=counted, timings_drafted=rec.get("timings_drafted", 0),
-                   timings_accepted=rec.get("timings_accepted", 0), identical=rec.get("identical", 0),
-                   prompts=rec.get("prompts", 0),
-                   divergent=tuple(Divergence.from_record(d) for d in rec.get("divergent") or ()),
-                   uncounted=uncounted, uncounted_requests=int(rec.get("uncounted_requests", 0)))
+        counted = SpecCounters(
+            drafted=counted.drafted - uncounted.drafted,
+            accepted=counted.accepted - uncounted.accepted,
+            steps=counted.steps,
+            accepted_per_pos=counted.accepted_per_pos,
+        )
+        return cls(
+            counters=counted,
+            timings_drafted=rec.get("timings_drafted", 0),
+            timings_accepted=rec.get("timings_accepted", 0),
+            identical=rec.get("identical", 0),
+            prompts=rec.get("prompts", 0),
+            divergent=tuple(Divergence.from_record(d) for d in rec.get("divergent") or ()),
+            uncounted=uncounted,
+            uncounted_requests=int(rec.get("uncounted_requests", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -273,10 +365,19 @@ class SummaryRecord:
 
     def to_record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
-            "record": "summary", "config": self.config, "draft": self.draft, "budget": self.budget,
-            "category": self.category, "synthetic": self.synthetic, "synth_len": self.synth_len,
-            "prompts": self.prompts, "reps": self.reps, "requests": self.requests, "tokens": self.tokens,
-            "tok_s": self.tok_s.to_record(), "speedup": self.speedup,
+            "record": "summary",
+            "config": self.config,
+            "draft": self.draft,
+            "budget": self.budget,
+            "category": self.category,
+            "synthetic": self.synthetic,
+            "synth_len": self.synth_len,
+            "prompts": self.prompts,
+            "reps": self.reps,
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "tok_s": self.tok_s.to_record(),
+            "speedup": self.speedup,
             "upstream_acceptance_length": self.upstream_acceptance_length,
         }
         if self.drafting is not None:
@@ -288,12 +389,21 @@ class SummaryRecord:
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> SummaryRecord:
         return cls(
-            config=rec["config"], category=rec["category"], draft=rec.get("draft"), budget=rec.get("budget"),
-            synthetic=bool(rec.get("synthetic")), synth_len=rec.get("synth_len"), prompts=rec.get("prompts", 0),
-            reps=rec.get("reps", 0), requests=rec.get("requests", 0), tokens=rec.get("tokens", 0),
-            tok_s=Spread.from_record(rec.get("tok_s") or {}), speedup=rec.get("speedup"),
+            config=rec["config"],
+            category=rec["category"],
+            draft=rec.get("draft"),
+            budget=rec.get("budget"),
+            synthetic=bool(rec.get("synthetic")),
+            synth_len=rec.get("synth_len"),
+            prompts=rec.get("prompts", 0),
+            reps=rec.get("reps", 0),
+            requests=rec.get("requests", 0),
+            tokens=rec.get("tokens", 0),
+            tok_s=Spread.from_record(rec.get("tok_s") or {}),
+            speedup=rec.get("speedup"),
             upstream_acceptance_length=rec.get("upstream_acceptance_length"),
-            drafting=DraftSummary.from_record(rec) if "drafted" in rec else None, load_s=rec.get("load_s"),
+            drafting=DraftSummary.from_record(rec) if "drafted" in rec else None,
+            load_s=rec.get("load_s"),
         )
 
 
@@ -317,16 +427,34 @@ class PassRecord:
         return self.tokens / self.wall_s if self.wall_s > 0 else None
 
     def to_record(self) -> dict[str, Any]:
-        return {"record": "pass", "config": self.config, "draft": self.draft, "budget": self.budget,
-                "synthetic": self.synthetic, "concurrency": self.concurrency, "rep": self.rep,
-                "requests": self.requests, "tokens": self.tokens, "wall_s": self.wall_s, "tok_s": self.tok_s}
+        return {
+            "record": "pass",
+            "config": self.config,
+            "draft": self.draft,
+            "budget": self.budget,
+            "synthetic": self.synthetic,
+            "concurrency": self.concurrency,
+            "rep": self.rep,
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "wall_s": self.wall_s,
+            "tok_s": self.tok_s,
+        }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> PassRecord:
         """The measured parts (tok/s is derived from them, not read)."""
-        return cls(config=rec["config"], concurrency=rec["concurrency"], rep=rec["rep"], requests=rec["requests"],
-                   tokens=rec["tokens"], wall_s=rec["wall_s"], draft=rec.get("draft"), budget=rec.get("budget"),
-                   synthetic=bool(rec.get("synthetic")))
+        return cls(
+            config=rec["config"],
+            concurrency=rec["concurrency"],
+            rep=rec["rep"],
+            requests=rec["requests"],
+            tokens=rec["tokens"],
+            wall_s=rec["wall_s"],
+            draft=rec.get("draft"),
+            budget=rec.get("budget"),
+            synthetic=bool(rec.get("synthetic")),
+        )
 
 
 @dataclass(frozen=True)
@@ -353,11 +481,23 @@ class LoadSummaryRecord:
 
     def to_record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
-            "record": "load_summary", "config": self.config, "draft": self.draft, "budget": self.budget,
-            "concurrency": self.concurrency, "category": ALL, "synthetic": self.synthetic, "synth_len": self.synth_len,
-            "prompts": self.prompts, "reps": self.reps, "requests": self.requests, "tokens": self.tokens,
-            "tok_s": self.tok_s.to_record(), "request_tok_s": self.request_tok_s.to_record(),
-            "ttft_ms": self.ttft_ms.to_record(), "latency_ms": self.latency_ms.to_record(), "speedup": self.speedup,
+            "record": "load_summary",
+            "config": self.config,
+            "draft": self.draft,
+            "budget": self.budget,
+            "concurrency": self.concurrency,
+            "category": ALL,
+            "synthetic": self.synthetic,
+            "synth_len": self.synth_len,
+            "prompts": self.prompts,
+            "reps": self.reps,
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "tok_s": self.tok_s.to_record(),
+            "request_tok_s": self.request_tok_s.to_record(),
+            "ttft_ms": self.ttft_ms.to_record(),
+            "latency_ms": self.latency_ms.to_record(),
+            "speedup": self.speedup,
         }
         if self.drafting is not None:
             rec.update(self.drafting.to_record())
@@ -368,13 +508,23 @@ class LoadSummaryRecord:
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> LoadSummaryRecord:
         return cls(
-            config=rec["config"], concurrency=rec["concurrency"], draft=rec.get("draft"), budget=rec.get("budget"),
-            synthetic=bool(rec.get("synthetic")), synth_len=rec.get("synth_len"), prompts=rec.get("prompts", 0),
-            reps=rec.get("reps", 0), requests=rec.get("requests", 0), tokens=rec.get("tokens", 0),
-            tok_s=Spread.from_record(rec.get("tok_s") or {}), request_tok_s=Spread.from_record(rec.get("request_tok_s") or {}),
+            config=rec["config"],
+            concurrency=rec["concurrency"],
+            draft=rec.get("draft"),
+            budget=rec.get("budget"),
+            synthetic=bool(rec.get("synthetic")),
+            synth_len=rec.get("synth_len"),
+            prompts=rec.get("prompts", 0),
+            reps=rec.get("reps", 0),
+            requests=rec.get("requests", 0),
+            tokens=rec.get("tokens", 0),
+            tok_s=Spread.from_record(rec.get("tok_s") or {}),
+            request_tok_s=Spread.from_record(rec.get("request_tok_s") or {}),
             ttft_ms=Quantiles.from_record(rec.get("ttft_ms") or {}),
-            latency_ms=Quantiles.from_record(rec.get("latency_ms") or {}), speedup=rec.get("speedup"),
-            drafting=DraftSummary.from_record(rec) if "drafted" in rec else None, load_s=rec.get("load_s"),
+            latency_ms=Quantiles.from_record(rec.get("latency_ms") or {}),
+            speedup=rec.get("speedup"),
+            drafting=DraftSummary.from_record(rec) if "drafted" in rec else None,
+            load_s=rec.get("load_s"),
         )
 
 
@@ -405,31 +555,62 @@ class OverheadRecord:
         return (self.wall_s - self.provenance_s) / denom if denom > 0 else float("inf")
 
     def to_record(self) -> dict[str, Any]:
-        return {"record": "overhead", "wall_s": self.wall_s, "generation_s": self.generation_s,
-                "load_s": self.load_s, "request_s": self.request_s, "provenance_s": self.provenance_s,
-                "stop_s": self.stop_s, "ratio": self.ratio, "ratio_after_hashing": self.ratio_after_hashing,
-                "configurations": self.configurations, "requests": self.requests, "synthetic": self.synthetic}
+        return {
+            "record": "overhead",
+            "wall_s": self.wall_s,
+            "generation_s": self.generation_s,
+            "load_s": self.load_s,
+            "request_s": self.request_s,
+            "provenance_s": self.provenance_s,
+            "stop_s": self.stop_s,
+            "ratio": self.ratio,
+            "ratio_after_hashing": self.ratio_after_hashing,
+            "configurations": self.configurations,
+            "requests": self.requests,
+            "synthetic": self.synthetic,
+        }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> OverheadRecord:
         """The measured parts (the ratios are derived from them, not read)."""
-        return cls(wall_s=rec["wall_s"], generation_s=rec["generation_s"], load_s=rec["load_s"],
-                   request_s=rec["request_s"], provenance_s=rec.get("provenance_s", 0.0), stop_s=rec.get("stop_s", 0.0),
-                   configurations=rec.get("configurations", 0), requests=rec.get("requests", 0),
-                   synthetic=bool(rec.get("synthetic")))
+        return cls(
+            wall_s=rec["wall_s"],
+            generation_s=rec["generation_s"],
+            load_s=rec["load_s"],
+            request_s=rec["request_s"],
+            provenance_s=rec.get("provenance_s", 0.0),
+            stop_s=rec.get("stop_s", 0.0),
+            configurations=rec.get("configurations", 0),
+            requests=rec.get("requests", 0),
+            synthetic=bool(rec.get("synthetic")),
+        )
 
     def figures(self) -> dict[str, float]:
         """The --json document's ``overhead`` block."""
-        return {"wall_s": self.wall_s, "generation_s": self.generation_s, "load_s": self.load_s,
-                "request_s": self.request_s, "provenance_s": self.provenance_s, "stop_s": self.stop_s,
-                "ratio": self.ratio, "ratio_after_hashing": self.ratio_after_hashing}
+        return {
+            "wall_s": self.wall_s,
+            "generation_s": self.generation_s,
+            "load_s": self.load_s,
+            "request_s": self.request_s,
+            "provenance_s": self.provenance_s,
+            "stop_s": self.stop_s,
+            "ratio": self.ratio,
+            "ratio_after_hashing": self.ratio_after_hashing,
+        }
 
 
-RECORD_TYPES: dict[str, Any] = {"prompt": PromptRecord, "request": RequestRecord, "counters": CountersRecord,
-                                "summary": SummaryRecord, "overhead": OverheadRecord, "pass": PassRecord,
-                                "load_summary": LoadSummaryRecord}
-Record = (PromptRecord | RequestRecord | CountersRecord | SummaryRecord | OverheadRecord | PassRecord
-          | LoadSummaryRecord)
+RECORD_TYPES: dict[str, Any] = {
+    "prompt": PromptRecord,
+    "request": RequestRecord,
+    "counters": CountersRecord,
+    "summary": SummaryRecord,
+    "overhead": OverheadRecord,
+    "pass": PassRecord,
+    "load_summary": LoadSummaryRecord,
+}
+Record = (
+    PromptRecord | RequestRecord | CountersRecord | SummaryRecord | OverheadRecord | PassRecord | LoadSummaryRecord
+)
 
 
 def from_record(rec: Mapping[str, Any]) -> Record:

@@ -16,21 +16,94 @@ from typing import Any
 
 SYNTHETIC_LABEL = "SYNTHETIC acceptance (--spec-synth-len {L}): speeds emulate a draft, outputs are not valid"
 
-COLUMNS = ("config", "category", "tok/s", "min-max", "speedup", "drafted", "accepted", "rate", "mean len",
-           "upstream", "identical", "1st divergence", "accept/pos %")
-CSV_FIELDS = ("synthetic", "synth_len", "config", "draft", "budget", "category", "prompts", "reps", "requests",
-              "tokens", "tok_s_median", "tok_s_min", "tok_s_max", "speedup", "drafted", "accepted", "steps",
-              "acceptance_rate", "mean_length", "upstream_acceptance_length", "identical", "identical_pct",
-              "first_divergences", "acceptance_per_pos")
+COLUMNS = (
+    "config",
+    "category",
+    "tok/s",
+    "min-max",
+    "speedup",
+    "drafted",
+    "accepted",
+    "rate",
+    "mean len",
+    "upstream",
+    "identical",
+    "1st divergence",
+    "accept/pos %",
+)
+CSV_FIELDS = (
+    "synthetic",
+    "synth_len",
+    "config",
+    "draft",
+    "budget",
+    "category",
+    "prompts",
+    "reps",
+    "requests",
+    "tokens",
+    "tok_s_median",
+    "tok_s_min",
+    "tok_s_max",
+    "speedup",
+    "drafted",
+    "accepted",
+    "steps",
+    "acceptance_rate",
+    "mean_length",
+    "upstream_acceptance_length",
+    "identical",
+    "identical_pct",
+    "first_divergences",
+    "acceptance_per_pos",
+)
 
 
-LOAD_COLUMNS = ("config", "clients", "agg tok/s", "min-max", "speedup", "req tok/s", "TTFT ms p50/p95/max",
-                "latency ms p50/p95/max", "mean len", "rate", "identical")
-LOAD_CSV_FIELDS = ("synthetic", "synth_len", "config", "draft", "budget", "concurrency", "prompts", "reps", "requests",
-                   "tokens", "tok_s_median", "tok_s_min", "tok_s_max", "speedup", "request_tok_s_median",
-                   "request_tok_s_min", "request_tok_s_max", "ttft_ms_p50", "ttft_ms_p95", "ttft_ms_max",
-                   "latency_ms_p50", "latency_ms_p95", "latency_ms_max", "drafted", "accepted", "steps",
-                   "acceptance_rate", "mean_length", "identical", "identical_pct")
+LOAD_COLUMNS = (
+    "config",
+    "clients",
+    "agg tok/s",
+    "min-max",
+    "speedup",
+    "req tok/s",
+    "TTFT ms p50/p95/max",
+    "latency ms p50/p95/max",
+    "mean len",
+    "rate",
+    "identical",
+)
+LOAD_CSV_FIELDS = (
+    "synthetic",
+    "synth_len",
+    "config",
+    "draft",
+    "budget",
+    "concurrency",
+    "prompts",
+    "reps",
+    "requests",
+    "tokens",
+    "tok_s_median",
+    "tok_s_min",
+    "tok_s_max",
+    "speedup",
+    "request_tok_s_median",
+    "request_tok_s_min",
+    "request_tok_s_max",
+    "ttft_ms_p50",
+    "ttft_ms_p95",
+    "ttft_ms_max",
+    "latency_ms_p50",
+    "latency_ms_p95",
+    "latency_ms_max",
+    "drafted",
+    "accepted",
+    "steps",
+    "acceptance_rate",
+    "mean_length",
+    "identical",
+    "identical_pct",
+)
 
 
 def is_load(summaries: Sequence[dict[str, Any]]) -> bool:
@@ -70,8 +143,10 @@ def title(summaries: Sequence[dict[str, Any]], *, partial: bool = False) -> str:
     """The table's title; ``partial``: an interrupted run's rows, which every format says first."""
     base = "dspark bench: plain vs draft budgets (greedy; median over reps, min-max)"
     if is_load(summaries):
-        base = ("dspark bench --concurrency: N clients in flight on llama-server -np N (greedy, streamed; "
-                "aggregate tok/s median over passes, min-max; speedup vs plain at the same N)")
+        base = (
+            "dspark bench --concurrency: N clients in flight on llama-server -np N (greedy, streamed; "
+            "aggregate tok/s median over passes, min-max; speedup vs plain at the same N)"
+        )
     return (f"{INTERRUPTED_LABEL}: " if partial else "") + f"{base}. {synthetic_note(summaries) or REAL_LABEL}"
 
 
@@ -93,7 +168,9 @@ def _divergences(s: dict[str, Any], limit: int = 3) -> str:
     div = s.get("divergent") or []
     if not div:
         return "-"
-    parts = [f"{d['prompt_id']}@{d['first_divergence'] if d['first_divergence'] is not None else '?'}" for d in div[:limit]]
+    parts = [
+        f"{d['prompt_id']}@{d['first_divergence'] if d['first_divergence'] is not None else '?'}" for d in div[:limit]
+    ]
     return ", ".join(parts) + (f" +{len(div) - limit}" if len(div) > limit else "")
 
 
@@ -107,7 +184,7 @@ def _per_pos(s: dict[str, Any]) -> str:
     shown = values
     if len(values) > PER_POS_SHOWN:
         last = max((i for i, v in enumerate(values) if v > 0), default=-1)
-        shown = values[:max(PER_POS_SHOWN, last + 1)]
+        shown = values[: max(PER_POS_SHOWN, last + 1)]
     cut = len(values) - len(shown)
     return " ".join(f"{100 * v:.0f}" for v in shown) + (f" +{cut}x0" if cut else "")
 
@@ -118,17 +195,23 @@ def table_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
     for s in summaries:
         t = s["tok_s"]
         plain = s.get("drafted") is None
-        rows.append((
-            s["config"], s["category"], _tok(t["median"]), f"{_tok(t['min'])}-{_tok(t['max'])}",
-            f"{s['speedup']:.2f}x" if s.get("speedup") is not None else "-",
-            "-" if plain else str(s["drafted"]), "-" if plain else str(s["accepted"]),
-            "-" if plain or s.get("acceptance_rate") is None else f"{100 * s['acceptance_rate']:.1f}%",
-            "-" if plain else _num(s.get("mean_length")),
-            _num(s.get("upstream_acceptance_length"), 3),
-            "-" if plain else f"{s['identical']}/{s['prompts']}",
-            "-" if plain else _divergences(s),
-            "-" if plain else _per_pos(s),
-        ))
+        rows.append(
+            (
+                s["config"],
+                s["category"],
+                _tok(t["median"]),
+                f"{_tok(t['min'])}-{_tok(t['max'])}",
+                f"{s['speedup']:.2f}x" if s.get("speedup") is not None else "-",
+                "-" if plain else str(s["drafted"]),
+                "-" if plain else str(s["accepted"]),
+                "-" if plain or s.get("acceptance_rate") is None else f"{100 * s['acceptance_rate']:.1f}%",
+                "-" if plain else _num(s.get("mean_length")),
+                _num(s.get("upstream_acceptance_length"), 3),
+                "-" if plain else f"{s['identical']}/{s['prompts']}",
+                "-" if plain else _divergences(s),
+                "-" if plain else _per_pos(s),
+            )
+        )
     return rows
 
 
@@ -142,26 +225,37 @@ def load_table_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, ...]
     rows = []
     for s in summaries:
         t, plain = s["tok_s"], s.get("drafted") is None
-        rows.append((
-            s["config"], str(s["concurrency"]), _tok(t["median"]), f"{_tok(t['min'])}-{_tok(t['max'])}",
-            f"{s['speedup']:.2f}x" if s.get("speedup") is not None else "-", _tok(s["request_tok_s"]["median"]),
-            _ms(s.get("ttft_ms")), _ms(s.get("latency_ms")),
-            "-" if plain else _num(s.get("mean_length")),
-            "-" if plain or s.get("acceptance_rate") is None else f"{100 * s['acceptance_rate']:.1f}%",
-            "-" if plain else f"{s['identical']}/{s['prompts']}",
-        ))
+        rows.append(
+            (
+                s["config"],
+                str(s["concurrency"]),
+                _tok(t["median"]),
+                f"{_tok(t['min'])}-{_tok(t['max'])}",
+                f"{s['speedup']:.2f}x" if s.get("speedup") is not None else "-",
+                _tok(s["request_tok_s"]["median"]),
+                _ms(s.get("ttft_ms")),
+                _ms(s.get("latency_ms")),
+                "-" if plain else _num(s.get("mean_length")),
+                "-" if plain or s.get("acceptance_rate") is None else f"{100 * s['acceptance_rate']:.1f}%",
+                "-" if plain else f"{s['identical']}/{s['prompts']}",
+            )
+        )
     return rows
 
 
 def crossover_note(summaries: Sequence[dict[str, Any]]) -> str:
     """Where each draft stops paying, in one line (a --concurrency run)."""
     top = {s["config"]: s["concurrency"] for s in sorted(summaries, key=lambda s: s.get("concurrency") or 0)}
+
     def clients(n: int) -> str:
         return f"{n} client" + ("s" if n != 1 else "")
 
-    parts = [f"{c}: slower than plain from {clients(n)}" if n is not None
-             else f"{c}: faster than plain at every N measured (up to {clients(top[c])})"
-             for c, n in crossover(summaries).items()]
+    parts = [
+        f"{c}: slower than plain from {clients(n)}"
+        if n is not None
+        else f"{c}: faster than plain at every N measured (up to {clients(top[c])})"
+        for c, n in crossover(summaries).items()
+    ]
     return "crossover: " + ("; ".join(parts) if parts else "no draft configuration")
 
 
@@ -169,14 +263,28 @@ def flat(s: dict[str, Any]) -> dict[str, Any]:
     """One summary as a flat dict of CSV_FIELDS."""
     t = s["tok_s"]
     return {
-        "synthetic": bool(s.get("synthetic")), "synth_len": s.get("synth_len"),
-        "config": s["config"], "draft": s.get("draft"), "budget": s.get("budget"), "category": s["category"],
-        "prompts": s.get("prompts"), "reps": s.get("reps"), "requests": s.get("requests"), "tokens": s.get("tokens"),
-        "tok_s_median": t["median"], "tok_s_min": t["min"], "tok_s_max": t["max"], "speedup": s.get("speedup"),
-        "drafted": s.get("drafted"), "accepted": s.get("accepted"), "steps": s.get("steps"),
-        "acceptance_rate": s.get("acceptance_rate"), "mean_length": s.get("mean_length"),
+        "synthetic": bool(s.get("synthetic")),
+        "synth_len": s.get("synth_len"),
+        "config": s["config"],
+        "draft": s.get("draft"),
+        "budget": s.get("budget"),
+        "category": s["category"],
+        "prompts": s.get("prompts"),
+        "reps": s.get("reps"),
+        "requests": s.get("requests"),
+        "tokens": s.get("tokens"),
+        "tok_s_median": t["median"],
+        "tok_s_min": t["min"],
+        "tok_s_max": t["max"],
+        "speedup": s.get("speedup"),
+        "drafted": s.get("drafted"),
+        "accepted": s.get("accepted"),
+        "steps": s.get("steps"),
+        "acceptance_rate": s.get("acceptance_rate"),
+        "mean_length": s.get("mean_length"),
         "upstream_acceptance_length": s.get("upstream_acceptance_length"),
-        "identical": s.get("identical"), "identical_pct": s.get("identical_pct"),
+        "identical": s.get("identical"),
+        "identical_pct": s.get("identical_pct"),
         "first_divergences": ";".join(f"{d['prompt_id']}@{d['first_divergence']}" for d in s.get("divergent") or []),
         "acceptance_per_pos": " ".join(f"{v:.4f}" for v in s.get("acceptance_per_pos") or []),
     }
@@ -186,8 +294,12 @@ def load_flat(s: dict[str, Any]) -> dict[str, Any]:
     """One load_summary as a flat dict of LOAD_CSV_FIELDS."""
     row = {k: s.get(k) for k in LOAD_CSV_FIELDS}
     row["synthetic"] = bool(s.get("synthetic"))
-    for block, keys in (("tok_s", ("median", "min", "max")), ("request_tok_s", ("median", "min", "max")),
-                        ("ttft_ms", ("p50", "p95", "max")), ("latency_ms", ("p50", "p95", "max"))):
+    for block, keys in (
+        ("tok_s", ("median", "min", "max")),
+        ("request_tok_s", ("median", "min", "max")),
+        ("ttft_ms", ("p50", "p95", "max")),
+        ("latency_ms", ("p50", "p95", "max")),
+    ):
         for k in keys:
             row[f"{block}_{k}"] = (s.get(block) or {}).get(k)
     return row
@@ -206,8 +318,12 @@ def to_csv(summaries: Sequence[dict[str, Any]]) -> str:
 def to_markdown(summaries: Sequence[dict[str, Any]], *, partial: bool = False) -> str:
     load = is_load(summaries)
     columns = LOAD_COLUMNS if load else COLUMNS
-    lines = [f"**{title(summaries, partial=partial)}**", "", "| " + " | ".join(columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
+    lines = [
+        f"**{title(summaries, partial=partial)}**",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
     for row in load_table_rows(summaries) if load else table_rows(summaries):
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     if load:
@@ -215,16 +331,24 @@ def to_markdown(summaries: Sequence[dict[str, Any]], *, partial: bool = False) -
     return "\n".join(lines) + "\n"
 
 
-def to_json_doc(summaries: Sequence[dict[str, Any]], *, run_id: str, out: Path, overhead: dict[str, Any],
-                partial: bool = False) -> dict[str, Any]:
+def to_json_doc(
+    summaries: Sequence[dict[str, Any]], *, run_id: str, out: Path, overhead: dict[str, Any], partial: bool = False
+) -> dict[str, Any]:
     """The --json document: summaries without their (repeated) provenance, which is given once;
     ``partial`` (an interrupted run) adds ``"partial": true`` and the table's INTERRUPTED title."""
     clean = [{k: v for k, v in s.items() if k not in ("provenance", "run_id")} for s in summaries]
     prov = summaries[0].get("provenance") if summaries else None
     synth = is_synthetic(summaries)
-    doc = {"run_id": run_id, "jsonl": str(out), "synthetic": synth,
-           "acceptance": "SYNTHETIC" if synth else "REAL", "synthetic_note": synthetic_note(summaries),
-           "overhead": overhead, "summaries": clean, "provenance": prov}
+    doc = {
+        "run_id": run_id,
+        "jsonl": str(out),
+        "synthetic": synth,
+        "acceptance": "SYNTHETIC" if synth else "REAL",
+        "synthetic_note": synthetic_note(summaries),
+        "overhead": overhead,
+        "summaries": clean,
+        "provenance": prov,
+    }
     if is_load(summaries):
         doc["crossover"] = crossover(summaries)
     if partial:
@@ -235,8 +359,10 @@ def to_json_doc(summaries: Sequence[dict[str, Any]], *, run_id: str, out: Path, 
 def crossover(summaries: Sequence[dict[str, Any]]) -> dict[str, int | None]:
     """Per draft configuration: the lowest concurrency at which it is slower than plain (None: never)."""
     found: dict[str, int | None] = {}
-    for s in sorted((s for s in summaries if s.get("record") == "load_summary" and s.get("drafted") is not None),
-                    key=lambda s: s["concurrency"]):
+    for s in sorted(
+        (s for s in summaries if s.get("record") == "load_summary" and s.get("drafted") is not None),
+        key=lambda s: s["concurrency"],
+    ):
         found.setdefault(s["config"], None)
         if found[s["config"]] is None and s.get("speedup") is not None and s["speedup"] < 1.0:
             found[s["config"]] = s["concurrency"]
@@ -309,8 +435,9 @@ def _plot_load(summaries: Sequence[dict[str, Any]], path: Path, plt: Any) -> Pat
         hi = [(s["tok_s"]["max"] or m) - m for m, s in zip(med, rows)]
         axes[0].errorbar(x, med, yerr=[lo, hi], marker="o", capsize=2, label=config, color=f"C{i}")
         axes[1].plot(x, [s.get("speedup") or 0.0 for s in rows], marker="o", label=config, color=f"C{i}")
-        axes[2].plot(x, [(s.get("latency_ms") or {}).get("p95") or 0.0 for s in rows], marker="o", label=config,
-                     color=f"C{i}")
+        axes[2].plot(
+            x, [(s.get("latency_ms") or {}).get("p95") or 0.0 for s in rows], marker="o", label=config, color=f"C{i}"
+        )
     axes[0].set_ylabel("aggregate tokens/s")
     axes[0].legend(fontsize=8, ncol=min(4, len(configs)))
     axes[1].axhline(1.0, color="k", lw=0.8)

@@ -39,7 +39,6 @@ from typing import Any, TextIO, TypeVar
 from dsparkcli import config
 from dsparkcli.bench import load, provenance
 from dsparkcli.bench.plan import Arm, BenchPlan
-from dsparkcli.bench.servers import ServerPool, plan_hosts
 from dsparkcli.bench.prompts import Prompt, image_base64
 from dsparkcli.bench.records import (
     ALL,
@@ -54,6 +53,7 @@ from dsparkcli.bench.records import (
     dumps,
     read_jsonl,
 )
+from dsparkcli.bench.servers import ServerPool, plan_hosts
 from dsparkcli.bench.stats import (
     first_divergence,
     medians,
@@ -94,8 +94,9 @@ def render_prompts(client: ServerClient, prompts: Sequence[Prompt]) -> dict[str,
 
 def _payload(plan: BenchPlan, rendered: str, images_b64: list[str]) -> dict[str, Any]:
     prompt: Any = {"prompt_string": rendered, "multimodal_data": images_b64} if images_b64 else rendered
-    return completion_payload(prompt, n_predict=plan.n_predict, seed=plan.seed, ignore_eos=plan.ignore_eos,
-                              response_fields=COMPLETION_FIELDS)
+    return completion_payload(
+        prompt, n_predict=plan.n_predict, seed=plan.seed, ignore_eos=plan.ignore_eos, response_fields=COMPLETION_FIELDS
+    )
 
 
 class _Writer:
@@ -138,8 +139,10 @@ def summaries_so_far(out: Path, run_id: str, upstream: Sequence[tuple[str, float
     records in ``out`` (a configuration cut short is summarised over the requests it finished)."""
     records = read_jsonl(out, run_id) if out.is_file() else []
     prov = next((r["provenance"] for r in records if r.get("provenance")), None)
-    return [{**row, "run_id": run_id, **({"provenance": prov} if prov else {})}
-            for row in summarize(records, dict(upstream))]
+    return [
+        {**row, "run_id": run_id, **({"provenance": prov} if prov else {})}
+        for row in summarize(records, dict(upstream))
+    ]
 
 
 def default_out_path(run_id: str) -> Path:
@@ -191,9 +194,18 @@ def _timed_completion(client: ServerClient, payload: dict[str, Any], totals: _To
     return resp, request_ms
 
 
-def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[str, Any], request_ms: float,
-                    server_argv: Sequence[str], state: _RunState, answer: load.Answer[Prompt] | None = None,
-                    concurrency: int | None = None) -> RequestRecord:
+def _request_record(
+    plan: BenchPlan,
+    arm: Arm,
+    p: Prompt,
+    rep: int,
+    resp: dict[str, Any],
+    request_ms: float,
+    server_argv: Sequence[str],
+    state: _RunState,
+    answer: load.Answer[Prompt] | None = None,
+    concurrency: int | None = None,
+) -> RequestRecord:
     t = resp.get("timings") or {}
     tokens = tuple(int(x) for x in resp.get("tokens") or [])
     output_sha = text_sha256(str(resp.get("content", "")))
@@ -208,15 +220,32 @@ def _request_record(plan: BenchPlan, arm: Arm, p: Prompt, rep: int, resp: dict[s
     draft_n, draft_n_accepted = timings_drafts(t)
     synth = arm.synth_mean(plan)
     return RequestRecord(
-        config=arm.name, draft=arm.draft_label, budget=arm.budget,
-        synthetic=plan.synthetic, synth_len=synth, category=p.category, prompt_id=p.id, rep=rep,
-        prompt_n=int(resp.get("tokens_evaluated", t.get("prompt_n", 0))), prompt_ms=t.get("prompt_ms"),
-        n_predicted=int(t.get("predicted_n", len(tokens))), predicted_ms=float(t.get("predicted_ms", 0.0)),
-        tok_s=t.get("predicted_per_second"), request_ms=request_ms, draft_n=draft_n,
-        draft_n_accepted=draft_n_accepted, stop_type=resp.get("stop_type"), truncated=resp.get("truncated"),
-        tokens=tokens, tokens_sha256=tokens_sha256(tokens), output_sha256=output_sha,
-        server_argv=tuple(server_argv), identity=identity, concurrency=concurrency,
-        client=answer.client if answer else None, ttft_ms=answer.ttft_ms if answer else None,
+        config=arm.name,
+        draft=arm.draft_label,
+        budget=arm.budget,
+        synthetic=plan.synthetic,
+        synth_len=synth,
+        category=p.category,
+        prompt_id=p.id,
+        rep=rep,
+        prompt_n=int(resp.get("tokens_evaluated", t.get("prompt_n", 0))),
+        prompt_ms=t.get("prompt_ms"),
+        n_predicted=int(t.get("predicted_n", len(tokens))),
+        predicted_ms=float(t.get("predicted_ms", 0.0)),
+        tok_s=t.get("predicted_per_second"),
+        request_ms=request_ms,
+        draft_n=draft_n,
+        draft_n_accepted=draft_n_accepted,
+        stop_type=resp.get("stop_type"),
+        truncated=resp.get("truncated"),
+        tokens=tokens,
+        tokens_sha256=tokens_sha256(tokens),
+        output_sha256=output_sha,
+        server_argv=tuple(server_argv),
+        identity=identity,
+        concurrency=concurrency,
+        client=answer.client if answer else None,
+        ttft_ms=answer.ttft_ms if answer else None,
     )
 
 
@@ -224,14 +253,16 @@ def _server_config(plan: BenchPlan, arm: Arm, concurrency: int = 1) -> ServerCon
     return plan.server_config(arm, concurrency)
 
 
-def _render_once(client: ServerClient, plan: BenchPlan, state: _RunState, writer: _Writer,
-                 image_sha: dict[str, list[str]]) -> dict[str, str]:
+def _render_once(
+    client: ServerClient, plan: BenchPlan, state: _RunState, writer: _Writer, image_sha: dict[str, list[str]]
+) -> dict[str, str]:
     """Same target, same template: prompts are rendered once, on the first server, and recorded."""
     if state.rendered is None:
         state.rendered = render_prompts(client, plan.prompts)
         for p in plan.prompts:
-            writer.write(PromptRecord(p.id, p.category, state.rendered[p.id], tuple(image_sha[p.id]),
-                                      MEDIA_MARKER).to_record())
+            writer.write(
+                PromptRecord(p.id, p.category, state.rendered[p.id], tuple(image_sha[p.id]), MEDIA_MARKER).to_record()
+            )
     return state.rendered
 
 
@@ -254,8 +285,12 @@ def _surviving(srv: LlamaServer, where: str, send: Callable[[], _T]) -> _T:
         except ServerError as e2:
             if e2.kind == "crash":
                 srv.check_alive(during=f"generation ({where})", wait=15.0)
-                raise ServerError(f"llama-server dropped a {where} request twice (it is still running)",
-                                  kind="crash", log_tail=srv.log_tail(), hint=f"log: {srv.log_path}") from e2
+                raise ServerError(
+                    f"llama-server dropped a {where} request twice (it is still running)",
+                    kind="crash",
+                    log_tail=srv.log_tail(),
+                    hint=f"log: {srv.log_path}",
+                ) from e2
             raise
 
 
@@ -265,14 +300,27 @@ def _model_drafts(arm: Arm) -> bool:
 
 
 def _drafted_nothing(arm: Arm, requests: int, srv: LlamaServer) -> BenchError:
-    return BenchError(f"configuration {arm.name} drafted nothing in {requests} requests "
-                      f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
-                      hint=f"server log: {srv.log_path}")
+    return BenchError(
+        f"configuration {arm.name} drafted nothing in {requests} requests "
+        f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
+        hint=f"server log: {srv.log_path}",
+    )
 
 
-def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Arm, writer: _Writer, state: _RunState,
-             totals: _Totals, images_b64: dict[str, list[str]], image_sha: dict[str, list[str]], categories: list[str],
-             on_request: Callable[[str, str], None] | None, rep0: int = 0) -> tuple[float, _ArmRecords]:
+def _run_arm(
+    pool: ServerPool,
+    plan_host: ServerConfig,
+    plan: BenchPlan,
+    arm: Arm,
+    writer: _Writer,
+    state: _RunState,
+    totals: _Totals,
+    images_b64: dict[str, list[str]],
+    image_sha: dict[str, list[str]],
+    categories: list[str],
+    on_request: Callable[[str, str], None] | None,
+    rep0: int = 0,
+) -> tuple[float, _ArmRecords]:
     """One configuration: its server from the pool (started, or a loaded one that can serve it), warm up,
     run every rep × category × prompt (reps numbered from ``rep0``: a later round's). Returns (load
     seconds, 0 on a reused server; its records)."""
@@ -292,8 +340,13 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
         return {**draft_fields, **arm.request_fields(p.category)}
 
     def request(p: Prompt) -> tuple[dict[str, Any], float]:
-        result = _surviving(srv, arm.name, lambda: _timed_completion(
-            client, {**_payload(plan, rendered[p.id], images_b64[p.id]), **fields(p)}, totals))
+        result = _surviving(
+            srv,
+            arm.name,
+            lambda: _timed_completion(
+                client, {**_payload(plan, rendered[p.id], images_b64[p.id]), **fields(p)}, totals
+            ),
+        )
         if on_request:
             on_request(arm.name, p.id)
         return result
@@ -315,9 +368,16 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
                 writer.write(rec.to_record())
             if before is not None:
                 after = SpecCounters.from_metrics(client.metrics())
-                block = CountersRecord(config=arm.name, category=category, rep=rep, counters=after.minus(before),
-                                       draft=arm.draft_label, budget=arm.budget,
-                                       synthetic=plan.synthetic, server_argv=tuple(server_argv))
+                block = CountersRecord(
+                    config=arm.name,
+                    category=category,
+                    rep=rep,
+                    counters=after.minus(before),
+                    draft=arm.draft_label,
+                    budget=arm.budget,
+                    synthetic=plan.synthetic,
+                    server_argv=tuple(server_argv),
+                )
                 before = after
                 drafted += block.counters.drafted
                 mine.counters.append(block)
@@ -329,9 +389,18 @@ def _run_arm(pool: ServerPool, plan_host: ServerConfig, plan: BenchPlan, arm: Ar
     return load_s, mine
 
 
-def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, writer: _Writer, state: _RunState,
-                  totals: _Totals, images_b64: dict[str, list[str]], image_sha: dict[str, list[str]],
-                  on_request: Callable[[str, str], None] | None) -> tuple[float, _ArmRecords]:
+def _run_load_arm(
+    engine: Engine,
+    plan: BenchPlan,
+    arm: Arm,
+    concurrency: int,
+    writer: _Writer,
+    state: _RunState,
+    totals: _Totals,
+    images_b64: dict[str, list[str]],
+    image_sha: dict[str, list[str]],
+    on_request: Callable[[str, str], None] | None,
+) -> tuple[float, _ArmRecords]:
     """One configuration at one concurrency: a server with -np N, a warm-up pass, then ``reps`` passes in
     which each of the N clients streams the whole kit (from its own starting prompt). Returns (load s, records)."""
     is_draft = arm.speculates  # a server that drafts has counters to read
@@ -347,8 +416,11 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
         clients = [ServerClient(srv.url, api_key=srv.config.api_key) for _ in range(concurrency)]
 
         def send(c: ServerClient, p: Prompt) -> tuple[dict[str, Any], float | None, float]:
-            result = _surviving(srv, f"{arm.name} x{concurrency}", lambda: load.stream_completion(
-                c, _payload(plan, rendered[p.id], images_b64[p.id])))
+            result = _surviving(
+                srv,
+                f"{arm.name} x{concurrency}",
+                lambda: load.stream_completion(c, _payload(plan, rendered[p.id], images_b64[p.id])),
+            )
             if on_request:
                 on_request(f"{arm.name} x{concurrency}", p.id)
             return result
@@ -356,8 +428,9 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
         try:
             kit = list(plan.prompts)
             if plan.warmup:  # untimed, all clients at once: every slot's first-use costs are paid here
-                _, wall = load.run_pass(clients, [load.rotated(kit, k, concurrency)[: plan.warmup]
-                                                  for k in range(concurrency)], send)
+                _, wall = load.run_pass(
+                    clients, [load.rotated(kit, k, concurrency)[: plan.warmup] for k in range(concurrency)], send
+                )
                 totals.generation_s += wall
                 totals.request_s += wall
             jobs = [load.rotated(kit, k, concurrency) for k in range(concurrency)]
@@ -368,21 +441,47 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
                 totals.request_s += wall
                 tokens = 0
                 for a in answers:
-                    rec = _request_record(plan, arm, a.job, rep, a.response, a.latency_ms, server_argv, state,
-                                          answer=a, concurrency=concurrency)
+                    rec = _request_record(
+                        plan,
+                        arm,
+                        a.job,
+                        rep,
+                        a.response,
+                        a.latency_ms,
+                        server_argv,
+                        state,
+                        answer=a,
+                        concurrency=concurrency,
+                    )
                     tokens += rec.n_predicted
                     mine.requests.append(rec)
                     writer.write(rec.to_record())
-                rnd = PassRecord(config=arm.name, concurrency=concurrency, rep=rep, requests=len(answers), tokens=tokens,
-                                 wall_s=wall, draft=arm.draft_label, budget=arm.budget,
-                                 synthetic=plan.synthetic)
+                rnd = PassRecord(
+                    config=arm.name,
+                    concurrency=concurrency,
+                    rep=rep,
+                    requests=len(answers),
+                    tokens=tokens,
+                    wall_s=wall,
+                    draft=arm.draft_label,
+                    budget=arm.budget,
+                    synthetic=plan.synthetic,
+                )
                 mine.passes.append(rnd)
                 writer.write(rnd.to_record())
                 if before is not None:
                     after = SpecCounters.from_metrics(srv.client.metrics())
-                    block = CountersRecord(config=arm.name, category=ALL, rep=rep, counters=after.minus(before),
-                                           draft=rnd.draft, budget=arm.budget, synthetic=plan.synthetic,
-                                           server_argv=tuple(server_argv), concurrency=concurrency)
+                    block = CountersRecord(
+                        config=arm.name,
+                        category=ALL,
+                        rep=rep,
+                        counters=after.minus(before),
+                        draft=rnd.draft,
+                        budget=arm.budget,
+                        synthetic=plan.synthetic,
+                        server_argv=tuple(server_argv),
+                        concurrency=concurrency,
+                    )
                     before = after
                     mine.counters.append(block)
                     writer.write(block.to_record())
@@ -399,12 +498,14 @@ def _run_load_arm(engine: Engine, plan: BenchPlan, arm: Arm, concurrency: int, w
 def _joined(earlier: _ArmRecords | None, later: _ArmRecords) -> _ArmRecords:
     if earlier is None:
         return later
-    return _ArmRecords(earlier.requests + later.requests, earlier.counters + later.counters,
-                       earlier.passes + later.passes)
+    return _ArmRecords(
+        earlier.requests + later.requests, earlier.counters + later.counters, earlier.passes + later.passes
+    )
 
 
-def _summaries(arm: Arm, mine: _ArmRecords, categories: list[str], state: _RunState,
-               upstream: dict[str, float], load_s: float) -> list[SummaryRecord]:
+def _summaries(
+    arm: Arm, mine: _ArmRecords, categories: list[str], state: _RunState, upstream: dict[str, float], load_s: float
+) -> list[SummaryRecord]:
     """The configuration's summary rows, from its own records; the ``all`` row carries its load time."""
     rows = summarize_config(mine.requests, mine.counters, categories, state.plain_median, upstream)
     if arm.name == PLAIN:
@@ -418,9 +519,16 @@ def new_pool(engine: Engine, *, share: bool) -> ServerPool:
     return ServerPool(engine, share=share, env={"LLAMA_MEDIA_MARKER": MEDIA_MARKER})
 
 
-def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_id: str | None = None,
-              argv: list[str] | None = None, on_request: Callable[[str, str], None] | None = None,
-              pool: ServerPool | None = None) -> BenchResult:
+def run_bench(
+    engine: Engine,
+    plan: BenchPlan,
+    *,
+    out: Path | None = None,
+    run_id: str | None = None,
+    argv: list[str] | None = None,
+    on_request: Callable[[str, str], None] | None = None,
+    pool: ServerPool | None = None,
+) -> BenchResult:
     """Run every configuration of ``plan``; append records to ``out`` (JSONL) as they are measured.
 
     ``on_request(config, prompt_id)`` is called after each request (warm-up included), for progress.
@@ -435,18 +543,38 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
     if not out.parent.exists():
         check_output_dir(out.parent, what="bench records folder")
         out.parent.mkdir(parents=True, exist_ok=True)
-    out = check_output_file(out, what="bench records", inputs=[plan.target, plan.mmproj, *(d.path for d in plan.drafts),
-                                                                 *(s.path for s in plan.specs if s.path)])
+    out = check_output_file(
+        out,
+        what="bench records",
+        inputs=[plan.target, plan.mmproj, *(d.path for d in plan.drafts), *(s.path for s in plan.specs if s.path)],
+    )
     files: dict[str, Path | None] = {"target": plan.target, "mmproj": plan.mmproj}
     files.update({f"draft:{d.label}": d.path for d in plan.drafts})
     files.update({f"draft:{s.label}": s.path for s in plan.specs if s.path is not None})  # --spec draft-simple
     hashing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dspark-provenance")
-    prov = hashing.submit(provenance.collect, engine, files, argv=argv, reps=plan.reps, extra={
-        "run_id": run_id, "model": plan.model_name, "n_predict": plan.n_predict, "warmup": plan.warmup,
-        "seed": plan.seed, "rounds": plan.rounds, "ignore_eos": plan.ignore_eos, "p_min": plan.p_min, "synth_len": plan.synth_len,
-        "synthetic": plan.synthetic, "acceptance": plan.acceptance.label, "acceptance_why": plan.acceptance.why,
-        "ctx": plan.ctx, **({"concurrency": list(plan.concurrency)} if plan.concurrency else {}),
-    })
+    prov = hashing.submit(
+        provenance.collect,
+        engine,
+        files,
+        argv=argv,
+        reps=plan.reps,
+        extra={
+            "run_id": run_id,
+            "model": plan.model_name,
+            "n_predict": plan.n_predict,
+            "warmup": plan.warmup,
+            "seed": plan.seed,
+            "rounds": plan.rounds,
+            "ignore_eos": plan.ignore_eos,
+            "p_min": plan.p_min,
+            "synth_len": plan.synth_len,
+            "synthetic": plan.synthetic,
+            "acceptance": plan.acceptance.label,
+            "acceptance_why": plan.acceptance.why,
+            "ctx": plan.ctx,
+            **({"concurrency": list(plan.concurrency)} if plan.concurrency else {}),
+        },
+    )
     hashing.shutdown(wait=False)
     images_b64 = {p.id: [image_base64(i) for i in p.images] for p in plan.prompts}
     image_sha = {p.id: [provenance.file_facts(i).sha256 for i in p.images] for p in plan.prompts}
@@ -458,10 +586,12 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
         try:
             for concurrency in plan.concurrency:  # plain first at every level: the drafts' speedups need it
                 for arm in plan.arms():
-                    load_s, mine = _run_load_arm(engine, plan, arm, concurrency, writer, state, totals, images_b64,
-                                                 image_sha, on_request)
-                    row = summarize_load(mine.requests, mine.counters, mine.passes,
-                                         state.plain_load_tok_s.get(concurrency))
+                    load_s, mine = _run_load_arm(
+                        engine, plan, arm, concurrency, writer, state, totals, images_b64, image_sha, on_request
+                    )
+                    row = summarize_load(
+                        mine.requests, mine.counters, mine.passes, state.plain_load_tok_s.get(concurrency)
+                    )
                     if row is not None:
                         if arm.name == PLAIN:
                             state.plain_load_tok_s[concurrency] = row.tok_s.median
@@ -474,8 +604,20 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
                 first_load: dict[str, float] = {}
                 for rnd in range(plan.rounds):
                     for arm, host in zip(single, plan_hosts(configs) if mine_pool.share else configs):
-                        load_s, mine = _run_arm(mine_pool, host, plan, arm, writer, state, totals, images_b64,
-                                                image_sha, categories, on_request, rep0=rnd * plan.reps)
+                        load_s, mine = _run_arm(
+                            mine_pool,
+                            host,
+                            plan,
+                            arm,
+                            writer,
+                            state,
+                            totals,
+                            images_b64,
+                            image_sha,
+                            categories,
+                            on_request,
+                            rep0=rnd * plan.reps,
+                        )
                         mine = _joined(kept.get(arm.name), mine)
                         kept[arm.name] = mine
                         first_load.setdefault(arm.name, load_s)
@@ -491,10 +633,18 @@ def run_bench(engine: Engine, plan: BenchPlan, *, out: Path | None = None, run_i
                     mine_pool.close()
         finally:
             writer.flush(wait=True)  # whatever happened, every measured line reaches the file, with provenance
-        overhead = OverheadRecord(wall_s=time.perf_counter() - t_wall0, generation_s=totals.generation_s,
-                                  load_s=totals.load_s, request_s=totals.request_s, provenance_s=writer.waited_s,
-                                  stop_s=totals.stop_s, configurations=len(plan.arms()) * max(1, len(plan.concurrency)),
-                                  requests=plan.total_requests(), synthetic=plan.synthetic)
+        overhead = OverheadRecord(
+            wall_s=time.perf_counter() - t_wall0,
+            generation_s=totals.generation_s,
+            load_s=totals.load_s,
+            request_s=totals.request_s,
+            provenance_s=writer.waited_s,
+            stop_s=totals.stop_s,
+            configurations=len(plan.arms()) * max(1, len(plan.concurrency)),
+            requests=plan.total_requests(),
+            synthetic=plan.synthetic,
+        )
         writer.write(overhead.to_record())
-    return BenchResult(run_id=run_id, out=out, summaries=tuple(writer.summaries), overhead=overhead,
-                       synthetic=plan.synthetic)
+    return BenchResult(
+        run_id=run_id, out=out, summaries=tuple(writer.summaries), overhead=overhead, synthetic=plan.synthetic
+    )

@@ -116,16 +116,30 @@ def _divergences(requests: Sequence[RequestRecord]) -> tuple[int, tuple[Divergen
     for pid, reqs in by_prompt.items():
         firsts = [r.identity.first_divergence for r in reqs if r.identity and r.identity.first_divergence is not None]
         if firsts or any(r.identity is not None and not r.identity.identical_to_plain for r in reqs):
-            worst = min(reqs, key=lambda r: r.identity.first_divergence
-                        if r.identity and r.identity.first_divergence is not None else never)
-            divergent.append(Divergence(pid, min(firsts) if firsts else None, worst.output_sha256,
-                                        worst.identity.plain_sha256 if worst.identity else None))
+            worst = min(
+                reqs,
+                key=lambda r: (
+                    r.identity.first_divergence if r.identity and r.identity.first_divergence is not None else never
+                ),
+            )
+            divergent.append(
+                Divergence(
+                    pid,
+                    min(firsts) if firsts else None,
+                    worst.output_sha256,
+                    worst.identity.plain_sha256 if worst.identity else None,
+                )
+            )
     return len(by_prompt), tuple(divergent)
 
 
-def summarize_config(requests: Sequence[RequestRecord], counters: Sequence[CountersRecord],
-                     categories: Sequence[str], plain_median: Mapping[str, float | None],
-                     upstream: Mapping[str, float] | None = None) -> list[SummaryRecord]:
+def summarize_config(
+    requests: Sequence[RequestRecord],
+    counters: Sequence[CountersRecord],
+    categories: Sequence[str],
+    plain_median: Mapping[str, float | None],
+    upstream: Mapping[str, float] | None = None,
+) -> list[SummaryRecord]:
     """Summary rows of ONE configuration (its own request and counters records), per category and ``all``.
 
     Speedup is the ratio of median tok/s to plain's median tok/s for the same category (``plain_median``;
@@ -145,13 +159,24 @@ def summarize_config(requests: Sequence[RequestRecord], counters: Sequence[Count
         drafting = None
         if first.config != PLAIN:
             drafting = _drafting(reqs, [c for c in counters if category == ALL or c.category == category])
-        rows.append(SummaryRecord(
-            config=first.config, category=category, draft=first.draft, budget=first.budget,
-            synthetic=first.synthetic, synth_len=first.synth_len, prompts=len({r.prompt_id for r in reqs}),
-            reps=len({r.rep for r in reqs}), requests=len(reqs), tokens=sum(r.n_predicted for r in reqs),
-            tok_s=tok_s, speedup=speedup(tok_s.median, baseline),
-            upstream_acceptance_length=upstream.get(category) if category != ALL else None, drafting=drafting,
-        ))
+        rows.append(
+            SummaryRecord(
+                config=first.config,
+                category=category,
+                draft=first.draft,
+                budget=first.budget,
+                synthetic=first.synthetic,
+                synth_len=first.synth_len,
+                prompts=len({r.prompt_id for r in reqs}),
+                reps=len({r.rep for r in reqs}),
+                requests=len(reqs),
+                tokens=sum(r.n_predicted for r in reqs),
+                tok_s=tok_s,
+                speedup=speedup(tok_s.median, baseline),
+                upstream_acceptance_length=upstream.get(category) if category != ALL else None,
+                drafting=drafting,
+            )
+        )
     return rows
 
 
@@ -167,17 +192,26 @@ def _drafting(requests: Sequence[RequestRecord], counters: Sequence[CountersReco
     # their own timings, not dropped (issue 28: "drafted 0" for requests that drafted 27)
     read = {(c.rep, c.category) for c in counters}
     uncounted = [r for r in requests if r.draft_n and not ({(r.rep, r.category), (r.rep, ALL)} & read)]
-    return DraftSummary(counters=SpecCounters.total(c.counters for c in counters),
-                        timings_drafted=sum(r.draft_n for r in requests),
-                        timings_accepted=sum(r.draft_n_accepted for r in requests),
-                        identical=n_prompts - len(divergent), prompts=n_prompts, divergent=divergent,
-                        uncounted=SpecCounters(drafted=sum(r.draft_n for r in uncounted),
-                                               accepted=sum(r.draft_n_accepted for r in uncounted)),
-                        uncounted_requests=len(uncounted))
+    return DraftSummary(
+        counters=SpecCounters.total(c.counters for c in counters),
+        timings_drafted=sum(r.draft_n for r in requests),
+        timings_accepted=sum(r.draft_n_accepted for r in requests),
+        identical=n_prompts - len(divergent),
+        prompts=n_prompts,
+        divergent=divergent,
+        uncounted=SpecCounters(
+            drafted=sum(r.draft_n for r in uncounted), accepted=sum(r.draft_n_accepted for r in uncounted)
+        ),
+        uncounted_requests=len(uncounted),
+    )
 
 
-def summarize_load(requests: Sequence[RequestRecord], counters: Sequence[CountersRecord],
-                   passes: Sequence[PassRecord], plain_tok_s: float | None) -> LoadSummaryRecord | None:
+def summarize_load(
+    requests: Sequence[RequestRecord],
+    counters: Sequence[CountersRecord],
+    passes: Sequence[PassRecord],
+    plain_tok_s: float | None,
+) -> LoadSummaryRecord | None:
     """The row of ONE configuration at ONE concurrency, from its own records.
 
     Aggregate tok/s: per pass, tokens / wall; median and min-max over passes. Speedup: that median
@@ -190,17 +224,28 @@ def summarize_load(requests: Sequence[RequestRecord], counters: Sequence[Counter
     tok_s = spread_of([p.tok_s for p in passes if p.tok_s is not None])
     baseline = tok_s.median if first.config == PLAIN else plain_tok_s
     return LoadSummaryRecord(
-        config=first.config, concurrency=first.concurrency or 1, draft=first.draft, budget=first.budget,
-        synthetic=first.synthetic, synth_len=first.synth_len, prompts=len({r.prompt_id for r in requests}),
-        reps=len({r.rep for r in requests}), requests=len(requests), tokens=sum(r.n_predicted for r in requests),
-        tok_s=tok_s, request_tok_s=spread_of([r.tok_s for r in requests if r.tok_s is not None]),
+        config=first.config,
+        concurrency=first.concurrency or 1,
+        draft=first.draft,
+        budget=first.budget,
+        synthetic=first.synthetic,
+        synth_len=first.synth_len,
+        prompts=len({r.prompt_id for r in requests}),
+        reps=len({r.rep for r in requests}),
+        requests=len(requests),
+        tokens=sum(r.n_predicted for r in requests),
+        tok_s=tok_s,
+        request_tok_s=spread_of([r.tok_s for r in requests if r.tok_s is not None]),
         ttft_ms=quantiles_of([r.ttft_ms for r in requests if r.ttft_ms is not None]),
-        latency_ms=quantiles_of([r.request_ms for r in requests]), speedup=speedup(tok_s.median, baseline),
+        latency_ms=quantiles_of([r.request_ms for r in requests]),
+        speedup=speedup(tok_s.median, baseline),
         drafting=_drafting(requests, counters) if first.config != PLAIN else None,
     )
 
 
-def summarize(records: Iterable[Mapping[str, Any]], upstream: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+def summarize(
+    records: Iterable[Mapping[str, Any]], upstream: Mapping[str, float] | None = None
+) -> list[dict[str, Any]]:
     """The summary rows a run wrote, rebuilt from its request, counters and pass records (others are
     ignored), as JSON objects: ``summary`` rows per configuration × category (and ``all``), or for a
     --concurrency run ``load_summary`` rows per concurrency × configuration."""
@@ -213,17 +258,24 @@ def summarize(records: Iterable[Mapping[str, Any]], upstream: Mapping[str, float
     categories = list(dict.fromkeys(r.category for r in single))
     plain_median: dict[str, float | None] = {}
     for config in configs:
-        summary = summarize_config([r for r in single if r.config == config],
-                                   [c for c in counters if c.config == config and c.concurrency is None],
-                                   categories, plain_median, upstream)
+        summary = summarize_config(
+            [r for r in single if r.config == config],
+            [c for c in counters if c.config == config and c.concurrency is None],
+            categories,
+            plain_median,
+            upstream,
+        )
         if config == PLAIN:
             plain_median = medians(summary)
         rows += [s.to_record() for s in summary]
     plain_tok_s: dict[int, float | None] = {}
     for conc, config in dict.fromkeys((r.concurrency, r.config) for r in requests if r.concurrency is not None):
-        row = summarize_load([r for r in requests if (r.concurrency, r.config) == (conc, config)],
-                             [c for c in counters if (c.concurrency, c.config) == (conc, config)],
-                             [p for p in passes if (p.concurrency, p.config) == (conc, config)], plain_tok_s.get(conc))
+        row = summarize_load(
+            [r for r in requests if (r.concurrency, r.config) == (conc, config)],
+            [c for c in counters if (c.concurrency, c.config) == (conc, config)],
+            [p for p in passes if (p.concurrency, p.config) == (conc, config)],
+            plain_tok_s.get(conc),
+        )
         if row is not None:
             if config == PLAIN:
                 plain_tok_s[conc] = row.tok_s.median

@@ -135,9 +135,17 @@ class _OutOfTime(Exception):
     pass
 
 
-def _bench(engine: Engine, plan: BenchPlan, out: Path, run_id: str, phase: str, deadline: float | None,
-           on_progress: Callable[[Progress], None] | None, argv: list[str] | None,
-           pool: ServerPool) -> list[dict[str, Any]]:
+def _bench(
+    engine: Engine,
+    plan: BenchPlan,
+    out: Path,
+    run_id: str,
+    phase: str,
+    deadline: float | None,
+    on_progress: Callable[[Progress], None] | None,
+    argv: list[str] | None,
+    pool: ServerPool,
+) -> list[dict[str, Any]]:
     done = [0]
     total = plan.total_requests()
 
@@ -153,17 +161,34 @@ def _bench(engine: Engine, plan: BenchPlan, out: Path, run_id: str, phase: str, 
 
 
 def _base_plan(tp: TunePlan, prompts: Sequence[Prompt], arms: Sequence[Arm]) -> BenchPlan:
-    return BenchPlan(target=tp.target, drafts=(Draft("draft", tp.draft),), budgets=(), prompts=tuple(prompts),
-                     mmproj=tp.mmproj, reps=tp.reps, warmup=tp.warmup, n_predict=tp.n_predict, ctx=tp.ctx,
-                     seed=tp.seed, ignore_eos=tp.ignore_eos, threads=tp.threads, extra_args=tp.extra_args,
-                     explicit_arms=tuple(arms), model_name=tp.model_name,
-                     upstream_acceptance=tp.upstream_acceptance, scripted=tp.scripted)
+    return BenchPlan(
+        target=tp.target,
+        drafts=(Draft("draft", tp.draft),),
+        budgets=(),
+        prompts=tuple(prompts),
+        mmproj=tp.mmproj,
+        reps=tp.reps,
+        warmup=tp.warmup,
+        n_predict=tp.n_predict,
+        ctx=tp.ctx,
+        seed=tp.seed,
+        ignore_eos=tp.ignore_eos,
+        threads=tp.threads,
+        extra_args=tp.extra_args,
+        explicit_arms=tuple(arms),
+        model_name=tp.model_name,
+        upstream_acceptance=tp.upstream_acceptance,
+        scripted=tp.scripted,
+    )
 
 
 def _tok_s(summaries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     """(config, category) -> median tok/s over reps (bench's figure)."""
-    return {(s["config"], s["category"]): float((s.get("tok_s") or {}).get("median") or 0.0) for s in summaries
-            if s.get("record") == "summary"}
+    return {
+        (s["config"], s["category"]): float((s.get("tok_s") or {}).get("median") or 0.0)
+        for s in summaries
+        if s.get("record") == "summary"
+    }
 
 
 def _ms_per_token(summaries: list[dict[str, Any]], config_name: str, category: str = ALL) -> float:
@@ -176,8 +201,11 @@ def _ms_per_token(summaries: list[dict[str, Any]], config_name: str, category: s
 def _speedups(summaries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     """(config, category) -> tok/s over plain decoding's, same category, same run (bench's speedup)."""
     speed = _tok_s(summaries)
-    return {(c, cat): v / speed[(PLAIN, cat)] for (c, cat), v in speed.items()
-            if c != PLAIN and v and speed.get((PLAIN, cat))}
+    return {
+        (c, cat): v / speed[(PLAIN, cat)]
+        for (c, cat), v in speed.items()
+        if c != PLAIN and v and speed.get((PLAIN, cat))
+    }
 
 
 def _cost_arms(tp: TunePlan, budgets: Sequence[int]) -> list[Arm]:
@@ -200,7 +228,7 @@ def candidate_arm(tp: TunePlan, c: Candidate) -> Arm:
     if tp.synth_len is None:
         return Arm(name, d, c.budget, p_min=c.p_min)
     if tp.synth_mode == "rates" and c.budget < tp.k_max:
-        return Arm(name, d, c.budget, p_min=0.0, synth_rates=model.synth_rates(tp.synth_len, tp.k_max)[:c.budget])
+        return Arm(name, d, c.budget, p_min=0.0, synth_rates=model.synth_rates(tp.synth_len, tp.k_max)[: c.budget])
     return Arm(name, d, c.budget, p_min=0.0, synth_len=tp.synth_len)
 
 
@@ -210,8 +238,14 @@ def adaptive_arm(tp: TunePlan, table: Path) -> Arm:
     if tp.synth_len is None:
         return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, cost_table=table)
     if tp.synth_mode == "rates":
-        return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, synth_rates=model.synth_rates(tp.synth_len, tp.k_max),
-                   cost_table=table)
+        return Arm(
+            ADAPTIVE_LABEL,
+            d,
+            tp.k_max,
+            p_min=0.0,
+            synth_rates=model.synth_rates(tp.synth_len, tp.k_max),
+            cost_table=table,
+        )
     return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, synth_len=tp.synth_len, cost_table=table)
 
 
@@ -230,7 +264,9 @@ def _cells(rows: list[dict[str, Any]], arms: Sequence[Arm], categories: Sequence
     cells = []
     for arm in arms:
         assert arm.p_min is not None
-        cells += [(a, _ms_per_token(rows, arm.name, a.category)) for a in _acceptance(rows, arm, arm.p_min, categories)]
+        cells += [
+            (a, _ms_per_token(rows, arm.name, a.category)) for a in _acceptance(rows, arm, arm.p_min, categories)
+        ]
     return cells
 
 
@@ -242,13 +278,23 @@ def refit(rec: TuningRecord, jsonl: Path) -> CostModel:
     k_max = max(a.budget for a in rec.acceptance)
     d = Draft("draft", Path("draft.gguf"))
     arms = [Arm(_acceptance_name(k_max, p), d, k_max, p_min=p) for p in dict.fromkeys(a.p_min for a in rec.acceptance)]
-    return model.fit(CostModel(rec.cost.t1_ms, rec.cost.t_step_ms),
-                     _cells(rows, arms, list(dict.fromkeys(a.category for a in rec.acceptance))))
+    return model.fit(
+        CostModel(rec.cost.t1_ms, rec.cost.t_step_ms),
+        _cells(rows, arms, list(dict.fromkeys(a.category for a in rec.acceptance))),
+    )
 
 
-def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: str | None = None,
-             argv: list[str] | None = None, on_progress: Callable[[Progress], None] | None = None,
-             on_phase: Callable[[str, float], None] | None = None, pool: ServerPool | None = None) -> TuningRecord:
+def run_tune(
+    engine: Engine,
+    tp: TunePlan,
+    *,
+    out: Path | None = None,
+    run_id: str | None = None,
+    argv: list[str] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_phase: Callable[[str, float], None] | None = None,
+    pool: ServerPool | None = None,
+) -> TuningRecord:
     """Measure, predict, verify; return the tuning record this run measured, and store it (joined with the
     stored tuning of the same key: categories this run did not tune are kept, ``budget.record.merged``).
     Ctrl-C keeps what was measured as an incomplete record next to the bench records (``--budget auto``
@@ -262,8 +308,9 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
     the caller's choice."""
     if pool is None:
         with new_pool(engine, share=False) as own:
-            return run_tune(engine, tp, out=out, run_id=run_id, argv=argv, on_progress=on_progress,
-                            on_phase=on_phase, pool=own)
+            return run_tune(
+                engine, tp, out=out, run_id=run_id, argv=argv, on_progress=on_progress, on_phase=on_phase, pool=own
+            )
     tp.validate()
     t0 = time.monotonic()
     run_id = run_id or new_run_id()
@@ -286,11 +333,23 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
 
     def record(complete: bool) -> TuningRecord:
         return TuningRecord(
-            key=key, cost=cost or CostModel(0.0, ()), acceptance=tuple(acceptance), predictions=tuple(predictions),
-            choices=tuple(choices), verified=tuple(verified), budgets=tuple(budgets), p_mins=tp.thresholds,
-            synthetic=tp.synthetic, synth_len=tp.synth_len, timings_s=dict(timings),
-            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), run_id=run_id,
-            jsonl=str(out), complete=complete, overall_of=tuple(categories))
+            key=key,
+            cost=cost or CostModel(0.0, ()),
+            acceptance=tuple(acceptance),
+            predictions=tuple(predictions),
+            choices=tuple(choices),
+            verified=tuple(verified),
+            budgets=tuple(budgets),
+            p_mins=tp.thresholds,
+            synthetic=tp.synthetic,
+            synth_len=tp.synth_len,
+            timings_s=dict(timings),
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            run_id=run_id,
+            jsonl=str(out),
+            complete=complete,
+            overall_of=tuple(categories),
+        )
 
     def phase_done(name: str, started: float) -> None:
         timings[name] = time.monotonic() - started
@@ -308,29 +367,39 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
             timings["verify_cut"] = 1.0
         for (name, cat), speedup in _speedups(rows).items():
             if name in by_arm or name == ADAPTIVE_LABEL:
-                verified.append((model.OVERALL if cat == ALL else cat,
-                                 by_arm[name].label if name in by_arm else name, speedup))
+                verified.append(
+                    (model.OVERALL if cat == ALL else cat, by_arm[name].label if name in by_arm else name, speedup)
+                )
 
     try:
         # 1. cost model
         started = time.monotonic()
         previous = store.find(key) if tp.reuse_cost else None
-        if previous is not None and previous.cost.t1_ms > 0 and set(budgets) <= {k for k, _ in previous.cost.t_step_ms}:
+        if (
+            previous is not None
+            and previous.cost.t1_ms > 0
+            and set(budgets) <= {k for k, _ in previous.cost.t_step_ms}
+        ):
             cost = CostModel(previous.cost.t1_ms, tuple((k, v) for k, v in previous.cost.t_step_ms if k in budgets))
             timings["cost_reused"] = 1.0
         else:
             few = _first_per_category(tp.prompts, COST_PROMPTS)
-            cost_plan = replace(_base_plan(tp, few, _cost_arms(tp, budgets)),
-                                n_predict=tp.cost_n_predict or tp.n_predict)
+            cost_plan = replace(
+                _base_plan(tp, few, _cost_arms(tp, budgets)), n_predict=tp.cost_n_predict or tp.n_predict
+            )
             rows = _bench(engine, cost_plan, out, f"{run_id}-cost", "cost", tp.deadline, on_progress, argv, pool)
-            cost = CostModel(t1_ms=_ms_per_token(rows, PLAIN),
-                             t_step_ms=tuple((k, _ms_per_token(rows, f"cost@{k}")) for k in budgets))
+            cost = CostModel(
+                t1_ms=_ms_per_token(rows, PLAIN),
+                t_step_ms=tuple((k, _ms_per_token(rows, f"cost@{k}")) for k in budgets),
+            )
         phase_done("cost", started)
         # 2. acceptance at the largest budget, per p_min; s from the p 0 cells, each p_min's cost from its own
         started = time.monotonic()
         arms = _acceptance_arms(tp)
         acc_plan = replace(_base_plan(tp, tp.prompts, arms), with_plain=False)
-        rows = _bench(engine, acc_plan, out, f"{run_id}-acceptance", "acceptance", tp.deadline, on_progress, argv, pool)
+        rows = _bench(
+            engine, acc_plan, out, f"{run_id}-acceptance", "acceptance", tp.deadline, on_progress, argv, pool
+        )
         cells = _cells(rows, arms, categories)
         acceptance.extend(a for a, _ in cells)
         cost = model.fit(cost, cells)
@@ -356,17 +425,23 @@ def run_tune(engine: Engine, tp: TunePlan, *, out: Path | None = None, run_id: s
                 timings["verify_rest"] = float(len(rest))
                 verify(rest, [], "verify-rest")
         if "verify_cut" not in timings and verified:  # the best measured cell wins (plain: 1.0)
-            choices = [model.choose(predictions, cat, {grid[label]: speedup for c, label, speedup in verified
-                                                       if c == cat and label in grid})
-                       for cat in workloads_of]
+            choices = [
+                model.choose(
+                    predictions,
+                    cat,
+                    {grid[label]: speedup for c, label, speedup in verified if c == cat and label in grid},
+                )
+                for cat in workloads_of
+            ]
         phase_done("verify", started)
     except (KeyboardInterrupt, _OutOfTime) as exc:
         timings["total"] = time.monotonic() - t0
         store.write(record(complete=False), out.with_suffix(".partial.json"))
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise BenchError(f"tune ran out of time in its {exc.args[0]} phase (--max-minutes); what was measured is "
-                         f"in {out}") from None
+        raise BenchError(
+            f"tune ran out of time in its {exc.args[0]} phase (--max-minutes); what was measured is in {out}"
+        ) from None
     timings["total"] = time.monotonic() - t0
     rec = record(complete=True)
     store.save(rec)

@@ -34,15 +34,20 @@ def apply_to_models(name: str, choice: Choice, key_id: str, path: Path | None = 
                 i += 1
             continue
         if line.strip() in headers or line.strip().startswith(tuple(h[:-1] + "." for h in headers)):
-            raise UsageError(f"{path} already defines pair {name}: set budget = {choice.candidate.budget} there "
-                             "by hand (dspark only replaces blocks it wrote)")
+            raise UsageError(
+                f"{path} already defines pair {name}: set budget = {choice.candidate.budget} there "
+                "by hand (dspark only replaces blocks it wrote)"
+            )
         kept.append(line)
         i += 1
     while kept and not kept[-1].strip():
         kept.pop()
     c = choice.candidate
-    block = [f"{APPLY_MARK} (tuning {key_id}, category {choice.category}): this machine, engine and flags",
-             f'[pairs."{name}"]', f"budget = {c.budget}"]
+    block = [
+        f"{APPLY_MARK} (tuning {key_id}, category {choice.category}): this machine, engine and flags",
+        f'[pairs."{name}"]',
+        f"budget = {c.budget}",
+    ]
     if c.p_min:
         block.append(f"p_min = {c.p_min:g}")
     body = "\n".join([*kept, "", *block] if kept else block) + "\n"

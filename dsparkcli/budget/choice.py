@@ -57,12 +57,15 @@ class AutoChoice:
 def require_adaptive(engine: Engine) -> None:
     """--budget adaptive needs dspark's patched llama.cpp; say how to get it before anything starts."""
     if not engine_mod.capabilities(engine).adaptive_budget:
-        raise EngineCapabilityError(f"{engine.server} has no --spec-cost-table: --budget adaptive needs dspark's "
-                                    "patched llama.cpp", hint="dspark engine build (patches are applied by default)")
+        raise EngineCapabilityError(
+            f"{engine.server} has no --spec-cost-table: --budget adaptive needs dspark's patched llama.cpp",
+            hint="dspark engine build (patches are applied by default)",
+        )
 
 
-def chosen_server(engine: Engine, cfg: ServerConfig, want: Want, *,
-                  strict: bool = False) -> tuple[ServerConfig, AutoChoice | None]:
+def chosen_server(
+    engine: Engine, cfg: ServerConfig, want: Want, *, strict: bool = False
+) -> tuple[ServerConfig, AutoChoice | None]:
     """``cfg`` with the chosen budget (and p-min) put in, and the line that says what was chosen; plain
     configurations and configurations nobody asked a choice of come back unchanged with None. Without a
     matching tuning ``strict`` (bench, which measures what it was asked) refuses; otherwise the
@@ -93,13 +96,16 @@ def _unmatched(cfg: ServerConfig, why: str, strict: bool) -> tuple[ServerConfig,
     return cfg, AutoChoice(f"{why}; using budget {cfg.n_max}")
 
 
-def _auto(cfg: ServerConfig, rec: TuningRecord, want: Want, *,
-          strict: bool = False) -> tuple[ServerConfig, AutoChoice]:
+def _auto(
+    cfg: ServerConfig, rec: TuningRecord, want: Want, *, strict: bool = False
+) -> tuple[ServerConfig, AutoChoice]:
     where = f" for category {want.category}" if want.category else ""
     choice = rec.choice(want.category)
     if choice is None:
-        why = (f"tuning {rec.key.id} has no category {want.category} (has {', '.join(rec.categories)}): "
-               f"`dspark tune --category {want.category}` adds it")
+        why = (
+            f"tuning {rec.key.id} has no category {want.category} (has {', '.join(rec.categories)}): "
+            f"`dspark tune --category {want.category}` adds it"
+        )
         if strict:
             raise UsageError(why)
         return cfg, AutoChoice(f"{why}; using budget {cfg.n_max}", rec)
@@ -107,31 +113,50 @@ def _auto(cfg: ServerConfig, rec: TuningRecord, want: Want, *,
         best = max((s for c, _, s in rec.verified if c == (want.category or OVERALL)), default=None)
         measured = f" (the best budget measured {best:.2f}x plain)" if best is not None else ""
         if not want.budget:  # --p-min auto alone: the budget is the user's, there is no p-min to pick
-            return cfg, AutoChoice(f"tuning {rec.key.id}{where}: plain decoding beat every budget{measured}, "
-                                   "so there is no p-min to use", rec, plain=True)
-        return cfg.without_draft(), AutoChoice(f"tuning {rec.key.id}{where}: plain decoding beat every budget"
-                                               f"{measured}, {NO_DRAFT}", rec, plain=True, without_draft=True)
+            return cfg, AutoChoice(
+                f"tuning {rec.key.id}{where}: plain decoding beat every budget{measured}, so there is no p-min to use",
+                rec,
+                plain=True,
+            )
+        return cfg.without_draft(), AutoChoice(
+            f"tuning {rec.key.id}{where}: plain decoding beat every budget{measured}, {NO_DRAFT}",
+            rec,
+            plain=True,
+            without_draft=True,
+        )
     c = choice.candidate
     gain = choice.measured if choice.measured is not None else choice.predicted
-    message = (f"tuning {rec.key.id}{where}: budget {c.budget}" + (f", p-min {c.p_min:g}" if c.p_min else "")
-               + (f" ({gain:.2f}x plain)" if gain else ""))
-    return (replace(cfg, n_max=c.budget if want.budget else cfg.n_max,
-                    p_min=(c.p_min or None) if want.p_min else cfg.p_min),
-            AutoChoice(message, rec, budget=c.budget, p_min=c.p_min))
+    message = (
+        f"tuning {rec.key.id}{where}: budget {c.budget}"
+        + (f", p-min {c.p_min:g}" if c.p_min else "")
+        + (f" ({gain:.2f}x plain)" if gain else "")
+    )
+    return (
+        replace(
+            cfg, n_max=c.budget if want.budget else cfg.n_max, p_min=(c.p_min or None) if want.p_min else cfg.p_min
+        ),
+        AutoChoice(message, rec, budget=c.budget, p_min=c.p_min),
+    )
 
 
 def _adaptive(cfg: ServerConfig, rec: TuningRecord) -> tuple[ServerConfig, AutoChoice]:
     path = store.write_cost_table(rec)
     ks = [k for k, _ in rec.cost.t_step_ms]
-    message = (f"adaptive budget: llama.cpp picks 0..{max(ks)} per step from tuning {rec.key.id}'s step costs "
-               f"(measured at k = {', '.join(map(str, ks))})")
+    message = (
+        f"adaptive budget: llama.cpp picks 0..{max(ks)} per step from tuning {rec.key.id}'s step costs "
+        f"(measured at k = {', '.join(map(str, ks))})"
+    )
     k, best = rule.best_case(rule.parse_cost_table(path.read_text(encoding="utf-8"), str(path)))
     if best <= 1.0:  # the engine would choose k = 0 at every step, whatever the acceptance
-        message += (f"; on these step costs no draft can pay even with every token accepted (best: k = {k}, "
-                    f"{best:.2f}x plain), {NO_DRAFT}")
+        message += (
+            f"; on these step costs no draft can pay even with every token accepted (best: k = {k}, "
+            f"{best:.2f}x plain), {NO_DRAFT}"
+        )
         return cfg.without_draft(), AutoChoice(message, rec, plain=True, cost_table=path, without_draft=True)
-    return (replace(cfg, n_max=protocol.AUTO, cost_table=path),
-            AutoChoice(message, rec, budget=max(ks), cost_table=path))
+    return (
+        replace(cfg, n_max=protocol.AUTO, cost_table=path),
+        AutoChoice(message, rec, budget=max(ks), cost_table=path),
+    )
 
 
 def category_budgets(choice: AutoChoice | None) -> dict[str, int]:

@@ -55,6 +55,8 @@ class DraftLimit:
         """A budget nobody gave (the registry's or DEFAULT_BUDGET): clamped to the draft, with the line that
         says so (None when it fits)."""
         if self.most is not None and default > self.most:
-            return self.most, (f"budget {self.most}: the default {default} is more than the draft proposes per "
-                               f"step, {self._most()} (--budget N sets it)")
+            return self.most, (
+                f"budget {self.most}: the default {default} is more than the draft proposes per "
+                f"step, {self._most()} (--budget N sets it)"
+            )
         return default, None

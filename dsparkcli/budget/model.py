@@ -95,8 +95,12 @@ class CostModel:
         return (self.step(k) - self.s_ms) / (self.t1_ms - self.s_ms) if self.t1_ms > self.s_ms else math.inf
 
     def to_record(self) -> dict[str, Any]:
-        return {"t1_ms": self.t1_ms, "t_step_ms": {str(k): v for k, v in self.t_step_ms}, "s_ms": self.s_ms,
-                "p_min_ms": {f"{p:g}": v for p, v in self.p_min_ms}}
+        return {
+            "t1_ms": self.t1_ms,
+            "t_step_ms": {str(k): v for k, v in self.t_step_ms},
+            "s_ms": self.s_ms,
+            "p_min_ms": {f"{p:g}": v for p, v in self.p_min_ms},
+        }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> CostModel:
@@ -108,8 +112,7 @@ class CostModel:
 def cost_table(cost: CostModel) -> str:
     """The per-k step-cost table for llama.cpp's adaptive budget (``--spec-cost-table FILE``, the format
     of ``budget.rule``): k = 0 is plain decoding (t1), s is given once (the adaptive budget drafts at p 0)."""
-    return rule.format_cost_table({0: cost.t1_ms, **dict(cost.t_step_ms)}, cost.s_ms,
-                                  comment="dspark tune cost table")
+    return rule.format_cost_table({0: cost.t1_ms, **dict(cost.t_step_ms)}, cost.s_ms, comment="dspark tune cost table")
 
 
 def budget_table(cost: CostModel) -> rule.CostTable:
@@ -164,23 +167,40 @@ class Acceptance:
         return out
 
     def to_record(self) -> dict[str, Any]:
-        return {"category": self.category, "budget": self.budget, "p_min": self.p_min,
-                "counters": self.counters.to_record(), "tokens": self.tokens, "requests": self.requests,
-                "mean_length": self.counters.mean_length, "rates": self.rates()}
+        return {
+            "category": self.category,
+            "budget": self.budget,
+            "p_min": self.p_min,
+            "counters": self.counters.to_record(),
+            "tokens": self.tokens,
+            "requests": self.requests,
+            "mean_length": self.counters.mean_length,
+            "rates": self.rates(),
+        }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Acceptance:
-        return cls(category=str(rec["category"]), budget=int(rec["budget"]), p_min=float(rec["p_min"]),
-                   counters=SpecCounters.from_record(rec["counters"]), tokens=int(rec["tokens"]),
-                   requests=int(rec["requests"]))
+        return cls(
+            category=str(rec["category"]),
+            budget=int(rec["budget"]),
+            p_min=float(rec["p_min"]),
+            counters=SpecCounters.from_record(rec["counters"]),
+            tokens=int(rec["tokens"]),
+            requests=int(rec["requests"]),
+        )
 
 
 def pooled(items: Iterable[Acceptance], category: str = OVERALL) -> Acceptance:
     """Several categories as one workload (same budget and p_min)."""
     items = list(items)
-    return Acceptance(category=category, budget=items[0].budget, p_min=items[0].p_min,
-                      counters=SpecCounters.total(a.counters for a in items),
-                      tokens=sum(a.tokens for a in items), requests=sum(a.requests for a in items))
+    return Acceptance(
+        category=category,
+        budget=items[0].budget,
+        p_min=items[0].p_min,
+        counters=SpecCounters.total(a.counters for a in items),
+        tokens=sum(a.tokens for a in items),
+        requests=sum(a.requests for a in items),
+    )
 
 
 # ------------------------------------------------------------------ prediction and the fit
@@ -234,7 +254,8 @@ def fit_p_min(cost: CostModel, cells: Iterable[Cell]) -> tuple[tuple[float, floa
         if acc.p_min:
             k = acc.budget
             residuals.setdefault(acc.p_min, []).append(
-                (ms_per_token * _tokens_per_round(acc, k) - _round_ms(cost, acc, k, extra=False)) / (k + 1))
+                (ms_per_token * _tokens_per_round(acc, k) - _round_ms(cost, acc, k, extra=False)) / (k + 1)
+            )
     return tuple(sorted((p, sum(r) / len(r)) for p, r in residuals.items()))
 
 
@@ -268,8 +289,11 @@ def predict_all(cost: CostModel, acceptance: Iterable[Acceptance], budgets: Sequ
     out = []
     for acc in acceptance:
         for k in sorted(b for b in budgets if b <= acc.budget):
-            out.append(Prediction(acc.category, Candidate(k, acc.p_min), predict_speedup(cost, acc, k),
-                                  acc.tokens_per_step(k)))
+            out.append(
+                Prediction(
+                    acc.category, Candidate(k, acc.p_min), predict_speedup(cost, acc, k), acc.tokens_per_step(k)
+                )
+            )
     return out
 
 
@@ -304,12 +328,14 @@ class Miss:
         return self.measured / self.predicted - 1.0 if self.predicted else math.inf
 
 
-def misses(predictions: Iterable[Prediction], verified: Iterable[tuple[str, str, float]],
-           tolerance: float = OFF_BY) -> list[Miss]:
+def misses(
+    predictions: Iterable[Prediction], verified: Iterable[tuple[str, str, float]], tolerance: float = OFF_BY
+) -> list[Miss]:
     """The verified cells whose prediction is off by more than ``tolerance``, worst first."""
     preds = {(p.category, p.candidate.label): p.speedup for p in predictions}
-    out = [Miss(cat, label, preds[(cat, label)], measured) for cat, label, measured in verified
-           if (cat, label) in preds]
+    out = [
+        Miss(cat, label, preds[(cat, label)], measured) for cat, label, measured in verified if (cat, label) in preds
+    ]
     return sorted((m for m in out if abs(m.error) > tolerance), key=lambda m: -abs(m.error))
 
 
@@ -324,18 +350,26 @@ class Choice:
 
     def to_record(self) -> dict[str, Any]:
         c = self.candidate
-        return {"category": self.category, "budget": c.budget if c else None, "p_min": c.p_min if c else None,
-                "plain": c is None, "predicted": self.predicted, "measured": self.measured}
+        return {
+            "category": self.category,
+            "budget": c.budget if c else None,
+            "p_min": c.p_min if c else None,
+            "plain": c is None,
+            "predicted": self.predicted,
+            "measured": self.measured,
+        }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Choice:
         c = None if rec.get("plain") else Candidate(int(rec["budget"]), float(rec.get("p_min") or 0.0))
-        return cls(category=str(rec["category"]), candidate=c, predicted=rec.get("predicted"),
-                   measured=rec.get("measured"))
+        return cls(
+            category=str(rec["category"]), candidate=c, predicted=rec.get("predicted"), measured=rec.get("measured")
+        )
 
 
-def choose(predictions: Sequence[Prediction], category: str,
-           measured: Mapping[Candidate, float] | None = None) -> Choice:
+def choose(
+    predictions: Sequence[Prediction], category: str, measured: Mapping[Candidate, float] | None = None
+) -> Choice:
     """The pick for one category. With measured speedups (the verification run, plain = 1.0 in the same
     run) the best measured candidate wins; otherwise the best prediction. Plain when nothing beats 1.0."""
     preds = {p.candidate: p.speedup for p in predictions if p.category == category}

@@ -65,15 +65,33 @@ class TuningRecord:
 
     def to_record(self) -> dict[str, Any]:
         return {
-            "kind": RECORD_KIND, "version": self.version, "key": self.key.to_record(), "key_id": self.key.id,
-            "created": self.created, "run_id": self.run_id, "jsonl": self.jsonl, "complete": self.complete,
-            "synthetic": self.synthetic, "synth_len": self.synth_len, "budgets": list(self.budgets),
-            "p_mins": list(self.p_mins), "cost": self.cost.to_record(),
+            "kind": RECORD_KIND,
+            "version": self.version,
+            "key": self.key.to_record(),
+            "key_id": self.key.id,
+            "created": self.created,
+            "run_id": self.run_id,
+            "jsonl": self.jsonl,
+            "complete": self.complete,
+            "synthetic": self.synthetic,
+            "synth_len": self.synth_len,
+            "budgets": list(self.budgets),
+            "p_mins": list(self.p_mins),
+            "cost": self.cost.to_record(),
             "acceptance": [a.to_record() for a in self.acceptance],
-            "predictions": [{"category": p.category, "budget": p.candidate.budget, "p_min": p.candidate.p_min,
-                             "speedup": p.speedup, "tokens_per_step": p.tokens_per_step} for p in self.predictions],
+            "predictions": [
+                {
+                    "category": p.category,
+                    "budget": p.candidate.budget,
+                    "p_min": p.candidate.p_min,
+                    "speedup": p.speedup,
+                    "tokens_per_step": p.tokens_per_step,
+                }
+                for p in self.predictions
+            ],
             "verified": [{"category": c, "candidate": lb, "speedup": s} for c, lb, s in self.verified],
-            "choices": [c.to_record() for c in self.choices], "timings_s": dict(self.timings_s),
+            "choices": [c.to_record() for c in self.choices],
+            "timings_s": dict(self.timings_s),
             "overall_of": list(self.overall_of),
         }
 
@@ -82,18 +100,30 @@ class TuningRecord:
         if rec.get("kind") != RECORD_KIND or rec.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"not a dspark tuning record (versions {', '.join(map(str, READABLE_VERSIONS))})")
         return cls(
-            key=TuningKey.from_record(rec["key"]), cost=CostModel.from_record(rec["cost"]),
+            key=TuningKey.from_record(rec["key"]),
+            cost=CostModel.from_record(rec["cost"]),
             acceptance=tuple(Acceptance.from_record(a) for a in rec.get("acceptance") or ()),
-            predictions=tuple(Prediction(p["category"], Candidate(int(p["budget"]), float(p["p_min"])),
-                                         float(p["speedup"]), float(p["tokens_per_step"]))
-                              for p in rec.get("predictions") or ()),
+            predictions=tuple(
+                Prediction(
+                    p["category"],
+                    Candidate(int(p["budget"]), float(p["p_min"])),
+                    float(p["speedup"]),
+                    float(p["tokens_per_step"]),
+                )
+                for p in rec.get("predictions") or ()
+            ),
             choices=tuple(Choice.from_record(c) for c in rec.get("choices") or ()),
             verified=tuple((v["category"], v["candidate"], float(v["speedup"])) for v in rec.get("verified") or ()),
             budgets=tuple(int(b) for b in rec.get("budgets") or ()),
-            p_mins=tuple(float(p) for p in rec.get("p_mins") or (0.0,)), synthetic=bool(rec.get("synthetic")),
-            synth_len=rec.get("synth_len"), timings_s=dict(rec.get("timings_s") or {}),
-            created=str(rec.get("created", "")), run_id=str(rec.get("run_id", "")), jsonl=str(rec.get("jsonl", "")),
-            complete=bool(rec.get("complete", True)), version=int(rec["version"]),
+            p_mins=tuple(float(p) for p in rec.get("p_mins") or (0.0,)),
+            synthetic=bool(rec.get("synthetic")),
+            synth_len=rec.get("synth_len"),
+            timings_s=dict(rec.get("timings_s") or {}),
+            created=str(rec.get("created", "")),
+            run_id=str(rec.get("run_id", "")),
+            jsonl=str(rec.get("jsonl", "")),
+            complete=bool(rec.get("complete", True)),
+            version=int(rec["version"]),
             overall_of=tuple(str(c) for c in rec.get("overall_of") or ()),
         )
 
@@ -131,6 +161,7 @@ def merged(old: TuningRecord, new: TuningRecord) -> TuningRecord:
         + others(old.verified, lambda v: v[0])
         + (tuple(v for v in old.verified if v[0] == OVERALL) if keep_old_overall else ()),
         choices=others(old.choices, lambda c: c.category)
-        + tuple(c for c in new.choices if c.category != OVERALL) + ((overall,) if overall else ()),
+        + tuple(c for c in new.choices if c.category != OVERALL)
+        + ((overall,) if overall else ()),
         overall_of=tuple(old_of if keep_old_overall else new_of),
     )

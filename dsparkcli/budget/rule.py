@@ -70,8 +70,11 @@ def format_cost_table(points: Mapping[int, float], accept_ms: float, comment: st
     (k = 0: plain decoding, ms per token). Six decimals: the engine and ``parse_cost_table`` read the
     same doubles from them."""
     lines = [f"# {c}" for c in comment.splitlines()] if comment else []
-    lines += ["# k = drafts per step, ms per step with nothing accepted; k = 0 is plain decoding (ms per token)",
-              "# s = ms each accepted token adds to a step", f"s {accept_ms:.6f}"]
+    lines += [
+        "# k = drafts per step, ms per step with nothing accepted; k = 0 is plain decoding (ms per token)",
+        "# s = ms each accepted token adds to a step",
+        f"s {accept_ms:.6f}",
+    ]
     lines += [f"{k} {points[k]:.6f}" for k in sorted(points)]
     return "\n".join(lines) + "\n"
 
@@ -174,7 +177,8 @@ def best_case(table: CostTable) -> tuple[int, float]:
     step costs more than an accepted token (T[k] > s), so when this is at most 1.0 no estimate can make
     ``choose`` draft: the adaptive budget decodes as plain does at every step, and the loaded draft is
     only a cost (about 2 % a token on a 2-core CPU, BENCHMARKS.md)."""
-    speedups = {k: (k + 1) * table.step_ms[0] / (table.step_ms[k] + table.accept_ms * k)
-                for k in range(1, table.max_k + 1)}  # a table prices at least one draft length
+    speedups = {
+        k: (k + 1) * table.step_ms[0] / (table.step_ms[k] + table.accept_ms * k) for k in range(1, table.max_k + 1)
+    }  # a table prices at least one draft length
     k = max(speedups, key=speedups.__getitem__)
     return k, speedups[k]

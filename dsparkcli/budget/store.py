@@ -31,10 +31,14 @@ def key_for(engine: Engine, cfg: ServerConfig) -> TuningKey:
     build = facts.build_record(engine)
     commit = engine.commit or (str(build.get("commit", "")) if build else "")
     gpus = facts.gpu_names()
-    return TuningKey(target_sha256=facts.file_facts(cfg.model).sha256,
-                     draft_sha256=facts.file_facts(cfg.draft).sha256, engine_commit=commit,
-                     backend=engine.backend or "", gpu=", ".join(gpus) if gpus else "none",
-                     flags=speed_flags(cfg.argv(engine.server, 0)))
+    return TuningKey(
+        target_sha256=facts.file_facts(cfg.model).sha256,
+        draft_sha256=facts.file_facts(cfg.draft).sha256,
+        engine_commit=commit,
+        backend=engine.backend or "",
+        gpu=", ".join(gpus) if gpus else "none",
+        flags=speed_flags(cfg.argv(engine.server, 0)),
+    )
 
 
 def store_dir() -> Path:
@@ -108,15 +112,23 @@ def match(key: TuningKey) -> Match:
     same = [r for r in stored() if r.key.same_pair(key) and r.complete]
     exact = next((r for r in same if r.key == key), None)
     if exact is not None:  # only an older model's record of these very settings
-        return Match(None, f"tuning {key.id} was written by an older dspark, whose cost model charged p-min's "
-                           "time to accepted tokens: run `dspark tune` again")
+        return Match(
+            None,
+            f"tuning {key.id} was written by an older dspark, whose cost model charged p-min's "
+            "time to accepted tokens: run `dspark tune` again",
+        )
     if same:
         # the stored tuning closest to this server: fewest differences
         best = min(same, key=lambda r: len(key.differences(r.key)))
-        return Match(None, "no tuning matches this pair, engine and settings: it was tuned with "
-                           + ", ".join(key.differences(best.key)))
-    return Match(None, "no tuning matches this pair, engine and settings: run `dspark tune` with the same pair "
-                       "and settings first")
+        return Match(
+            None,
+            "no tuning matches this pair, engine and settings: it was tuned with "
+            + ", ".join(key.differences(best.key)),
+        )
+    return Match(
+        None,
+        "no tuning matches this pair, engine and settings: run `dspark tune` with the same pair and settings first",
+    )
 
 
 def write_cost_table(rec: TuningRecord) -> Path:

@@ -27,31 +27,61 @@ TargetOpt = Annotated[Optional[str], typer.Option("--target", help="Target GGUF:
 DraftOpt = Annotated[Optional[str], typer.Option("--draft", help="DSpark draft GGUF: path or hf://owner/repo/file.")]
 MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF: path or hf://.")]
 DraftKeyOpt = Annotated[Optional[str], typer.Option("--draft-key", help="Which registry draft (e.g. q8_0).")]
-BudgetOpt = Annotated[Optional[str], typer.Option("--budget", "-b", help="--spec-draft-n-max, or 'auto': the `dspark tune` choice, or 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (default: registry, 5).")]
+BudgetOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--budget",
+        "-b",
+        help="--spec-draft-n-max, or 'auto': the `dspark tune` choice, or 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (default: registry, 5).",
+    ),
+]
 NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculative draft.")]
 # --spec (llama.speculation): run and serve take one, bench any number (its configurations beside plain)
 SpecOpt = Annotated[Optional[str], typer.Option("--spec", help=SPEC_HELP)]
-SpecsOpt = Annotated[Optional[list[str]], typer.Option("--spec", help=SPEC_HELP + " Repeatable: each is a "
-                                                        "configuration; dspark's run only when listed or --draft given.")]
+SpecsOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--spec",
+        help=SPEC_HELP + " Repeatable: each is a configuration; dspark's run only when listed or --draft given.",
+    ),
+]
 PMinOpt = Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")]
-AutoPMinOpt = Annotated[Optional[str], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1), or 'auto' (the tuning's).")]
-CategoryOpt = Annotated[Optional[str], typer.Option("--category", help="Which tuned category --budget auto uses (default: overall).")]
+AutoPMinOpt = Annotated[
+    Optional[str], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1), or 'auto' (the tuning's).")
+]
+CategoryOpt = Annotated[
+    Optional[str], typer.Option("--category", help="Which tuned category --budget auto uses (default: overall).")
+]
 # --ctx has one default everywhere: none, so llama-server uses the model's trained context. (bench had 4096 and
 # tune none, one cause of their tuning keys not matching; a measurement that wants a bound gives --ctx.)
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c; default: the model's trained context).")]
+CtxOpt = Annotated[
+    Optional[int], typer.Option("--ctx", "-c", min=64, help="Context size (-c; default: the model's trained context).")
+]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads (-t).")]
 NglOpt = Annotated[Optional[str], typer.Option("--ngl", help="GPU layers for target and draft (-ngl/-ngld).")]
-ApiKeyOpt = Annotated[Optional[str], typer.Option(
-    "--api-key", help="API key; visible in `ps`: prefer DSPARK_API_KEY or --api-key-file (never logged).")]
-ApiKeyFileOpt = Annotated[Optional[Path], typer.Option(
-    "--api-key-file", help="Read the API key from this file (its first line).", show_default=False)]
+ApiKeyOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--api-key", help="API key; visible in `ps`: prefer DSPARK_API_KEY or --api-key-file (never logged)."
+    ),
+]
+ApiKeyFileOpt = Annotated[
+    Optional[Path],
+    typer.Option("--api-key-file", help="Read the API key from this file (its first line).", show_default=False),
+]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download missing files without asking.")]
 
 # Declared once for every command that takes them (run, bench, tune, synth, distill), so a flag means the same
 # in each. Defaults that differ do so on purpose and stay at the parameter: tune measures a grid of cells, so
 # its --reps, --limit and --n-predict are smaller than bench's.
 SEED = 0  # the one --seed default: the same command line gives the same requests and the same files
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the requests' sampling and of what the command generates (the same seed, the same output).")]
+SeedOpt = Annotated[
+    int,
+    typer.Option(
+        "--seed",
+        help="Seed of the requests' sampling and of what the command generates (the same seed, the same output).",
+    ),
+]
 PromptsOpt = Annotated[str, typer.Option("--prompts", help="Built-in kit name or a JSONL file (docs/PROMPTS.md).")]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", min=1, help="At most N prompts per category.")]
 RepsOpt = Annotated[int, typer.Option("--reps", min=1, help="Timed repetitions of every prompt.")]
@@ -60,16 +90,27 @@ NPredictOpt = Annotated[int, typer.Option("--n-predict", "-n", min=1, help="Toke
 IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="Always generate --n-predict tokens.")]
 
 # Where the model goes (run, serve, bench, tune): typed llama.cpp placement options (llama.placement).
-RpcOpt = Annotated[Optional[str], typer.Option(
-    "--rpc", metavar="HOST:PORT,...", help="rpc workers (dspark rpc-worker) to place the target on.")]
-SplitModeOpt = Annotated[Optional[str], typer.Option(
-    "--split-mode", metavar="layer|row", help="Split across devices by layer or by weight rows (-sm).")]
-TensorSplitOpt = Annotated[Optional[str], typer.Option(
-    "--tensor-split", metavar="N0,N1,...", help="Proportion of the model per device, e.g. 3,1 (-ts).")]
-MainGpuOpt = Annotated[Optional[int], typer.Option(
-    "--main-gpu", min=0, help="Device index for intermediate results (row split) (-mg).")]
-DraftDeviceOpt = Annotated[Optional[str], typer.Option(
-    "--draft-device", metavar="DEV,...", help="The draft's devices, e.g. CUDA0 or none (= this process) (-devd).")]
+RpcOpt = Annotated[
+    Optional[str],
+    typer.Option("--rpc", metavar="HOST:PORT,...", help="rpc workers (dspark rpc-worker) to place the target on."),
+]
+SplitModeOpt = Annotated[
+    Optional[str],
+    typer.Option("--split-mode", metavar="layer|row", help="Split across devices by layer or by weight rows (-sm)."),
+]
+TensorSplitOpt = Annotated[
+    Optional[str],
+    typer.Option("--tensor-split", metavar="N0,N1,...", help="Proportion of the model per device, e.g. 3,1 (-ts)."),
+]
+MainGpuOpt = Annotated[
+    Optional[int], typer.Option("--main-gpu", min=0, help="Device index for intermediate results (row split) (-mg).")
+]
+DraftDeviceOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--draft-device", metavar="DEV,...", help="The draft's devices, e.g. CUDA0 or none (= this process) (-devd)."
+    ),
+]
 
 
 # Arguments after a bare `--` on the command line, passed verbatim to llama-server by run/serve/bench.
@@ -102,8 +143,11 @@ def api_key_from(given: str | None, key_file: Path | None) -> str | None:
             raise UsageError(f"--api-key-file {key_file} is empty")
         return key
     if given is not None:
-        print(f"dspark: warning: --api-key on the command line is visible to every user of this machine (ps); "
-              f"use {API_KEY_ENV} or --api-key-file", file=sys.stderr)
+        print(
+            f"dspark: warning: --api-key on the command line is visible to every user of this machine (ps); "
+            f"use {API_KEY_ENV} or --api-key-file",
+            file=sys.stderr,
+        )
         return given
     return os.environ.get(API_KEY_ENV) or None
 
@@ -113,15 +157,25 @@ def knob_values(budget: str | None, p_min: str | None) -> dict:
     b, auto_b = parse_auto(budget, "--budget", int, adaptive=True)
     p, auto_p = parse_auto(p_min, "--p-min", float)
     adaptive = b == ADAPTIVE
-    return {"budget": None if adaptive else b, "p_min": p, "auto_budget": auto_b, "auto_p_min": auto_p,
-            "adaptive_budget": adaptive}
+    return {
+        "budget": None if adaptive else b,
+        "p_min": p,
+        "auto_budget": auto_b,
+        "auto_p_min": auto_p,
+        "adaptive_budget": adaptive,
+    }
 
 
-def placement_of(rpc: str | None, split_mode: str | None, tensor_split: str | None, main_gpu: int | None,
-                 draft_device: str | None) -> Placement:
+def placement_of(
+    rpc: str | None, split_mode: str | None, tensor_split: str | None, main_gpu: int | None, draft_device: str | None
+) -> Placement:
     """The typed placement options as one validated ``Placement``."""
-    placement = Placement(rpc=parse_endpoints(rpc) if rpc else (), split_mode=split_mode,
-                          tensor_split=parse_tensor_split(tensor_split) if tensor_split else (),
-                          main_gpu=main_gpu, draft_device=draft_device)
+    placement = Placement(
+        rpc=parse_endpoints(rpc) if rpc else (),
+        split_mode=split_mode,
+        tensor_split=parse_tensor_split(tensor_split) if tensor_split else (),
+        main_gpu=main_gpu,
+        draft_device=draft_device,
+    )
     placement.validate()
     return placement

@@ -17,7 +17,11 @@ from dsparkcli.units import format_size
 
 def show_plan(planned: list[PlannedFile]) -> None:
     for p in planned:
-        state = "present" if p.present else (f"resume at {format_size(p.partial_bytes)}" if p.partial_bytes else "download")
+        state = (
+            "present"
+            if p.present
+            else (f"resume at {format_size(p.partial_bytes)}" if p.partial_bytes else "download")
+        )
         err.print(f"  {p.role:<7} {p.filename}  {format_size(p.size)}  {p.repo}  [{state}]", markup=False)
 
 
@@ -59,11 +63,24 @@ class DownloadBars:
             return  # present and verified before: nothing was fetched or hashed, so no bar
         if self._progress is None:
             # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                       TransferSpeedColumn)
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                      TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True)
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=err,
+                transient=True,
+            )
             self._progress.start()
         if event.role not in self._tasks:
             verb = "verifying" if event.kind == "verify" else "fetching"

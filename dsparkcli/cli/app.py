@@ -195,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(0)
     module = _module_for(args)
     if _common.PASSTHROUGH and module not in SERVING:
-        sys.exit(_errors.report(UsageError(f"arguments after `--` go to llama-server: only {', '.join(SERVING)} start one")))
+        sys.exit(
+            _errors.report(UsageError(f"arguments after `--` go to llama-server: only {', '.join(SERVING)} start one"))
+        )
     app = build_app((module,)) if module else listing_app()
     reported = False
     try:

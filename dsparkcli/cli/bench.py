@@ -26,36 +26,36 @@ from dsparkcli.cli._common import (
     SEED,
     AutoPMinOpt,
     CtxOpt,
+    DraftDeviceOpt,
     IgnoreEosOpt,
+    JsonOpt,
     LimitOpt,
+    LlamaBinOpt,
+    MainGpuOpt,
     MmprojOpt,
+    ModelOpt,
     NPredictOpt,
     PromptsOpt,
     RepsOpt,
-    SeedOpt,
-    WarmupOpt,
-    DraftDeviceOpt,
-    JsonOpt,
-    LlamaBinOpt,
-    MainGpuOpt,
-    ModelOpt,
     RpcOpt,
+    SeedOpt,
     SpecsOpt,
     SplitModeOpt,
     TargetOpt,
     TensorSplitOpt,
     ThreadsOpt,
+    WarmupOpt,
     YesOpt,
     passthrough_args,
     placement_of,
 )
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import Interrupted, UsageError
-from dsparkcli.outputs import check_output_file
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import hazards, speculation
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
+from dsparkcli.outputs import check_output_file
 from dsparkcli.pairs import Downloads, classic_draft, draft_limit, place_draft
 
 HELP = """Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit.
@@ -121,8 +121,9 @@ def _budgets(values: list[str] | None) -> tuple[list[int], bool, bool]:
     return ints, auto, adaptive
 
 
-def _chosen_budgets(eng: engine_mod.Engine, plan: bench_plan.BenchPlan, want: Want, *,
-                    default: int) -> bench_plan.BenchPlan:
+def _chosen_budgets(
+    eng: engine_mod.Engine, plan: bench_plan.BenchPlan, want: Want, *, default: int
+) -> bench_plan.BenchPlan:
     """The plan's budgets checked against every draft (``budget.limits``: given ones refused when out of
     range, the default clamped and said), then --budget auto / adaptive / --p-min auto from the first
     draft's tuning (``budget.choice``, strict: bench measures what it was asked, or refuses in one line)."""
@@ -132,8 +133,10 @@ def _chosen_budgets(eng: engine_mod.Engine, plan: bench_plan.BenchPlan, want: Wa
             limit.check(b)
     if not plan.drafts:  # --spec without dspark: a classic draft runs at the budgets, n-gram at its own limits
         if want.any:
-            raise UsageError("--budget auto/adaptive and --p-min auto are a DSpark draft's tuning: add --spec dspark "
-                             "(or --draft), or give --budget N for draft-simple")
+            raise UsageError(
+                "--budget auto/adaptive and --p-min auto are a DSpark draft's tuning: add --spec dspark "
+                "(or --draft), or give --budget N for draft-simple"
+            )
         return replace(plan, budgets=(default,)) if not plan.budgets and plan.model_drafts else plan
     if not plan.budgets and not want.budget and not want.adaptive:
         fitted = [limit.fit_default(default) for limit in limits]
@@ -149,18 +152,24 @@ def _chosen_budgets(eng: engine_mod.Engine, plan: bench_plan.BenchPlan, want: Wa
         _, choice = chosen_server(eng, key_cfg, Want(adaptive=True), strict=True)
         assert choice is not None and choice.cost_table is not None
         err.print(choice.message, markup=False)
-        plan = replace(plan, cost_table=choice.cost_table, adaptive_without_draft=choice.without_draft,
-                       adaptive_k=rule.parse_cost_table(choice.cost_table.read_text(encoding="utf-8")).max_k)
+        plan = replace(
+            plan,
+            cost_table=choice.cost_table,
+            adaptive_without_draft=choice.without_draft,
+            adaptive_k=rule.parse_cost_table(choice.cost_table.read_text(encoding="utf-8")).max_k,
+        )
     if want.budget or want.p_min:
         cfg, auto = chosen_server(eng, key_cfg, replace(want, adaptive=False), strict=True)
         assert auto is not None
         err.print(auto.message, markup=False)
         picks = _picks_by_category(eng, plan, auto) if want.budget and not want.category else ()
         if picks:  # each prompt gets its category's pick on one server (dspark's per-request n_max)
-            err.print("--budget auto per category: " + ", ".join(
-                f"{c} {k}" + (f" p-min {pm:g}" if pm else "") if k else f"{c} plain" for c, k, pm in picks)
+            err.print(
+                "--budget auto per category: "
+                + ", ".join(f"{c} {k}" + (f" p-min {pm:g}" if pm else "") if k else f"{c} plain" for c, k, pm in picks)
                 + " (one server at the largest, each request its category's speculative.n_max; 0: no draft)",
-                markup=False)
+                markup=False,
+            )
             plan = replace(plan, auto_per_category=picks)
         elif auto.without_draft:  # plain decoding won: the auto arm runs without the draft (<draft>@auto)
             plan = replace(plan, auto_without_draft=True)
@@ -171,8 +180,9 @@ def _chosen_budgets(eng: engine_mod.Engine, plan: bench_plan.BenchPlan, want: Wa
     return plan
 
 
-def _picks_by_category(eng: engine_mod.Engine, plan: bench_plan.BenchPlan,
-                       auto: AutoChoice) -> tuple[tuple[str, int, float], ...]:
+def _picks_by_category(
+    eng: engine_mod.Engine, plan: bench_plan.BenchPlan, auto: AutoChoice
+) -> tuple[tuple[str, int, float], ...]:
     """tune's pick for each category of the plan's prompts ((category, budget, p-min), budget 0 = plain; a
     category the tuning lacks takes the overall pick), when they differ between categories and the engine
     takes per-request budgets; () otherwise (the overall pick serves every prompt, as before)."""
@@ -189,8 +199,9 @@ def _picks_by_category(eng: engine_mod.Engine, plan: bench_plan.BenchPlan,
     return tuple(picks)
 
 
-def _with_classic_draft(s: speculation.Speculation, target: Path, downloads: Downloads,
-                        pair_name: str | None) -> speculation.Speculation:
+def _with_classic_draft(
+    s: speculation.Speculation, target: Path, downloads: Downloads, pair_name: str | None
+) -> speculation.Speculation:
     """A draft-simple speculation with its model resolved and checked against the target (named as given,
     or by the pair's classic_draft); an n-gram one as it is."""
     if not s.uses_model:
@@ -199,7 +210,9 @@ def _with_classic_draft(s: speculation.Speculation, target: Path, downloads: Dow
     return replace(s, model=name, path=path)
 
 
-def expand_multi_values(args: list[str], flags: tuple[str, ...], is_value: Callable[[str], bool] | None = None) -> list[str]:
+def expand_multi_values(
+    args: list[str], flags: tuple[str, ...], is_value: Callable[[str], bool] | None = None
+) -> list[str]:
     """``--flag a b`` -> ``--flag a --flag b`` for the values ``is_value`` accepts (default: integers, 'auto')."""
     is_value = is_value or _is_int
     expanded: list[str] = []
@@ -241,7 +254,9 @@ def render_table(summaries: list[dict[str, Any]], *, partial: bool = False) -> T
         return table
     for col in report.COLUMNS:
         left = col in ("config", "category", "1st divergence")
-        table.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=col in ("config", "category"))
+        table.add_column(
+            col, justify="left" if left else "right", overflow="fold", no_wrap=col in ("config", "category")
+        )
     last = None
     for s, row in zip(summaries, report.table_rows(summaries)):
         if last is not None and s["config"] != last:
@@ -252,27 +267,55 @@ def render_table(summaries: list[dict[str, Any]], *, partial: bool = False) -> T
 
 
 def bench(
-    concurrency: Annotated[Optional[list[int]], typer.Option("--concurrency", "-C", min=1, help="Clients in flight (-np N): --concurrency 1 2 4 8.")] = None,
-    budget: Annotated[Optional[list[str]], typer.Option("--budget", "-b", help="Draft budgets (--spec-draft-n-max): --budget 5 15; 'auto': the `dspark tune` choice; 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (an arm per draft).")] = None,
+    concurrency: Annotated[
+        Optional[list[int]],
+        typer.Option("--concurrency", "-C", min=1, help="Clients in flight (-np N): --concurrency 1 2 4 8."),
+    ] = None,
+    budget: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--budget",
+            "-b",
+            help="Draft budgets (--spec-draft-n-max): --budget 5 15; 'auto': the `dspark tune` choice; 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (an arm per draft).",
+        ),
+    ] = None,
     model: ModelOpt = None,
     target: TargetOpt = None,
-    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable).")] = None,
+    draft: Annotated[
+        Optional[list[str]],
+        typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable)."),
+    ] = None,
     spec: SpecsOpt = None,
     mmproj: MmprojOpt = None,
     prompts: PromptsOpt = kit.DEFAULT_KIT,
-    category: Annotated[Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision' name groups).")] = None,
+    category: Annotated[
+        Optional[list[str]],
+        typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision' name groups)."),
+    ] = None,
     limit: LimitOpt = None,
     reps: RepsOpt = 3,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Run the configurations in turn N times, --reps each time (a fresh server each time), so a machine that drifts slows them all alike.")] = 1,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            "--rounds",
+            min=1,
+            help="Run the configurations in turn N times, --reps each time (a fresh server each time), so a machine that drifts slows them all alike.",
+        ),
+    ] = 1,
     warmup: WarmupOpt = 1,
     n_predict: NPredictOpt = 256,
     ctx: CtxOpt = None,
     p_min: AutoPMinOpt = None,
-    synth_len: Annotated[Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length (--spec-synth-len); labels every output.")] = None,
+    synth_len: Annotated[
+        Optional[float],
+        typer.Option("--synth-len", help="SYNTHETIC acceptance length (--spec-synth-len); labels every output."),
+    ] = None,
     ignore_eos: IgnoreEosOpt = False,
     seed: SeedOpt = SEED,
     threads: ThreadsOpt = None,
-    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Append JSONL records here (default: the dspark cache).")] = None,
+    out_path: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Append JSONL records here (default: the dspark cache).")
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, csv or md.")] = "table",
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tok/s and speedup.")] = None,
     rpc: RpcOpt = None,
@@ -307,8 +350,16 @@ def bench(
     if with_dspark:
         engine_mod.require_dspark(eng)
     notice = lambda m: err.print(m, markup=False)  # noqa: E731
-    inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj, yes=yes,
-                                       engine=eng, on_notice=notice, dspark=with_dspark)
+    inputs = bench_plan.resolve_inputs(
+        model=model,
+        target=target,
+        drafts=list(draft or []),
+        mmproj=mmproj,
+        yes=yes,
+        engine=eng,
+        on_notice=notice,
+        dspark=with_dspark,
+    )
     downloads = Downloads(yes=yes, engine=eng, on_notice=notice)
     others = tuple(_with_classic_draft(s, inputs.target, downloads, inputs.model_name) for s in others)
     budgets, auto_budget, adaptive = _budgets(budget)
@@ -318,27 +369,55 @@ def bench(
     if placement.rpc:
         err.print(placement_describe(placement), markup=False)
     plan = bench_plan.BenchPlan(
-        target=inputs.target, mmproj=inputs.mmproj, drafts=inputs.drafts, budgets=tuple(budgets), prompts=selected,
-        reps=reps, rounds=rounds, warmup=warmup, n_predict=n_predict, ctx=ctx, p_min=p_value, synth_len=synth_len,  # type: ignore[arg-type]
-        ignore_eos=ignore_eos, seed=seed, threads=threads, extra_args=extra_args,
-        upstream_acceptance=inputs.upstream_acceptance, model_name=inputs.model_name,
+        target=inputs.target,
+        mmproj=inputs.mmproj,
+        drafts=inputs.drafts,
+        budgets=tuple(budgets),
+        prompts=selected,
+        reps=reps,
+        rounds=rounds,
+        warmup=warmup,
+        n_predict=n_predict,
+        ctx=ctx,
+        p_min=p_value,
+        synth_len=synth_len,  # type: ignore[arg-type]
+        ignore_eos=ignore_eos,
+        seed=seed,
+        threads=threads,
+        extra_args=extra_args,
+        upstream_acceptance=inputs.upstream_acceptance,
+        model_name=inputs.model_name,
         scripted=inputs.scripted or bench_plan.scripted(inputs.target, [s.path for s in others if s.path]),
-        concurrency=tuple(concurrency or ()), placement=placement, specs=others,
+        concurrency=tuple(concurrency or ()),
+        placement=placement,
+        specs=others,
     )
     cats = {p.category for p in selected}  # the tuning of the one category benched, else the overall one
-    plan = _chosen_budgets(eng, plan, Want(budget=auto_budget, p_min=auto_p, adaptive=adaptive,
-                                           category=next(iter(cats)) if len(cats) == 1 else None),
-                           default=inputs.budget or DEFAULT_BUDGET)
+    plan = _chosen_budgets(
+        eng,
+        plan,
+        Want(
+            budget=auto_budget, p_min=auto_p, adaptive=adaptive, category=next(iter(cats)) if len(cats) == 1 else None
+        ),
+        default=inputs.budget or DEFAULT_BUDGET,
+    )
     plan.validate()
     hazard = hazards.slot_hazard(eng, drafting=bool(plan.drafts or plan.specs), parallel=max(plan.concurrency or (1,)))
     if hazard:
         err.print(f"dspark: warning: {hazard}", markup=False)
     if plan.synth_len is not None:
-        err.print(f"[bold red]SYNTHETIC acceptance (--spec-synth-len {synth_len:g}): figures emulate a draft[/bold red]")
+        err.print(
+            f"[bold red]SYNTHETIC acceptance (--spec-synth-len {synth_len:g}): figures emulate a draft[/bold red]"
+        )
     elif plan.scripted:
         err.print(f"[bold red]SYNTHETIC acceptance ({plan.scripted}): a scripted pair, not a real draft[/bold red]")
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[where]}"))
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[where]}"),
+    )
     run_id = core.new_run_id()
     jsonl = out_path or core.default_out_path(run_id)
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
@@ -357,8 +436,11 @@ def bench(
             _emit(partial, fmt, run_id=run_id, jsonl=jsonl, overhead=None, partial=True)
         begun = len({(s.get("concurrency"), s["config"]) for s in partial})
         total = len(plan.arms()) * max(1, len(plan.concurrency))
-        shown = f"the table above is what was measured ({begun} of {total} configurations begun)" if partial \
+        shown = (
+            f"the table above is what was measured ({begun} of {total} configurations begun)"
+            if partial
             else "nothing was measured yet"
+        )
         raise Interrupted(f"interrupted: {shown}; the records measured so far are in {jsonl}")
     summaries = list(result.summaries)
     ov = result.overhead
@@ -366,15 +448,25 @@ def bench(
     # the table and the records' line first, the plot last: a plot that cannot be written (a full disk)
     # fails the command after what was measured is shown, not instead of it
     _emit(summaries, fmt, run_id=result.run_id, jsonl=result.out, overhead=overhead)
-    err.print(f"records: {result.out} (run {result.run_id}); wall {ov.ratio:.3f}x of generation + load "
-              f"({ov.provenance_s:.1f} s of it hashing files)", markup=False)
+    err.print(
+        f"records: {result.out} (run {result.run_id}); wall {ov.ratio:.3f}x of generation + load "
+        f"({ov.provenance_s:.1f} s of it hashing files)",
+        markup=False,
+    )
     if plot is not None:
         report.plot(summaries, plot)
         err.print(f"plot: {plot}", markup=False)
 
 
-def _emit(summaries: list[dict[str, Any]], fmt: str, *, run_id: str, jsonl: Path, overhead: dict[str, Any] | None,
-          partial: bool = False) -> None:
+def _emit(
+    summaries: list[dict[str, Any]],
+    fmt: str,
+    *,
+    run_id: str,
+    jsonl: Path,
+    overhead: dict[str, Any] | None,
+    partial: bool = False,
+) -> None:
     """The summary rows on stdout in ``fmt``; ``partial``: an interrupted run's (its title says so in the
     table and Markdown, the --json document has ``partial`` and that title; CSV has no title, the error
     line on stderr says it)."""

@@ -49,27 +49,83 @@ def distill(
     target: Annotated[Path, typer.Argument(help="Target GGUF (llama or qwen3 arch).")],
     output: Annotated[Path, typer.Argument(help="Where to write the draft GGUF.")],
     minutes: Annotated[Optional[float], typer.Option("--minutes", min=0.05, help="Training time budget.")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Training steps (with or instead of --minutes).")] = None,
+    steps: Annotated[
+        Optional[int], typer.Option("--steps", min=1, help="Training steps (with or instead of --minutes).")
+    ] = None,
     layers: Annotated[int, typer.Option("--layers", min=1, max=8, help="Draft layers.")] = 2,
-    block_size: Annotated[int, typer.Option("--block-size", min=1, max=16, help="dflash.block_size: the largest budget.")] = 8,
-    taps: Annotated[Optional[str], typer.Option("--taps", help="Target layer inputs to tap, e.g. 2,15,28 (default: 3 spread).")] = None,
+    block_size: Annotated[
+        int, typer.Option("--block-size", min=1, max=16, help="dflash.block_size: the largest budget.")
+    ] = 8,
+    taps: Annotated[
+        Optional[str], typer.Option("--taps", help="Target layer inputs to tap, e.g. 2,15,28 (default: 3 spread).")
+    ] = None,
     markov_rank: Annotated[int, typer.Option("--markov-rank", min=1, help="Markov head rank R.")] = 64,
     seed: SeedOpt = SEED,  # prompts, data order and initialisation
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Extra training prompts: text lines or JSONL {prompt, category}.")] = None,
-    n_prompts: Annotated[int, typer.Option("--n-prompts", min=0, help="Templated prompts from dspark's corpus.")] = 6000,
-    n_questions: Annotated[int, typer.Option("--n-questions", min=0, help="Questions the target writes itself.")] = 3000,
+    prompts: Annotated[
+        Optional[Path],
+        typer.Option("--prompts", help="Extra training prompts: text lines or JSONL {prompt, category}."),
+    ] = None,
+    n_prompts: Annotated[
+        int, typer.Option("--n-prompts", min=0, help="Templated prompts from dspark's corpus.")
+    ] = 6000,
+    n_questions: Annotated[
+        int, typer.Option("--n-questions", min=0, help="Questions the target writes itself.")
+    ] = 3000,
     max_new: Annotated[int, typer.Option("--max-new", min=8, help="Tokens per training response.")] = 384,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Sequences per training step.")] = 16,
-    gen_batch: Annotated[int, typer.Option("--gen-batch", min=1, help="Generation pool: sequences decoded together (a slot is refilled as soon as its answer ends).")] = 256,
-    data_minutes: Annotated[Optional[float], typer.Option("--data-minutes", min=0.05, help="Stop starting new training answers after this long (those in flight finish; what is done is kept).")] = None,
+    gen_batch: Annotated[
+        int,
+        typer.Option(
+            "--gen-batch",
+            min=1,
+            help="Generation pool: sequences decoded together (a slot is refilled as soon as its answer ends).",
+        ),
+    ] = 256,
+    data_minutes: Annotated[
+        Optional[float],
+        typer.Option(
+            "--data-minutes",
+            min=0.05,
+            help="Stop starting new training answers after this long (those in flight finish; what is done is kept).",
+        ),
+    ] = None,
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak learning rate.")] = 1e-3,
-    soft_weight: Annotated[float, typer.Option("--soft-weight", min=0.0, max=1.0, help="Share of the soft loss (the target's top-8 distribution) in the token loss.")] = 0.5,
-    val_groups: Annotated[int, typer.Option("--val-groups", min=0, help="Prompt templates per category held out whole for validation (0: a random split).")] = 2,
-    val_subjects: Annotated[float, typer.Option("--val-subjects", min=0.0, max=0.5, help="Share of each category's template subjects (code tasks, topics) held out from training under every template (0: templates only).")] = 0.1,
+    soft_weight: Annotated[
+        float,
+        typer.Option(
+            "--soft-weight",
+            min=0.0,
+            max=1.0,
+            help="Share of the soft loss (the target's top-8 distribution) in the token loss.",
+        ),
+    ] = 0.5,
+    val_groups: Annotated[
+        int,
+        typer.Option(
+            "--val-groups",
+            min=0,
+            help="Prompt templates per category held out whole for validation (0: a random split).",
+        ),
+    ] = 2,
+    val_subjects: Annotated[
+        float,
+        typer.Option(
+            "--val-subjects",
+            min=0.0,
+            max=0.5,
+            help="Share of each category's template subjects (code tasks, topics) held out from training under every template (0: templates only).",
+        ),
+    ] = 0.1,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda[:N].")] = "auto",
     outtype: Annotated[str, typer.Option("--outtype", help="Weights in the GGUF: q8_0, f16 or f32.")] = "q8_0",
     work: Annotated[Optional[Path], typer.Option("--work", help="Work folder (default: dspark cache).")] = None,
-    prepare_only: Annotated[bool, typer.Option("--prepare-only", help="Only tokenise the prompts into --work (needs an engine), then stop: train elsewhere from that folder.")] = False,
+    prepare_only: Annotated[
+        bool,
+        typer.Option(
+            "--prepare-only",
+            help="Only tokenise the prompts into --work (needs an engine), then stop: train elsewhere from that folder.",
+        ),
+    ] = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -92,24 +148,52 @@ def distill(
 
     key = hashlib.sha256(str(target.resolve()).encode()).hexdigest()[:12]
     plan = DistillPlan(
-        target=target, out=out_path, work=work or cache_dir() / "distill" / key,
-        train=TrainOptions(layers=layers, block_size=block_size, taps=_taps(taps), markov_rank=markov_rank,
-                           minutes=minutes, steps=steps, seed=seed, batch=batch, lr=lr, soft_weight=soft_weight,
-                           val_groups=val_groups, val_subjects=val_subjects),
-        n_prompts=n_prompts, n_meta=n_questions, max_new=max_new, gen_batch=gen_batch, data_minutes=data_minutes, device=device,
-        outtype=outtype, prompts_file=prompts, prepare_only=prepare_only)
+        target=target,
+        out=out_path,
+        work=work or cache_dir() / "distill" / key,
+        train=TrainOptions(
+            layers=layers,
+            block_size=block_size,
+            taps=_taps(taps),
+            markov_rank=markov_rank,
+            minutes=minutes,
+            steps=steps,
+            seed=seed,
+            batch=batch,
+            lr=lr,
+            soft_weight=soft_weight,
+            val_groups=val_groups,
+            val_subjects=val_subjects,
+        ),
+        n_prompts=n_prompts,
+        n_meta=n_questions,
+        max_new=max_new,
+        gen_batch=gen_batch,
+        data_minutes=data_minutes,
+        device=device,
+        outtype=outtype,
+        prompts_file=prompts,
+        prepare_only=prepare_only,
+    )
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), console=err, transient=True,
-                  disable=json_out or not err.is_terminal) as bar:  # off a terminal: no bar, no stray newline
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=json_out or not err.is_terminal,
+    ) as bar:  # off a terminal: no bar, no stray newline
         tasks: dict[str, int] = {}
 
         def on_progress(stage: str, done: int, total: int, info: dict) -> None:
             if stage not in tasks:
                 tasks[stage] = bar.add_task(stage, total=total or None, info="")
-            text = " ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items()
-                            if v is not None)
+            text = " ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items() if v is not None
+            )
             bar.update(tasks[stage], completed=done, total=total or None, info=text)
 
         report = run_distill(plan, lambda: resolve_engine(llama_bin), on_progress)
@@ -117,16 +201,22 @@ def distill(
         print_json(report)
         return
     if prepare_only:
-        out.print(f"prepared {report.data['prompts']:,} prompts and {report.data['meta_prompts']:,} question prompts "
-                  f"in {plan.work}; train with the same command and --work, without --prepare-only")
+        out.print(
+            f"prepared {report.data['prompts']:,} prompts and {report.data['meta_prompts']:,} question prompts "
+            f"in {plan.work}; train with the same command and --work, without --prepare-only"
+        )
         return
     best = report.training.get("best") or {}
     out.print(f"wrote {report.out} ({report.out_bytes:,} bytes, sha256 {report.out_sha256})")
-    out.print(f"data: {report.data['sequences']} sequences, {report.data['response_tokens']:,} response tokens; "
-              f"trained {report.training['steps']} steps in {report.training['seconds']:.0f} s on {report.device}")
+    out.print(
+        f"data: {report.data['sequences']} sequences, {report.data['response_tokens']:,} response tokens; "
+        f"trained {report.training['steps']} steps in {report.training['seconds']:.0f} s on {report.device}"
+    )
     for cat, tau in sorted((best.get("tau") or {}).items()):
-        out.print(f"  held-out simulated acceptance length, {cat}: "
-                  + " ".join(f"k{k + 1} {t:.2f}" for k, t in enumerate(tau)))
+        out.print(
+            f"  held-out simulated acceptance length, {cat}: "
+            + " ".join(f"k{k + 1} {t:.2f}" for k, t in enumerate(tau))
+        )
     out.print(f"work folder: {plan.work} (a rerun resumes from it)")
 
 

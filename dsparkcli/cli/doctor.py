@@ -34,10 +34,12 @@ Examples:
 def _check_line(check: selftest.SelftestCheck) -> str:
     verdict = "PASS" if check.ok else "FAIL"
     output = "" if check.name.startswith("/metrics") else f", output {'matches' if check.tokens_match else 'DIFFERS'}"
-    return (f"{verdict}  {check.name} (n_max {check.n_max}, p_min {check.p_min:g}): "
-            f"draft_n {check.observed_draft_n} (predicted {check.expected_draft_n}), "
-            f"accepted {check.observed_accepted} (predicted {check.expected_accepted}){output}"
-            + (f" -- {check.detail}" if check.detail else ""))
+    return (
+        f"{verdict}  {check.name} (n_max {check.n_max}, p_min {check.p_min:g}): "
+        f"draft_n {check.observed_draft_n} (predicted {check.expected_draft_n}), "
+        f"accepted {check.observed_accepted} (predicted {check.expected_accepted}){output}"
+        + (f" -- {check.detail}" if check.detail else "")
+    )
 
 
 def _selftest(report: core.DoctorReport, llama_bin: str | None, json_out: bool) -> None:
@@ -49,22 +51,33 @@ def _selftest(report: core.DoctorReport, llama_bin: str | None, json_out: bool) 
     if json_out:
         print_json({**dataclasses.asdict(report), "selftest": result})
     elif result.ok:
-        out.print(f"selftest PASS: {len(result.checks)} of {len(result.checks)} checks match the prediction "
-                  f"({result.seconds:.1f} s)")
+        out.print(
+            f"selftest PASS: {len(result.checks)} of {len(result.checks)} checks match the prediction "
+            f"({result.seconds:.1f} s)"
+        )
     else:
-        out.print(f"selftest FAIL: {n_bad} of {len(result.checks)} checks differ from the prediction "
-                  f"({result.seconds:.1f} s); server logs: {', '.join(result.log_paths)}")
+        out.print(
+            f"selftest FAIL: {n_bad} of {len(result.checks)} checks differ from the prediction "
+            f"({result.seconds:.1f} s); server logs: {', '.join(result.log_paths)}"
+        )
     if not result.ok:
-        raise EngineCapabilityError(f"DSpark selftest failed: {n_bad} of {len(result.checks)} checks differ from "
-                                    f"the prediction with {report.server}")
+        raise EngineCapabilityError(
+            f"DSpark selftest failed: {n_bad} of {len(result.checks)} checks differ from "
+            f"the prediction with {report.server}"
+        )
 
 
 def doctor(
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
-    run_selftest: Annotated[bool, typer.Option(
-        "--selftest", help="Serve a synthetic pair with draft-dspark; check tokens and draft counters against "
-                           "the exact prediction (seconds, no download).")] = False,
+    run_selftest: Annotated[
+        bool,
+        typer.Option(
+            "--selftest",
+            help="Serve a synthetic pair with draft-dspark; check tokens and draft counters against "
+            "the exact prediction (seconds, no download).",
+        ),
+    ] = False,
 ) -> None:
     report = core.diagnose(llama_bin)
     combined_json = json_out and run_selftest and report.ok  # one document with the selftest in it, printed later
@@ -92,8 +105,11 @@ def doctor(
         if report.loads is not None:
             t = report.loads
             origin = "the source tree" if t.origin == "source" else "the strings of its shared libraries"
-            table.add_row("loads", f"{len(t.archs)} archs, {len(t.projectors)} projector types, "
-                                   f"{len(t.tensor_types)} tensor types (from {origin} {t.where}; --json lists them)")
+            table.add_row(
+                "loads",
+                f"{len(t.archs)} archs, {len(t.projectors)} projector types, "
+                f"{len(t.tensor_types)} tensor types (from {origin} {t.where}; --json lists them)",
+            )
         out.print(table)
         for problem in report.problems:
             out.print(f"warning: {problem}")

@@ -26,20 +26,44 @@ Examples:
 def build(
     backend: Annotated[str, typer.Option("--backend", "-b", help="cpu or cuda.")] = "cpu",
     cuda_arch: Annotated[str, typer.Option("--cuda-arch", help="CUDA architecture(s), e.g. 90 for H100/H200.")] = "90",
-    cpu_arch: Annotated[str, typer.Option("--cpu-arch", help="x86-64-v3 (portable, default) or native.")] = "x86-64-v3",
-    rpc: Annotated[bool, typer.Option("--rpc/--no-rpc", help="The RPC backend (GGML_RPC=ON) and its worker, for --rpc and dspark rpc-worker (part of the cache key).")] = True,
+    cpu_arch: Annotated[
+        str, typer.Option("--cpu-arch", help="x86-64-v3 (portable, default) or native.")
+    ] = "x86-64-v3",
+    rpc: Annotated[
+        bool,
+        typer.Option(
+            "--rpc/--no-rpc",
+            help="The RPC backend (GGML_RPC=ON) and its worker, for --rpc and dspark rpc-worker (part of the cache key).",
+        ),
+    ] = True,
     source: Annotated[Optional[Path], typer.Option("--source", help="Build this llama.cpp checkout instead.")] = None,
-    patches: Annotated[Optional[bool], typer.Option("--patches/--no-patches", help="Apply dspark's patch series (per-request draft settings, --spec-draft-n-max auto) to a copy of the tree first (default: yes for the pinned tree, no for --source). Part of the cache key.", show_default=False)] = None,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs (default: all cores).")] = None,
+    patches: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--patches/--no-patches",
+            help="Apply dspark's patch series (per-request draft settings, --spec-draft-n-max auto) to a copy of the tree first (default: yes for the pinned tree, no for --source). Part of the cache key.",
+            show_default=False,
+        ),
+    ] = None,
+    jobs: Annotated[
+        Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs (default: all cores).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a cached build exists.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), TextColumn("{task.fields[line]}"), console=err, transient=True,
-                  disable=json_out or not err.is_terminal) as progress:  # off a terminal: no bar, no stray newline
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[line]}"),
+        console=err,
+        transient=True,
+        disable=json_out or not err.is_terminal,
+    ) as progress:  # off a terminal: no bar, no stray newline
         task = progress.add_task(f"building llama.cpp ({backend})", total=100, line="")
 
         def on_progress(pct: float, line: str) -> None:
@@ -49,15 +73,28 @@ def build(
             else:
                 progress.update(task, **fields)
 
-        eng, record, reused = core.build_engine(backend=backend, cuda_arch=cuda_arch, cpu_arch=cpu_arch, rpc=rpc, source=source,
-                                               patches=patches, jobs=jobs, force=force, on_progress=on_progress)
+        eng, record, reused = core.build_engine(
+            backend=backend,
+            cuda_arch=cuda_arch,
+            cpu_arch=cpu_arch,
+            rpc=rpc,
+            source=source,
+            patches=patches,
+            jobs=jobs,
+            force=force,
+            on_progress=on_progress,
+        )
     if json_out:
         print_json({"server": eng.server, "reused": reused, **record.__dict__})
         return
     what = "reused cached build" if reused else f"built in {record.build_seconds:.0f} s"
     out.print(f"{what}: {eng.server}")
-    out.print(f"commit {record.commit}, backend {record.backend}" + (f", sm{record.cuda_arch}" if record.cuda_arch else "")
-              + (", rpc" if record.rpc else "") + (f", patches {record.patch_hash}" if record.patch_hash else ", stock"))
+    out.print(
+        f"commit {record.commit}, backend {record.backend}"
+        + (f", sm{record.cuda_arch}" if record.cuda_arch else "")
+        + (", rpc" if record.rpc else "")
+        + (f", patches {record.patch_hash}" if record.patch_hash else ", stock")
+    )
     for name in record.patches:
         out.print(f"  patch {name}")
 

@@ -10,10 +10,9 @@ import typer
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._download import ask_to_download, download_progress, show_plan
 from dsparkcli.cli._output import err, out, print_json
-from dsparkcli.errors import Interrupted, UsageError
-from dsparkcli.hub import fetch as hub
-from dsparkcli.errors import EngineNotFoundError
+from dsparkcli.errors import EngineNotFoundError, Interrupted, UsageError
 from dsparkcli.gguf.analysis import printable
+from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama.engine import resolve_engine
 from dsparkcli.pairs import engine_check
@@ -39,11 +38,21 @@ Examples:
 
 
 def fetch(
-    name: Annotated[Optional[str], typer.Argument(
-        help="Pair name from `dspark models` (default: the registry's default), or one file: hf://owner/repo[@rev]/file.gguf.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft key (default: the pair's default draft).")] = None,
-    local_dir: Annotated[Optional[Path], typer.Option("--dir", help="Download into this folder instead of the HF cache.")] = None,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit for every file of the pair.")] = None,
+    name: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="Pair name from `dspark models` (default: the registry's default), or one file: hf://owner/repo[@rev]/file.gguf."
+        ),
+    ] = None,
+    draft: Annotated[
+        Optional[str], typer.Option("--draft", help="Draft key (default: the pair's default draft).")
+    ] = None,
+    local_dir: Annotated[
+        Optional[Path], typer.Option("--dir", help="Download into this folder instead of the HF cache.")
+    ] = None,
+    revision: Annotated[
+        Optional[str], typer.Option("--revision", help="Branch, tag or commit for every file of the pair.")
+    ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before large downloads.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Download even files the engine in use cannot load.")] = False,
     llama_bin: LlamaBinOpt = None,
@@ -51,10 +60,11 @@ def fetch(
 ) -> None:
     if name is not None and name.startswith("hf://"):  # one file, as the error hints and --target spell it
         if draft is not None or revision is not None:
-            raise UsageError("--draft and --revision are for pair names; write the revision as hf://owner/repo@REV/file")
+            raise UsageError(
+                "--draft and --revision are for pair names; write the revision as hf://owner/repo@REV/file"
+            )
         with download_progress(disable=json_out) as on_progress:
-            path = hub.fetch_ref(name, local_dir=local_dir, yes=yes, on_progress=on_progress,
-                                 confirm=ask_to_download)
+            path = hub.fetch_ref(name, local_dir=local_dir, yes=yes, on_progress=on_progress, confirm=ask_to_download)
         if json_out:
             print_json({"name": name, "path": path})
         else:
@@ -73,11 +83,16 @@ def fetch(
             if not json_out:
                 err.print("note: no llama.cpp engine here, so the files are not checked against one")
         if engine is not None:
-            advice = None if json_out else (lambda c: err.print(f"warning: {printable(c.file, 80)}: {c.detail}", markup=False))
+            advice = (
+                None
+                if json_out
+                else (lambda c: err.print(f"warning: {printable(c.file, 80)}: {c.detail}", markup=False))
+            )
             check = engine_check(engine, after="--force downloads them anyway", on_advice=advice)
             hub.check_before_download(planned, check)
-    hub.confirm_large(planned, pair.name, yes=yes,
-                      confirm=lambda p: ask_to_download(p, show=False))  # the plan is shown above
+    hub.confirm_large(
+        planned, pair.name, yes=yes, confirm=lambda p: ask_to_download(p, show=False)
+    )  # the plan is shown above
     with download_progress(disable=json_out) as on_progress:
         try:
             fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress, check=check)

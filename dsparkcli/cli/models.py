@@ -60,8 +60,11 @@ def models(local_dir: DirOpt = None, json_out: JsonOpt = False) -> None:
             where = f["path"] if f["present"] else f"{f['repo']}/{f['filename'] or f['glob']}"
             out.print(f"  {role:<24} {state:<8} {format_size(f['size']):>9}  {where}")
         if not entry["default_draft"]:
-            out.print("  no DSpark draft" + (f"; classic draft model: the pair {entry['classic_draft']}"
-                                             if entry["classic_draft"] else ""), markup=False)
+            out.print(
+                "  no DSpark draft"
+                + (f"; classic draft model: the pair {entry['classic_draft']}" if entry["classic_draft"] else ""),
+                markup=False,
+            )
         out.print("")
     out.print("* default draft. Fetch with `dspark fetch NAME [--draft KEY]`.")
 

@@ -41,11 +41,17 @@ def _census_line(c: Census) -> str:
 
 def _plan_json(plan: core.Plan) -> dict[str, Any]:
     return {
-        "input": plan.src, "output": plan.dst, "positional": plan.positional,
-        "allow_requantize": plan.allow_requantize, "command": list(plan.command),
-        "map_path": plan.map_path, "map": list(plan.map_lines),
-        "tensors": plan.tensors, "changes": [t.name for t in plan.changes],
-        "census_before": plan.census_before, "census_after_predicted": plan.census_after,
+        "input": plan.src,
+        "output": plan.dst,
+        "positional": plan.positional,
+        "allow_requantize": plan.allow_requantize,
+        "command": list(plan.command),
+        "map_path": plan.map_path,
+        "map": list(plan.map_lines),
+        "tensors": plan.tensors,
+        "changes": [t.name for t in plan.changes],
+        "census_before": plan.census_before,
+        "census_after_predicted": plan.census_after,
         "predicted_tensor_bytes": plan.predicted_tensor_bytes,
     }
 
@@ -53,8 +59,10 @@ def _plan_json(plan: core.Plan) -> dict[str, Any]:
 def _print_plan(plan: core.Plan) -> None:
     out.print(f"plan: {plan.src} -> {plan.dst}")
     for t in plan.changes:
-        out.print(f"  {t.name:<24} {list(t.shape)!s:<14} {t.current:>5} -> {t.target:<5} "
-                  f"{t.bytes_before:>12,} -> {t.bytes_after:,} B  ({t.why})")
+        out.print(
+            f"  {t.name:<24} {list(t.shape)!s:<14} {t.current:>5} -> {t.target:<5} "
+            f"{t.bytes_before:>12,} -> {t.bytes_after:,} B  ({t.why})"
+        )
     out.print(f"  {len(plan.tensors) - len(plan.changes)} other tensor(s) pinned to their current type")
     out.print(f"census before: {_census_line(plan.census_before)}")
     out.print(f"census after:  {_census_line(plan.census_after)} (predicted)")
@@ -65,17 +73,33 @@ def _print_plan(plan: core.Plan) -> None:
 def requant(
     src: Annotated[Path, typer.Argument(metavar="IN", help="Input GGUF (a DSpark draft).")],
     dst: Annotated[Path, typer.Argument(metavar="OUT", help="Output GGUF (never the input).")],
-    heads: Annotated[str, typer.Option("--heads", help="Type for markov_w1, markov_w2 and fc: q8_0, q6_K or bf16.")] = "q8_0",
-    tensor: Annotated[Optional[list[str]], typer.Option("--tensor", metavar="NAME=TYPE", help="Per-tensor override, repeatable (e.g. fc.weight=bf16).")] = None,
-    allow_requantize: Annotated[bool, typer.Option("--allow-requantize", help="Allow converting tensors that are already quantised.")] = False,
+    heads: Annotated[
+        str, typer.Option("--heads", help="Type for markov_w1, markov_w2 and fc: q8_0, q6_K or bf16.")
+    ] = "q8_0",
+    tensor: Annotated[
+        Optional[list[str]],
+        typer.Option("--tensor", metavar="NAME=TYPE", help="Per-tensor override, repeatable (e.g. fc.weight=bf16)."),
+    ] = None,
+    allow_requantize: Annotated[
+        bool, typer.Option("--allow-requantize", help="Allow converting tensors that are already quantised.")
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and the exact llama-quantize command; run nothing.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the plan and the exact llama-quantize command; run nothing.")
+    ] = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     quantize = resolve_engine(llama_bin).tool("llama-quantize")
-    plan = core.build_plan(src, dst, heads=heads, overrides=tensor or (), allow_requantize=allow_requantize,
-                           force=force, quantize=quantize)
+    plan = core.build_plan(
+        src,
+        dst,
+        heads=heads,
+        overrides=tensor or (),
+        allow_requantize=allow_requantize,
+        force=force,
+        quantize=quantize,
+    )
     if dry_run:
         if json_out:
             print_json({"dry_run": True, "plan": _plan_json(plan)})
@@ -87,16 +111,26 @@ def requant(
     result = core.execute(plan, on_step=None if json_out else (lambda msg: err.print(msg)))
     v = result.verification
     if json_out:
-        print_json({
-            "dry_run": False, "plan": _plan_json(plan), "census_before": result.census_before,
-            "census_after": result.census_after, "verification": v, "size_before": result.size_before,
-            "size_after": result.size_after, "ratio": result.ratio, "quantize_seconds": result.quantize_seconds,
-        })
+        print_json(
+            {
+                "dry_run": False,
+                "plan": _plan_json(plan),
+                "census_before": result.census_before,
+                "census_after": result.census_after,
+                "verification": v,
+                "size_before": result.size_before,
+                "size_after": result.size_after,
+                "ratio": result.ratio,
+                "quantize_seconds": result.quantize_seconds,
+            }
+        )
         return
     out.print(f"census after:  {_census_line(result.census_after)} (read back)")
     respelled = f", {len(v.respelled)} with a respelled shape" if v.respelled else ""
-    out.print(f"verified: {len(v.changed)} changed as planned, {len(v.identical)} byte-identical{respelled} "
-              f"(sha256 of every tensor data region); set {', '.join(f'{k}={val}' for k, val in v.kv_set.items())}")
+    out.print(
+        f"verified: {len(v.changed)} changed as planned, {len(v.identical)} byte-identical{respelled} "
+        f"(sha256 of every tensor data region); set {', '.join(f'{k}={val}' for k, val in v.kv_set.items())}"
+    )
     for name, before, after in v.respelled:
         out.print(f"  {name}: shape {list(before)} written as {list(after)} (same bytes)")
     out.print(f"size: {result.size_before:,} -> {result.size_after:,} B ({result.ratio:.3f}x)  {plan.dst}")

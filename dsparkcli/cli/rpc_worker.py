@@ -32,20 +32,34 @@ Examples:
 
 
 def rpc_worker(
-    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback unless --allow-remote).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to bind (loopback unless --allow-remote).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="Port (0 = any free one).")] = 50052,
-    device: Annotated[Optional[str], typer.Option("--device", "-d", help="Devices to lend, e.g. CUDA0 (default: all accelerators, else the CPU).")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="Threads of the CPU device.")] = None,
-    cache: Annotated[bool, typer.Option("--cache", help="Keep received tensors in a local file cache (faster reloads).")] = False,
-    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a non-loopback --host (RPC has no authentication).")] = False,
+    device: Annotated[
+        Optional[str],
+        typer.Option("--device", "-d", help="Devices to lend, e.g. CUDA0 (default: all accelerators, else the CPU)."),
+    ] = None,
+    threads: Annotated[
+        Optional[int], typer.Option("--threads", "-t", min=1, help="Threads of the CPU device.")
+    ] = None,
+    cache: Annotated[
+        bool, typer.Option("--cache", help="Keep received tensors in a local file cache (faster reloads).")
+    ] = False,
+    allow_remote: Annotated[
+        bool, typer.Option("--allow-remote", help="Allow a non-loopback --host (RPC has no authentication).")
+    ] = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     cfg = WorkerConfig(host=host, port=port, devices=device, threads=threads, cache=cache, allow_remote=allow_remote)
     cfg.validate()  # before the engine is looked up: a refused host is a usage error, whatever is installed
     if not is_loopback(host):
-        err.print(f"warning: the RPC worker on {host} has no authentication: anyone who reaches port {port} "
-                  "can use this machine's devices and read their memory", markup=False)
+        err.print(
+            f"warning: the RPC worker on {host} has no authentication: anyone who reaches port {port} "
+            "can use this machine's devices and read their memory",
+            markup=False,
+        )
     eng = engine_mod.resolve_engine(llama_bin, rpc=True)
     with RpcWorker(eng, cfg) as worker:
         info = {"endpoint": str(worker.endpoint), "pid": worker.pid, "log": str(worker.log_path)}
@@ -54,7 +68,7 @@ def rpc_worker(
                 print_json(info)
             else:
                 out.print(f"rpc worker on {worker.endpoint} (pid {worker.pid}, log {worker.log_path})", markup=False)
-                out.print(f"use it:  dspark run --rpc {worker.endpoint} \"PROMPT\"   (Ctrl-C stops)", markup=False)
+                out.print(f'use it:  dspark run --rpc {worker.endpoint} "PROMPT"   (Ctrl-C stops)', markup=False)
             while True:  # until Ctrl-C / SIGTERM (which stop the worker too) or the worker's death (one line)
                 worker.check_alive()
                 time.sleep(0.5)

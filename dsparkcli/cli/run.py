@@ -10,6 +10,7 @@ import typer
 
 from dsparkcli import runner
 from dsparkcli.cli._common import (
+    SEED,
     ApiKeyFileOpt,
     ApiKeyOpt,
     AutoPMinOpt,
@@ -27,7 +28,6 @@ from dsparkcli.cli._common import (
     NglOpt,
     NoDraftOpt,
     RpcOpt,
-    SEED,
     SeedOpt,
     SpecOpt,
     SplitModeOpt,
@@ -71,8 +71,11 @@ Examples:
 
 
 def format_stats(result: runner.RunResult) -> str:
-    parts = [f"decode {result.decode_tok_s:.1f} tok/s", f"prompt {result.prompt_tok_s:.1f} tok/s",
-             f"{result.n_tokens} tokens"]
+    parts = [
+        f"decode {result.decode_tok_s:.1f} tok/s",
+        f"prompt {result.prompt_tok_s:.1f} tok/s",
+        f"{result.n_tokens} tokens",
+    ]
     acc = result.acceptance
     if acc is None:
         parts.append("no draft")
@@ -81,17 +84,28 @@ def format_stats(result: runner.RunResult) -> str:
         mean = f"{acc.mean_len:.2f}" if acc.mean_len is not None else "n/a (server without --metrics)"
         chosen = protocol.BudgetTimings.from_timings(result.timings)
         # a --server's budget: the one the request drafted with (runner.request_budget asks the server first)
-        budget = (f"budget adaptive (mean {chosen.mean:.2f}, {chosen.zero} of {chosen.steps} steps without a draft)"
-                  if chosen.mean is not None else f"budget {result.budget}" if result.budget else "budget set by the server")
-        parts += [budget, f"drafted {acc.drafted}",
-                  f"accepted {acc.accepted} ({rate})", f"mean acceptance length {mean}"]
+        budget = (
+            f"budget adaptive (mean {chosen.mean:.2f}, {chosen.zero} of {chosen.steps} steps without a draft)"
+            if chosen.mean is not None
+            else f"budget {result.budget}"
+            if result.budget
+            else "budget set by the server"
+        )
+        parts += [
+            budget,
+            f"drafted {acc.drafted}",
+            f"accepted {acc.accepted} ({rate})",
+            f"mean acceptance length {mean}",
+        ]
         if result.acceptance_kind:
             parts.append(result.acceptance_kind)
     return " | ".join(parts)
 
 
 def run(
-    args: Annotated[list[str], typer.Argument(metavar="[IMAGE]... PROMPT", help="Images, then the prompt.", show_default=False)],
+    args: Annotated[
+        list[str], typer.Argument(metavar="[IMAGE]... PROMPT", help="Images, then the prompt.", show_default=False)
+    ],
     image: Annotated[Optional[list[Path]], typer.Option("--image", "-i", help="An image (repeatable).")] = None,
     model: ModelOpt = None,
     target: TargetOpt = None,
@@ -118,7 +132,13 @@ def run(
     tensor_split: TensorSplitOpt = None,
     main_gpu: MainGpuOpt = None,
     draft_device: DraftDeviceOpt = None,
-    compare: Annotated[bool, typer.Option("--compare", help="Then ask plain decoding the same question (a second load) and report the first divergence with the target's top-2 there.")] = False,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Then ask plain decoding the same question (a second load) and report the first divergence with the target's top-2 there.",
+        ),
+    ] = False,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
@@ -143,20 +163,45 @@ def run(
             line["ended"] = True
         err.print(f"[dim]{msg}[/dim]")
 
-    question = runner.Question(prompt, tuple(load_image(p) for p in images), system=system,
-                               max_tokens=max_tokens, temp=temp, seed=seed)
-    pair = PairSpec(model=model, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft,
-                    speculation=speculation.parse(spec) if spec else None)
-    knobs = ServerKnobs(**knob_values(budget, p_min), ctx=ctx, threads=threads, ngl=ngl,
-                        extra_args=passthrough_args(), api_key=api_key, category=category,
-                        placement=placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device))
+    question = runner.Question(
+        prompt, tuple(load_image(p) for p in images), system=system, max_tokens=max_tokens, temp=temp, seed=seed
+    )
+    pair = PairSpec(
+        model=model,
+        target=target,
+        draft=draft,
+        mmproj=mmproj,
+        draft_key=draft_key,
+        no_draft=no_draft,
+        speculation=speculation.parse(spec) if spec else None,
+    )
+    knobs = ServerKnobs(
+        **knob_values(budget, p_min),
+        ctx=ctx,
+        threads=threads,
+        ngl=ngl,
+        extra_args=passthrough_args(),
+        api_key=api_key,
+        category=category,
+        placement=placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device),
+    )
     with download_progress(disable=json_out) as on_progress:
         result = runner.answer(
-            question, pair, knobs, Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
-                                             on_notice=lambda m: err.print(m, markup=False)),
-            server_url=server, llama_bin=llama_bin, on_text=None if json_out else on_text,
+            question,
+            pair,
+            knobs,
+            Downloads(
+                yes=yes,
+                confirm=confirm_downloads,
+                on_progress=on_progress,
+                on_notice=lambda m: err.print(m, markup=False),
+            ),
+            server_url=server,
+            llama_bin=llama_bin,
+            on_text=None if json_out else on_text,
             on_status=None if json_out else on_status,
-            on_notice=lambda msg: err.print(msg, markup=False), compare=compare,
+            on_notice=lambda msg: err.print(msg, markup=False),
+            compare=compare,
         )
     if json_out:
         print_json(result.to_record())

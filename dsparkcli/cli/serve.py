@@ -96,7 +96,9 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="Port (0 = any free one).")] = 8080,
     parallel: Annotated[int, typer.Option("--parallel", "-np", min=1, help="Requests decoded at once (-np).")] = 1,
-    max_restarts: Annotated[int, typer.Option("--max-restarts", min=0, help="Restarts in a row before giving up.")] = DEFAULT_MAX_RESTARTS,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", min=0, help="Restarts in a row before giving up.")
+    ] = DEFAULT_MAX_RESTARTS,
     api_key: ApiKeyOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     rpc: RpcOpt = None,
@@ -104,34 +106,67 @@ def serve(
     tensor_split: TensorSplitOpt = None,
     main_gpu: MainGpuOpt = None,
     draft_device: DraftDeviceOpt = None,
-    engine_name: Annotated[str, typer.Option("--engine", metavar="llama|vllm",
-                                             help="llama.cpp (default), or vLLM for a registry pair on several GPUs.")] = "llama",
-    print_only: Annotated[bool, typer.Option("--print", help="Print the server command instead of running it.")] = False,
+    engine_name: Annotated[
+        str,
+        typer.Option(
+            "--engine", metavar="llama|vllm", help="llama.cpp (default), or vLLM for a registry pair on several GPUs."
+        ),
+    ] = "llama",
+    print_only: Annotated[
+        bool, typer.Option("--print", help="Print the server command instead of running it.")
+    ] = False,
     yes: YesOpt = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     api_key = api_key_from(api_key, api_key_file)
     if not is_loopback(host) and not api_key:
-        raise UsageError(f"--host {host} exposes the server beyond this machine: set DSPARK_API_KEY or give --api-key-file")
+        raise UsageError(
+            f"--host {host} exposes the server beyond this machine: set DSPARK_API_KEY or give --api-key-file"
+        )
     if engine_name not in ("llama", "vllm"):
         raise UsageError(f"--engine must be llama or vllm (got {engine_name})")
     if engine_name == "vllm":
-        llama_only = {"--target": target, "--draft": draft, "--mmproj": mmproj, "--draft-key": draft_key,
-                      "--no-draft": no_draft or None, "--spec": spec, "--p-min": p_min, "--ctx": ctx, "--threads": threads,
-                      "--ngl": ngl, "--parallel": parallel if parallel != 1 else None, "--category": category,
-                      "--rpc": rpc, "--split-mode": split_mode, "--tensor-split": tensor_split, "--main-gpu": main_gpu,
-                      "--draft-device": draft_device, "--llama-bin": llama_bin}
+        llama_only = {
+            "--target": target,
+            "--draft": draft,
+            "--mmproj": mmproj,
+            "--draft-key": draft_key,
+            "--no-draft": no_draft or None,
+            "--spec": spec,
+            "--p-min": p_min,
+            "--ctx": ctx,
+            "--threads": threads,
+            "--ngl": ngl,
+            "--parallel": parallel if parallel != 1 else None,
+            "--category": category,
+            "--rpc": rpc,
+            "--split-mode": split_mode,
+            "--tensor-split": tensor_split,
+            "--main-gpu": main_gpu,
+            "--draft-device": draft_device,
+            "--llama-bin": llama_bin,
+        }
         given = [flag for flag, value in llama_only.items() if value is not None]
         if given:
-            raise UsageError(f"{', '.join(given)}: llama.cpp options; --engine vllm serves a registry pair's "
-                             "safetensors with the model card's recipe (vLLM flags go after --)")
+            raise UsageError(
+                f"{', '.join(given)}: llama.cpp options; --engine vllm serves a registry pair's "
+                "safetensors with the model card's recipe (vLLM flags go after --)"
+            )
         kv = knob_values(budget, None)
         if kv["auto_budget"] or kv["adaptive_budget"]:
-            raise UsageError("--budget auto and adaptive are dspark tune's for llama.cpp; give vLLM a number "
-                             "(default: the registry's num_speculative_tokens)")
-        cmd = vllm.serve_command(load_registry().get(name), host=host, port=port, budget=kv["budget"],
-                                 api_key=api_key, extra_args=passthrough_args())
+            raise UsageError(
+                "--budget auto and adaptive are dspark tune's for llama.cpp; give vLLM a number "
+                "(default: the registry's num_speculative_tokens)"
+            )
+        cmd = vllm.serve_command(
+            load_registry().get(name),
+            host=host,
+            port=port,
+            budget=kv["budget"],
+            api_key=api_key,
+            extra_args=passthrough_args(),
+        )
         if not print_only:
             vllm.run(cmd)
         elif json_out:
@@ -144,15 +179,41 @@ def serve(
     kv = knob_values(budget, p_min)
     with download_progress(disable=json_out) as on_progress:
         cfg, files = prepare_server(
-            PairSpec(model=name, target=target, draft=draft, mmproj=mmproj, draft_key=draft_key, no_draft=no_draft,
-                     speculation=speculation.parse(spec) if spec else None),
-            ServerKnobs(**kv, ctx=ctx, threads=threads, ngl=ngl, extra_args=passthrough_args(),
-                        parallel=parallel, host=host, port=port, api_key=api_key, category=category,
-                        placement=placement),
-            Downloads(yes=yes, confirm=confirm_downloads, on_progress=on_progress,
-                      on_notice=lambda m: err.print(m, markup=False)), engine=eng)
-    cfg, auto = chosen_server(eng, cfg, Want(budget=kv["auto_budget"], p_min=kv["auto_p_min"],
-                                             adaptive=kv["adaptive_budget"], category=category))
+            PairSpec(
+                model=name,
+                target=target,
+                draft=draft,
+                mmproj=mmproj,
+                draft_key=draft_key,
+                no_draft=no_draft,
+                speculation=speculation.parse(spec) if spec else None,
+            ),
+            ServerKnobs(
+                **kv,
+                ctx=ctx,
+                threads=threads,
+                ngl=ngl,
+                extra_args=passthrough_args(),
+                parallel=parallel,
+                host=host,
+                port=port,
+                api_key=api_key,
+                category=category,
+                placement=placement,
+            ),
+            Downloads(
+                yes=yes,
+                confirm=confirm_downloads,
+                on_progress=on_progress,
+                on_notice=lambda m: err.print(m, markup=False),
+            ),
+            engine=eng,
+        )
+    cfg, auto = chosen_server(
+        eng,
+        cfg,
+        Want(budget=kv["auto_budget"], p_min=kv["auto_p_min"], adaptive=kv["adaptive_budget"], category=category),
+    )
     if auto is not None:
         err.print(auto.message, markup=False)
     hazard = hazards.slot_hazard(eng, drafting=cfg.draft is not None, parallel=cfg.n_parallel)
@@ -161,10 +222,16 @@ def serve(
     per_category = category_budgets(auto)
     if per_category and engine_mod.capabilities(eng).request_draft_params:
         most = max(per_category.values())
-        err.print("per-request budgets by category (a request's speculative.n_max, or dspark run --server URL "
-                  f"--budget K): {', '.join(f'{c} {k}' for c, k in per_category.items())}"
-                  + (f"; this server drafts at most {cfg.n_max}: --budget {most} lets every category have its own"
-                     if isinstance(cfg.n_max, int) and most > cfg.n_max else ""), markup=False)
+        err.print(
+            "per-request budgets by category (a request's speculative.n_max, or dspark run --server URL "
+            f"--budget K): {', '.join(f'{c} {k}' for c, k in per_category.items())}"
+            + (
+                f"; this server drafts at most {cfg.n_max}: --budget {most} lets every category have its own"
+                if isinstance(cfg.n_max, int) and most > cfg.n_max
+                else ""
+            ),
+            markup=False,
+        )
     if print_only:  # the line runs as printed: the key is passed as serve passes it, never shown
         shell = cfg.shell_line(eng.server, port, _key_word(api_key, api_key_file))
         if json_out:
@@ -175,21 +242,31 @@ def serve(
     with Supervisor(eng, cfg, on_event=_say, max_restarts=max_restarts) as sup:
         srv = sup.server
         assert srv is not None
-        info = {"url": srv.url, "pid": srv.pid, "log": str(srv.log_path), "target": str(files.target),
-                "draft": str(cfg.draft) if cfg.draft else None, "mmproj": str(files.mmproj) if files.mmproj else None,
-                "budget": cfg.n_max, "p_min": cfg.p_min, "parallel": cfg.n_parallel,
-                "tuning": auto.message if auto else None, "category_budgets": per_category or None,
-                "rpc": [str(e) for e in cfg.placement.rpc],
-                "draft_device": cfg.placement.draft_device}
+        info = {
+            "url": srv.url,
+            "pid": srv.pid,
+            "log": str(srv.log_path),
+            "target": str(files.target),
+            "draft": str(cfg.draft) if cfg.draft else None,
+            "mmproj": str(files.mmproj) if files.mmproj else None,
+            "budget": cfg.n_max,
+            "p_min": cfg.p_min,
+            "parallel": cfg.n_parallel,
+            "tuning": auto.message if auto else None,
+            "category_budgets": per_category or None,
+            "rpc": [str(e) for e in cfg.placement.rpc],
+            "draft_device": cfg.placement.draft_device,
+        }
         try:  # from the announcement on (a client may act on it at once), a signal is the normal end
             if json_out:
                 print_json(info)
             else:
-                out.print(f"serving on {srv.url} (pid {srv.pid}, {cfg.n_parallel} at once, log {srv.log_path})",
-                          markup=False)
+                out.print(
+                    f"serving on {srv.url} (pid {srv.pid}, {cfg.n_parallel} at once, log {srv.log_path})", markup=False
+                )
                 if cfg.placement.rpc:
                     out.print(placement_describe(cfg.placement), markup=False)
-                out.print(f"ask it:  dspark run --server {srv.url} IMAGE \"PROMPT\"   (Ctrl-C stops)", markup=False)
+                out.print(f'ask it:  dspark run --server {srv.url} IMAGE "PROMPT"   (Ctrl-C stops)', markup=False)
             sup.watch()
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli/app.py) once serving: the normal end of serve
             pass
@@ -205,12 +282,16 @@ def _key_word(api_key: str | None, key_file: Path | None) -> str:
     if key_file is not None:
         first = key_file.read_bytes().split(b"\n", 1)[0].decode("utf-8", "replace")
         if first != api_key:  # `head -n 1` keeps what dspark strips
-            raise UsageError(f"--api-key-file {key_file}: its first line has blanks or a CR around the key, which "
-                             "dspark strips and a printed shell line would not: remove them")
+            raise UsageError(
+                f"--api-key-file {key_file}: its first line has blanks or a CR around the key, which "
+                "dspark strips and a printed shell line would not: remove them"
+            )
         return f'"$(head -n 1 {shlex.quote(os.path.abspath(key_file))})"'
     if os.environ.get(API_KEY_ENV) != api_key:
-        err.print(f"dspark: note: the printed line reads the API key from {API_KEY_ENV}: set it there before "
-                  "running it", markup=False)
+        err.print(
+            f"dspark: note: the printed line reads the API key from {API_KEY_ENV}: set it there before running it",
+            markup=False,
+        )
     return f'"${API_KEY_ENV}"'
 
 

@@ -66,37 +66,66 @@ def _write_shape(outdir: Path, shape: str, qtype: str, seed: int, json_out: bool
 def synth(
     outdir: Annotated[Path, typer.Argument(help="Directory to write the pair into (created if missing).")],
     vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary size (8..4096).")] = 128,
-    accept_rate: Annotated[float, typer.Option("--accept-rate", "-q", help="Fraction of Markov rows that agree with the target (0..1).")] = 1.0,
-    confidence: Annotated[bool, typer.Option("--confidence", help="Add a scripted confidence head (for --spec-draft-p-min).")] = False,
+    accept_rate: Annotated[
+        float, typer.Option("--accept-rate", "-q", help="Fraction of Markov rows that agree with the target (0..1).")
+    ] = 1.0,
+    confidence: Annotated[
+        bool, typer.Option("--confidence", help="Add a scripted confidence head (for --spec-draft-p-min).")
+    ] = False,
     vision: Annotated[bool, typer.Option("--vision", help="Also write a tiny mmproj (clip 'mlp') and a PNG.")] = False,
     seed: SeedOpt = SEED,  # g, the wrong rows and the confidences
     block_size: Annotated[int, typer.Option("--block-size", help="dflash.block_size of the draft.")] = 8,
-    shape: Annotated[Optional[str], typer.Option("--shape", help="Full-width random pair with a real model's shapes, e.g. minicpm-v-4.7-35b-a3b.")] = None,
+    shape: Annotated[
+        Optional[str],
+        typer.Option("--shape", help="Full-width random pair with a real model's shapes, e.g. minicpm-v-4.7-35b-a3b."),
+    ] = None,
     qtype: Annotated[str, typer.Option("--qtype", help="Tensor type for --shape (Q8_0, Q4_K).")] = "Q8_0",
     json_out: JsonOpt = False,
 ) -> None:
     if shape is not None:
         _write_shape(outdir, shape, qtype, seed, json_out)
         return
-    pair = core.write_pair(outdir, vocab=vocab, accept_rate=accept_rate, confidence=confidence, vision=vision,
-                           seed=seed, block_size=block_size)
+    pair = core.write_pair(
+        outdir,
+        vocab=vocab,
+        accept_rate=accept_rate,
+        confidence=confidence,
+        vision=vision,
+        seed=seed,
+        block_size=block_size,
+    )
     man = core.load_manifest(pair.manifest)
     if json_out:
-        print_json({"pair": pair, "vocab": man.vocab, "n_embd": man.n_embd, "block_size": man.block_size,
-                    "seed": man.seed, "accept_rate": man.accept_rate, "wrong_rows": len(man.wrong_rows),
-                    "correct_fraction": man.correct_fraction, "confidence": man.confidence, "files": man.files})
+        print_json(
+            {
+                "pair": pair,
+                "vocab": man.vocab,
+                "n_embd": man.n_embd,
+                "block_size": man.block_size,
+                "seed": man.seed,
+                "accept_rate": man.accept_rate,
+                "wrong_rows": len(man.wrong_rows),
+                "correct_fraction": man.correct_fraction,
+                "confidence": man.confidence,
+                "files": man.files,
+            }
+        )
         return
     for role, rec in man.files.items():  # one line per file, never wrapped: paths stay copyable
         out.print(f"{role:<9} {pair.manifest.parent / rec['name']}  ({rec['bytes'] / 1024:.0f} KiB)")
     out.print(f"{'manifest':<9} {pair.manifest}")
-    out.print(f"vocab {man.vocab}, block size {man.block_size}, {len(man.wrong_rows)} of {man.vocab} Markov rows wrong "
-              f"({100 * man.correct_fraction:.1f} % right), confidence head {'yes' if man.confidence else 'no'}")
+    out.print(
+        f"vocab {man.vocab}, block size {man.block_size}, {len(man.wrong_rows)} of {man.vocab} Markov rows wrong "
+        f"({100 * man.correct_fraction:.1f} % right), confidence head {'yes' if man.confidence else 'no'}"
+    )
     out.print(f"predict: dspark synth-predict {pair.manifest} --prompt-tokens 1,2,3 --n-max 7 --n-predict 32")
 
 
 def synth_predict(
     manifest: Annotated[Path, typer.Argument(help="manifest.json of a synthetic pair (or its directory).")],
-    prompt_tokens: Annotated[Optional[str], typer.Option("--prompt-tokens", help="Prompt token ids, comma-separated.")] = None,
+    prompt_tokens: Annotated[
+        Optional[str], typer.Option("--prompt-tokens", help="Prompt token ids, comma-separated.")
+    ] = None,
     last_token: Annotated[Optional[int], typer.Option("--last-token", help="Only the prompt's last token id.")] = None,
     n_max: Annotated[int, typer.Option("--n-max", help="--spec-draft-n-max of the server.")] = 7,
     n_predict: NPredictOpt = 32,
@@ -108,7 +137,9 @@ def synth_predict(
         raise UsageError("give exactly one of --prompt-tokens and --last-token")
     man = core.load_manifest(manifest)
     if prompt_tokens is not None:
-        pred = core.predict(man, _parse_tokens(prompt_tokens), n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min)
+        pred = core.predict(
+            man, _parse_tokens(prompt_tokens), n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min
+        )
     else:
         assert last_token is not None
         pred = core.predict_from_last(man, last_token, n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min)

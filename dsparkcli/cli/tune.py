@@ -90,16 +90,30 @@ def _is_number(text: str) -> bool:
 def _phase_line(rec: TuningRecord) -> str:
     t = rec.timings_s
     cost = "reused from the stored tuning" if t.get("cost_reused") else f"{t.get('cost', 0):.1f} s"
-    return (f"tuned in {t.get('total', 0):.1f} s: cost model {cost}, acceptance {t.get('acceptance', 0):.1f} s, "
-            f"verification {t.get('verify', 0):.1f} s" + (" (cut by --max-minutes)" if t.get("verify_cut") else ""))
+    return (
+        f"tuned in {t.get('total', 0):.1f} s: cost model {cost}, acceptance {t.get('acceptance', 0):.1f} s, "
+        f"verification {t.get('verify', 0):.1f} s" + (" (cut by --max-minutes)" if t.get("verify_cut") else "")
+    )
 
 
 def render(rec: TuningRecord) -> Table:
-    table = Table(title=("SYNTHETIC acceptance: " if rec.synthetic else "") + f"tuning {rec.key.id}",
-                  title_style="bold red" if rec.synthetic else "bold")
-    for col in ("category", "mean len @k_max", "best predicted", "candidate", "predicted", "measured", "off",
-                "choice"):
-        table.add_column(col, justify="left" if col in ("category", "candidate", "choice", "best predicted") else "right")
+    table = Table(
+        title=("SYNTHETIC acceptance: " if rec.synthetic else "") + f"tuning {rec.key.id}",
+        title_style="bold red" if rec.synthetic else "bold",
+    )
+    for col in (
+        "category",
+        "mean len @k_max",
+        "best predicted",
+        "candidate",
+        "predicted",
+        "measured",
+        "off",
+        "choice",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("category", "candidate", "choice", "best predicted") else "right"
+        )
     acc = {(a.category, a.p_min): a for a in rec.acceptance}
     verified = {(c, lb): s for c, lb, s in rec.verified}
     preds = {(p.category, p.candidate.label): p.speedup for p in rec.predictions}
@@ -118,9 +132,17 @@ def render(rec: TuningRecord) -> Table:
         for i, lb in enumerate(labels):
             p, m = preds.get((cat, lb)), verified.get((cat, lb))
             off = f"{100 * (m / p - 1):+.0f} %" if p and m is not None else "–"
-            table.add_row(cat if i == 0 else "", mean if i == 0 else "", best_txt if i == 0 else "", lb,
-                          f"{p:.2f}x" if p is not None else "–", f"{m:.2f}x" if m is not None else "–", off,
-                          pick if i == 0 else "", style="bold" if cat == cost_model.OVERALL else None)
+            table.add_row(
+                cat if i == 0 else "",
+                mean if i == 0 else "",
+                best_txt if i == 0 else "",
+                lb,
+                f"{p:.2f}x" if p is not None else "–",
+                f"{m:.2f}x" if m is not None else "–",
+                off,
+                pick if i == 0 else "",
+                style="bold" if cat == cost_model.OVERALL else None,
+            )
         table.add_section()
     return table
 
@@ -131,25 +153,63 @@ def tune_cmd(
     draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF path or registry key.")] = None,
     mmproj: MmprojOpt = None,
     prompts: PromptsOpt = kit.DEFAULT_KIT,
-    category: Annotated[Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision').")] = None,
+    category: Annotated[
+        Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision').")
+    ] = None,
     limit: LimitOpt = 3,
-    budgets: Annotated[Optional[list[int]], typer.Option("--budgets", help="Candidate budgets (default 1 2 3 5 7 10 15, up to the draft's block).")] = None,
-    p_min: Annotated[Optional[list[float]], typer.Option("--p-min", help="Candidate confidence thresholds (default 0, plus 0.3 0.6 with a confidence head).")] = None,
+    budgets: Annotated[
+        Optional[list[int]],
+        typer.Option("--budgets", help="Candidate budgets (default 1 2 3 5 7 10 15, up to the draft's block)."),
+    ] = None,
+    p_min: Annotated[
+        Optional[list[float]],
+        typer.Option(
+            "--p-min", help="Candidate confidence thresholds (default 0, plus 0.3 0.6 with a confidence head)."
+        ),
+    ] = None,
     n_predict: NPredictOpt = 128,
     reps: RepsOpt = 1,
     warmup: WarmupOpt = 1,
     top: Annotated[int, typer.Option("--top", min=1, help="Best predicted candidates per category to measure.")] = 2,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
-    synth_len: Annotated[Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length at the largest budget.")] = None,
-    synth_mode: Annotated[str, typer.Option("--synth-mode", help="rates: smaller budgets keep the per-position rates; length: L at every budget.")] = "rates",
-    max_minutes: Annotated[Optional[float], typer.Option("--max-minutes", min=0.1, help="Stop starting cells after N minutes (verification is cut first).")] = None,
-    reuse_cost: Annotated[bool, typer.Option("--reuse-cost/--remeasure-cost", help="Reuse the stored cost model of the same key.")] = True,
-    apply: Annotated[bool, typer.Option("--apply", help="Write the overall choice into your models.toml (needs --model).")] = False,
-    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Bench records (JSONL) here (default: the dspark cache).")] = None,
-    record_path: Annotated[Optional[Path], typer.Option("--record", help="Also write the tuning record (JSON) here.")] = None,
-    cost_table: Annotated[Optional[Path], typer.Option("--cost-table", help="Write the per-k step-cost table here.")] = None,
-    adaptive: Annotated[bool, typer.Option("--adaptive", help="Also measure llama.cpp's adaptive budget (--budget adaptive: each step's budget from this cost model) next to the picks (dspark's patched engine).")] = False,
+    synth_len: Annotated[
+        Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length at the largest budget.")
+    ] = None,
+    synth_mode: Annotated[
+        str,
+        typer.Option(
+            "--synth-mode", help="rates: smaller budgets keep the per-position rates; length: L at every budget."
+        ),
+    ] = "rates",
+    max_minutes: Annotated[
+        Optional[float],
+        typer.Option(
+            "--max-minutes", min=0.1, help="Stop starting cells after N minutes (verification is cut first)."
+        ),
+    ] = None,
+    reuse_cost: Annotated[
+        bool, typer.Option("--reuse-cost/--remeasure-cost", help="Reuse the stored cost model of the same key.")
+    ] = True,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Write the overall choice into your models.toml (needs --model).")
+    ] = False,
+    out_path: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Bench records (JSONL) here (default: the dspark cache).")
+    ] = None,
+    record_path: Annotated[
+        Optional[Path], typer.Option("--record", help="Also write the tuning record (JSON) here.")
+    ] = None,
+    cost_table: Annotated[
+        Optional[Path], typer.Option("--cost-table", help="Write the per-k step-cost table here.")
+    ] = None,
+    adaptive: Annotated[
+        bool,
+        typer.Option(
+            "--adaptive",
+            help="Also measure llama.cpp's adaptive budget (--budget adaptive: each step's budget from this cost model) next to the picks (dspark's patched engine).",
+        ),
+    ] = False,
     seed: SeedOpt = SEED,
     ignore_eos: IgnoreEosOpt = False,
     yes: YesOpt = False,
@@ -164,8 +224,15 @@ def tune_cmd(
     engine_mod.require_dspark(eng)
     if adaptive:
         require_adaptive(eng)
-    inputs = bench_plan.resolve_inputs(model=model, target=target, drafts=[draft] if draft else [], mmproj=mmproj,
-                                       yes=yes, engine=eng, on_notice=lambda m: err.print(m, markup=False))
+    inputs = bench_plan.resolve_inputs(
+        model=model,
+        target=target,
+        drafts=[draft] if draft else [],
+        mmproj=mmproj,
+        yes=yes,
+        engine=eng,
+        on_notice=lambda m: err.print(m, markup=False),
+    )
     draft_path = inputs.drafts[0].path
     limit, has_conf = tuning.draft_limits(draft_path)
     for b in budgets or ():  # budget.limits: the one check, as run, serve and bench make it
@@ -175,24 +242,48 @@ def tune_cmd(
     if any(p > 0 for p in p_mins) and not has_conf:
         raise UsageError("--p-min > 0 needs a draft with a confidence head (this one has none)")
     tp = tuning.TunePlan(
-        target=inputs.target, draft=draft_path, mmproj=inputs.mmproj, prompts=selected, budgets=cands,
-        p_mins=p_mins, reps=reps, warmup=warmup, n_predict=n_predict, ctx=ctx, threads=threads,
-        extra_args=passthrough_args(), top=top, synth_len=synth_len, synth_mode=synth_mode, seed=seed,
-        ignore_eos=ignore_eos, reuse_cost=reuse_cost, model_name=inputs.model_name,
-        deadline=t0 + 60.0 * max_minutes if max_minutes else None, upstream_acceptance=inputs.upstream_acceptance,
-        scripted=inputs.scripted, adaptive=adaptive,
+        target=inputs.target,
+        draft=draft_path,
+        mmproj=inputs.mmproj,
+        prompts=selected,
+        budgets=cands,
+        p_mins=p_mins,
+        reps=reps,
+        warmup=warmup,
+        n_predict=n_predict,
+        ctx=ctx,
+        threads=threads,
+        extra_args=passthrough_args(),
+        top=top,
+        synth_len=synth_len,
+        synth_mode=synth_mode,
+        seed=seed,
+        ignore_eos=ignore_eos,
+        reuse_cost=reuse_cost,
+        model_name=inputs.model_name,
+        deadline=t0 + 60.0 * max_minutes if max_minutes else None,
+        upstream_acceptance=inputs.upstream_acceptance,
+        scripted=inputs.scripted,
+        adaptive=adaptive,
     )
     tp.validate()
     if synth_len is not None:
-        err.print(f"[bold red]SYNTHETIC acceptance (L {synth_len:g} at budget {tp.k_max}, mode {synth_mode}): "
-                  "the choice emulates a draft[/bold red]")
+        err.print(
+            f"[bold red]SYNTHETIC acceptance (L {synth_len:g} at budget {tp.k_max}, mode {synth_mode}): "
+            "the choice emulates a draft[/bold red]"
+        )
     elif tp.scripted:
         err.print(f"[bold red]SYNTHETIC acceptance ({tp.scripted}): a scripted pair, not a real draft[/bold red]")
     # deferred: rich.progress costs ~30 ms that `dspark --help` would pay at start-up
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[where]}"))
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[where]}"),
+    )
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
         tasks: dict[str, int] = {}
 
@@ -204,8 +295,10 @@ def tune_cmd(
         try:
             rec = tuning.run_tune(eng, tp, out=out_path, argv=sys.argv, on_progress=on_progress)
         except KeyboardInterrupt:
-            raise Interrupted("interrupted: what was measured is kept (bench records and a partial tuning record "
-                              "next to them, under the dspark cache or --out)") from None
+            raise Interrupted(
+                "interrupted: what was measured is kept (bench records and a partial tuning record "
+                "next to them, under the dspark cache or --out)"
+            ) from None
     saved = store.store_dir() / f"{rec.key.id}.json"
     kept = [c for c in (store.find(rec.key) or rec).tuned_categories if c not in rec.tuned_categories]
     if record_path is not None:
@@ -219,35 +312,62 @@ def tune_cmd(
         applied = apply_to_models(model, overall, rec.key.id)
     missed = cost_model.misses(rec.predictions, rec.verified)
     if json_out:
-        print_json({**rec.to_record(), "stored": str(saved), "applied": str(applied) if applied else None,
-                    "kept_categories": kept, "off": [{"category": m.category, "candidate": m.label,
-                                                      "predicted": m.predicted, "measured": m.measured}
-                                                     for m in missed]})
+        print_json(
+            {
+                **rec.to_record(),
+                "stored": str(saved),
+                "applied": str(applied) if applied else None,
+                "kept_categories": kept,
+                "off": [
+                    {"category": m.category, "candidate": m.label, "predicted": m.predicted, "measured": m.measured}
+                    for m in missed
+                ],
+            }
+        )
         return
     out.print(render(rec))
     c = rec.cost
     steps = ", ".join(f"k={k} {ms:.3g}" for k, ms in c.t_step_ms)
-    extra = "".join(f"; p-min {p:g} +{ms:.3g} ms per block position a round" if ms >= 0 else
-                    f"; p-min {p:g} {ms:.3g} ms per block position a round" for p, ms in c.p_min_ms)
-    err.print(f"cost model: t1 {c.t1_ms:.3g} ms/token; t_step(k) ms: {steps}; s {c.s_ms:.3g} ms per accepted token"
-              f"{extra}", markup=False)
+    extra = "".join(
+        f"; p-min {p:g} +{ms:.3g} ms per block position a round"
+        if ms >= 0
+        else f"; p-min {p:g} {ms:.3g} ms per block position a round"
+        for p, ms in c.p_min_ms
+    )
+    err.print(
+        f"cost model: t1 {c.t1_ms:.3g} ms/token; t_step(k) ms: {steps}; s {c.s_ms:.3g} ms per accepted token{extra}",
+        markup=False,
+    )
     if missed:
         w = missed[0]
         rest = int(rec.timings_s.get("verify_rest", 0))
-        err.print(f"the model is more than 10 % off on {len(missed)} verified cell{'s' if len(missed) > 1 else ''} "
-                  f"(worst: {w.category} {w.label}, predicted {w.predicted:.2f}x, measured {w.measured:.2f}x): the "
-                  "pick is the best measured cell" + (f", with the {rest} other candidates measured too" if rest else ""),
-                  markup=False)
+        err.print(
+            f"the model is more than 10 % off on {len(missed)} verified cell{'s' if len(missed) > 1 else ''} "
+            f"(worst: {w.category} {w.label}, predicted {w.predicted:.2f}x, measured {w.measured:.2f}x): the "
+            "pick is the best measured cell" + (f", with the {rest} other candidates measured too" if rest else ""),
+            markup=False,
+        )
     err.print(_phase_line(rec), markup=False)
     if overall is not None and overall.candidate is None:
-        err.print("nothing beat plain decoding on this machine and workload: --budget auto runs without the draft",
-                  markup=False)
+        err.print(
+            "nothing beat plain decoding on this machine and workload: --budget auto runs without the draft",
+            markup=False,
+        )
     elif overall is not None and overall.candidate is not None:
-        err.print(f"overall choice: budget {overall.candidate.budget}"
-                  + (f", p-min {overall.candidate.p_min:g}" if overall.candidate.p_min else "")
-                  + "; use it with --budget auto" + (" --p-min auto" if overall.candidate.p_min else ""), markup=False)
-    err.print(f"stored: {saved}" + (f" (kept its tuning of {', '.join(kept)})" if kept else "") + f"; records: {rec.jsonl}"
-              + (f"; applied to {applied}" if applied else ""), markup=False)
+        err.print(
+            f"overall choice: budget {overall.candidate.budget}"
+            + (f", p-min {overall.candidate.p_min:g}" if overall.candidate.p_min else "")
+            + "; use it with --budget auto"
+            + (" --p-min auto" if overall.candidate.p_min else ""),
+            markup=False,
+        )
+    err.print(
+        f"stored: {saved}"
+        + (f" (kept its tuning of {', '.join(kept)})" if kept else "")
+        + f"; records: {rec.jsonl}"
+        + (f"; applied to {applied}" if applied else ""),
+        markup=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

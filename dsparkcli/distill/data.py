@@ -40,8 +40,9 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def write_json(path: Path, obj: object, indent: int | None = None) -> None:
-    _atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=indent) + ("\n" if indent else ""),
-                                               encoding="utf-8"))
+    _atomic_write(
+        path, lambda p: p.write_text(json.dumps(obj, indent=indent) + ("\n" if indent else ""), encoding="utf-8")
+    )
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,17 @@ class PromptIds:
         return PromptIds(**d)
 
 
-def tokenize_prompts(client, prompts: Sequence[TrainPrompt], meta: Sequence[TrainPrompt],  # type: ignore[no-untyped-def]
-                     stop: Sequence[int], newline: Sequence[int], bos: int | None,
-                     progress: Progress | None = None) -> PromptIds:
+def tokenize_prompts(
+    client,
+    prompts: Sequence[TrainPrompt],
+    meta: Sequence[TrainPrompt],  # type: ignore[no-untyped-def]
+    stop: Sequence[int],
+    newline: Sequence[int],
+    bos: int | None,
+    progress: Progress | None = None,
+) -> PromptIds:
     """Stage 1, through a running llama-server's client (the target loaded, any backend)."""
+
     def chat(text: str) -> list[int]:
         ids = client.tokenize(client.apply_template(build_messages(text, ())))
         return ([bos] if bos is not None and (not ids or ids[0] != bos) else []) + ids
@@ -89,20 +97,42 @@ def tokenize_prompts(client, prompts: Sequence[TrainPrompt], meta: Sequence[Trai
         meta_ids.append(chat(p.text))
         if progress and i % 64 == 0:
             progress("tokenise", len(prompts) + i, total)
-    return PromptIds(ids, [p.category for p in prompts], meta_ids, [p.category for p in meta],
-                     [p.group for p in prompts], [p.group for p in meta], prefix, suffix, list(stop), list(newline))
+    return PromptIds(
+        ids,
+        [p.category for p in prompts],
+        meta_ids,
+        [p.category for p in meta],
+        [p.group for p in prompts],
+        [p.group for p in meta],
+        prefix,
+        suffix,
+        list(stop),
+        list(newline),
+    )
 
 
-def write_questions(target, pids: PromptIds, batch: int, max_new: int, seed: int,  # type: ignore[no-untyped-def]
-                    progress: Progress | None = None) -> list[dict]:
+def write_questions(
+    target,
+    pids: PromptIds,
+    batch: int,
+    max_new: int,
+    seed: int,  # type: ignore[no-untyped-def]
+    progress: Progress | None = None,
+) -> list[dict]:
     """Stage 2: the target's own questions (sampled), wrapped in the chat template, each with the category
     and group of the meta-prompt that asked for it. Empty/long ones dropped. A line break ends a question
     (the first line is the question, not an answer after it), so it stops generation there too."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     nl = set(pids.newline)
     found: dict[int, list[int]] = {}
-    stream = target.generate_stream(pids.meta_ids, max_new, list(pids.stop) + sorted(nl - set(pids.stop)),
-                                    slots=batch, temperature=0.8, generator=gen)
+    stream = target.generate_stream(
+        pids.meta_ids,
+        max_new,
+        list(pids.stop) + sorted(nl - set(pids.stop)),
+        slots=batch,
+        temperature=0.8,
+        generator=gen,
+    )
     for n_done, (i, q) in enumerate(stream, 1):
         q = [t for t in q if t not in pids.stop]
         cut = next((k for k, t in enumerate(q) if t in nl), len(q))
@@ -111,7 +141,9 @@ def write_questions(target, pids: PromptIds, batch: int, max_new: int, seed: int
             found[i] = pids.prefix + q + pids.suffix
         if progress and (n_done % 64 == 0 or n_done == len(pids.meta_ids)):
             progress("questions", n_done, len(pids.meta_ids))
-    return [{"ids": found[i], "category": pids.meta_categories[i], "group": pids.meta_groups[i]} for i in sorted(found)]
+    return [
+        {"ids": found[i], "category": pids.meta_categories[i], "group": pids.meta_groups[i]} for i in sorted(found)
+    ]
 
 
 @dataclass(frozen=True)
@@ -128,7 +160,7 @@ class Dataset:
         return len(self.prompt_lens)
 
     def seq(self, i: int) -> np.ndarray:
-        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
     @property
     def n_tokens(self) -> int:
@@ -136,13 +168,22 @@ class Dataset:
 
     @property
     def n_response_tokens(self) -> int:
-        return int(sum(int(self.offsets[i + 1] - self.offsets[i]) - int(self.prompt_lens[i]) for i in range(len(self))))
+        return int(
+            sum(int(self.offsets[i + 1] - self.offsets[i]) - int(self.prompt_lens[i]) for i in range(len(self)))
+        )
 
     def save(self, path: Path) -> None:
         def w(p: Path) -> None:
             with open(p, "wb") as f:
-                np.savez(f, tokens=self.tokens, offsets=self.offsets, prompt_lens=self.prompt_lens,
-                         categories=np.array(self.categories), groups=np.array(self.groups))
+                np.savez(
+                    f,
+                    tokens=self.tokens,
+                    offsets=self.offsets,
+                    prompt_lens=self.prompt_lens,
+                    categories=np.array(self.categories),
+                    groups=np.array(self.groups),
+                )
+
         _atomic_write(path, w)
 
     @staticmethod
@@ -153,19 +194,37 @@ class Dataset:
         return Dataset(z["tokens"], z["offsets"], z["prompt_lens"], cats, groups)
 
     @staticmethod
-    def build(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], categories: Sequence[str],
-              groups: Sequence[str] | None = None) -> Dataset:
+    def build(
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        categories: Sequence[str],
+        groups: Sequence[str] | None = None,
+    ) -> Dataset:
         seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
         offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(s) for s in seqs])
         tokens = np.array([t for s in seqs for t in s], dtype=np.int32)
-        return Dataset(tokens, offsets, np.array([len(p) for p in prompts], dtype=np.int32), list(categories),
-                       list(groups) if groups is not None else [""] * len(seqs))
+        return Dataset(
+            tokens,
+            offsets,
+            np.array([len(p) for p in prompts], dtype=np.int32),
+            list(categories),
+            list(groups) if groups is not None else [""] * len(seqs),
+        )
 
 
-def write_responses(target, prompts: Sequence[Sequence[int]], categories: Sequence[str], batch: int,  # type: ignore[no-untyped-def]
-                    max_new: int, stop: Sequence[int], progress: Progress | None = None,
-                    deadline: float | None = None, seed: int = 0, groups: Sequence[str] | None = None) -> Dataset:
+def write_responses(
+    target,
+    prompts: Sequence[Sequence[int]],
+    categories: Sequence[str],
+    batch: int,  # type: ignore[no-untyped-def]
+    max_new: int,
+    stop: Sequence[int],
+    progress: Progress | None = None,
+    deadline: float | None = None,
+    seed: int = 0,
+    groups: Sequence[str] | None = None,
+) -> Dataset:
     """Stage 3: greedy responses by continuous batching (``Target.generate_stream``, a pool of ``batch``
     slots), in a seeded random order so that a ``deadline`` (time.monotonic()) that stops generation
     early still leaves every category represented. At the deadline no new prompt starts and the answers
@@ -183,5 +242,9 @@ def write_responses(target, prompts: Sequence[Sequence[int]], categories: Sequen
     finally:
         stream.close()  # frees the pool's cache now, not at garbage collection
     keep = [i for i in sorted(responses) if len(responses[i]) >= 2]
-    return Dataset.build([prompts[i] for i in keep], [responses[i] for i in keep], [categories[i] for i in keep],
-                         [groups[i] for i in keep] if groups is not None else None)
+    return Dataset.build(
+        [prompts[i] for i in keep],
+        [responses[i] for i in keep],
+        [categories[i] for i in keep],
+        [groups[i] for i in keep] if groups is not None else None,
+    )

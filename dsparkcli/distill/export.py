@@ -27,6 +27,7 @@ OUT_TYPES = ("f32", "f16", "q8_0")
 
 def tensors(draft: DSparkDraft) -> dict[str, np.ndarray]:
     """GGUF tensor name -> float32 array, in the engine's names."""
+
     def a(t: Any) -> np.ndarray:
         return t.detach().float().cpu().numpy().astype(np.float32)
 
@@ -41,19 +42,21 @@ def tensors(draft: DSparkDraft) -> dict[str, np.ndarray]:
     }
     for i, layer in enumerate(draft.layers):
         p = f"blk.{i}."
-        out.update({
-            p + "attn_norm.weight": a(layer.attn_norm.weight),
-            p + "attn_q.weight": a(layer.wq.weight),
-            p + "attn_k.weight": a(layer.wk.weight),
-            p + "attn_v.weight": a(layer.wv.weight),
-            p + "attn_output.weight": a(layer.wo.weight),
-            p + "attn_q_norm.weight": a(layer.q_norm.weight),
-            p + "attn_k_norm.weight": a(layer.k_norm.weight),
-            p + "ffn_norm.weight": a(layer.ffn_norm.weight),
-            p + "ffn_gate.weight": a(layer.gate.weight),
-            p + "ffn_up.weight": a(layer.up.weight),
-            p + "ffn_down.weight": a(layer.down.weight),
-        })
+        out.update(
+            {
+                p + "attn_norm.weight": a(layer.attn_norm.weight),
+                p + "attn_q.weight": a(layer.wq.weight),
+                p + "attn_k.weight": a(layer.wk.weight),
+                p + "attn_v.weight": a(layer.wv.weight),
+                p + "attn_output.weight": a(layer.wo.weight),
+                p + "attn_q_norm.weight": a(layer.q_norm.weight),
+                p + "attn_k_norm.weight": a(layer.k_norm.weight),
+                p + "ffn_norm.weight": a(layer.ffn_norm.weight),
+                p + "ffn_gate.weight": a(layer.gate.weight),
+                p + "ffn_up.weight": a(layer.up.weight),
+                p + "ffn_down.weight": a(layer.down.weight),
+            }
+        )
     return out
 
 
@@ -73,8 +76,13 @@ def _add_tokenizer(w: Any, tok: TargetTokenizer, mask_token_id: int) -> None:
     w.add_mask_token_id(mask_token_id)
 
 
-def write_gguf(path: Path, draft: DSparkDraft, tok: TargetTokenizer, outtype: str = "q8_0",
-               provenance: dict[str, Any] | None = None) -> None:
+def write_gguf(
+    path: Path,
+    draft: DSparkDraft,
+    tok: TargetTokenizer,
+    outtype: str = "q8_0",
+    provenance: dict[str, Any] | None = None,
+) -> None:
     if outtype not in OUT_TYPES:
         raise ValueError(f"outtype must be one of {OUT_TYPES}")
     c = draft.cfg
@@ -141,12 +149,28 @@ def read_gguf(path: Path) -> DSparkDraft:
 
 def _state_names(draft: DSparkDraft) -> dict[str, str]:
     """torch state_dict key -> GGUF tensor name (the inverse of ``tensors``)."""
-    m = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight", "norm.weight": "output_norm.weight",
-         "markov_w1.weight": "markov_w1.weight", "markov_w2.weight": "markov_w2.weight",
-         "conf.weight": "conf_proj.weight", "conf.bias": "conf_proj.bias"}
-    per_layer = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
-                 "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "ffn_norm": "ffn_norm", "gate": "ffn_gate",
-                 "up": "ffn_up", "down": "ffn_down"}
+    m = {
+        "fc.weight": "fc.weight",
+        "hidden_norm.weight": "enc.output_norm.weight",
+        "norm.weight": "output_norm.weight",
+        "markov_w1.weight": "markov_w1.weight",
+        "markov_w2.weight": "markov_w2.weight",
+        "conf.weight": "conf_proj.weight",
+        "conf.bias": "conf_proj.bias",
+    }
+    per_layer = {
+        "attn_norm": "attn_norm",
+        "wq": "attn_q",
+        "wk": "attn_k",
+        "wv": "attn_v",
+        "wo": "attn_output",
+        "q_norm": "attn_q_norm",
+        "k_norm": "attn_k_norm",
+        "ffn_norm": "ffn_norm",
+        "gate": "ffn_gate",
+        "up": "ffn_up",
+        "down": "ffn_down",
+    }
     for i in range(len(draft.layers)):
         for a, b in per_layer.items():
             m[f"layers.{i}.{a}.weight"] = f"blk.{i}.{b}.weight"

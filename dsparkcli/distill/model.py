@@ -114,8 +114,14 @@ class DSparkDraft(nn.Module):
         """Target features [B, T, nt*E] -> the injected context rows [B, T, E] (fc, hidden_norm)."""
         return self.hidden_norm(self.fc(feats))
 
-    def backbone(self, block_emb: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor,
-                 ctx_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def backbone(
+        self,
+        block_emb: torch.Tensor,
+        block_pos: torch.Tensor,
+        ctx: torch.Tensor,
+        ctx_pos: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Block embeddings [B, N, E] at block_pos [B, N]; context rows [B, T, E] at ctx_pos [B, T];
         mask [B or 1, N, T + N] (True = may attend). Returns t_embd [B, N, E] (after the final norm)."""
         c = self.cfg
@@ -150,8 +156,9 @@ class DSparkDraft(nn.Module):
 
     # -------------------------------------------------------------- blocks at anchors
 
-    def blocks(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, size: int,
-               embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def blocks(
+        self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, size: int, embed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run blocks of ``size`` slots at ``anchors`` [B, A] of each sequence (tokens [B, T]).
 
         Returns (t_embd [B, A, size, E], block positions [B, A, size]). Block a sees context rows p < a
@@ -168,7 +175,7 @@ class DSparkDraft(nn.Module):
         ctx = self.context(feats)
         ctx_pos = torch.arange(t, device=dev).expand(b, t)
         # context column p visible to every slot of block a iff p < anchor
-        m_ctx = (torch.arange(t, device=dev)[None, None, :] < anchors[:, :, None])  # [B, A, T]
+        m_ctx = torch.arange(t, device=dev)[None, None, :] < anchors[:, :, None]  # [B, A, T]
         m_ctx = m_ctx[:, :, None, :].expand(b, a, size, t).reshape(b, a * size, t)
         same = torch.eye(a, dtype=torch.bool, device=dev)[:, None, :, None]  # [A,1,A,1]
         causal = (slot[None, :] <= slot[:, None])[None, :, None, :]  # [1,S,1,S]
@@ -178,8 +185,15 @@ class DSparkDraft(nn.Module):
         return out.view(b, a, size, -1), pos
 
     @torch.no_grad()
-    def propose(self, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, size: int,
-                embed: torch.Tensor, head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(
+        self,
+        tokens: torch.Tensor,
+        feats: torch.Tensor,
+        anchors: torch.Tensor,
+        size: int,
+        embed: torch.Tensor,
+        head: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """What llama.cpp drafts at each anchor with budget ``size``: the greedy Markov chain.
 
         Returns (proposals [B, A, size], confidences [B, A, size])."""

@@ -43,8 +43,9 @@ def logged_proposals(log: str, seq_id: int = 0) -> list[list[int]]:
 
 
 @torch.no_grad()
-def simulate(target: Target, draft: DSparkDraft, prompt: Sequence[int], output: Sequence[int], budget: int,
-             n_predict: int) -> Simulation:
+def simulate(
+    target: Target, draft: DSparkDraft, prompt: Sequence[int], output: Sequence[int], budget: int, n_predict: int
+) -> Simulation:
     """llama-server's loop (server-context.cpp): a draft of min(budget, n_remaining - 1) tokens after
     each sampled token, accepted while it equals the target's greedy token, plus one target token."""
     seq = list(prompt) + list(output)
@@ -69,7 +70,7 @@ def simulate(target: Target, draft: DSparkDraft, prompt: Sequence[int], output: 
             break
         p = by_anchor[n0 + c]
         proposals.append(p)
-        truths.append(list(output[c + 1: c + 1 + n_max]))
+        truths.append(list(output[c + 1 : c + 1 + n_max]))
         d = p[:n_max]
         j = 0
         while j < len(d) and c + 1 + j < len(output) and d[j] == output[c + 1 + j]:

@@ -74,8 +74,10 @@ def _eval_texts() -> list[str]:
 
 
 def _stop_and_newline(tok) -> tuple[list[int], list[int]]:  # type: ignore[no-untyped-def]
-    stop = sorted({tok.special[k] for k in ("eos", "eot", "eom") if k in tok.special}
-                  | {i for i, t in enumerate(tok.tokens) if t in EOG_TEXTS})
+    stop = sorted(
+        {tok.special[k] for k in ("eos", "eot", "eom") if k in tok.special}
+        | {i for i, t in enumerate(tok.tokens) if t in EOG_TEXTS}
+    )
     newline = [i for i, t in enumerate(tok.tokens) if "\n" in t or "Ċ" in t]  # Ċ: byte-level BPE's "\n"
     return stop, newline
 
@@ -89,12 +91,22 @@ def stage_prompts(plan: DistillPlan, tok, engine, progress: Progress | None) -> 
     kept = corpus.held_out(prompts, evals)
     meta = corpus.meta_prompts(plan.n_meta, plan.train.seed)
     stop, newline = _stop_and_newline(tok)
-    cfg = ServerConfig(model=plan.target, draft=None, mmproj=None, n_max=None, p_min=None, ctx=4096,
-                       threads=plan.threads, synth_len=None, extra_args=("-ngl", "0"))
+    cfg = ServerConfig(
+        model=plan.target,
+        draft=None,
+        mmproj=None,
+        n_max=None,
+        p_min=None,
+        ctx=4096,
+        threads=plan.threads,
+        synth_len=None,
+        extra_args=("-ngl", "0"),
+    )
     bos = tok.special.get("bos") if _add_bos(plan.target) else None
     with LlamaServer(engine, cfg) as srv:
-        pids = data.tokenize_prompts(srv.client, kept, meta, stop, newline, bos,
-                                     (lambda s, d, t: progress(s, d, t, {})) if progress else None)
+        pids = data.tokenize_prompts(
+            srv.client, kept, meta, stop, newline, bos, (lambda s, d, t: progress(s, d, t, {})) if progress else None
+        )
     obj = pids.to_json() | {"dropped_as_eval": len(prompts) - len(kept)}
     data.write_json(plan.work / "prompts.json", obj)
     return obj
@@ -115,8 +127,12 @@ def pick_device(name: str) -> str:
     return name
 
 
-def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress | None = None,
-                should_stop: Callable[[], bool] | None = None) -> DistillReport:
+def run_distill(
+    plan: DistillPlan,
+    engine: Callable[[], Any],
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> DistillReport:
     """``engine`` is called only when stage 1 has to run (a work folder that has prompts.json needs none)."""
     if plan.outtype not in export.OUT_TYPES:
         raise UsageError(f"--outtype must be one of {', '.join(export.OUT_TYPES)}")
@@ -145,19 +161,30 @@ def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress
             progress(stage, done, total, {})
 
     p_path = plan.work / "prompts.json"
-    pj = json.loads(p_path.read_text()) if p_path.exists() else timed(
-        "prompts", lambda: stage_prompts(plan, tok, engine(), progress))
+    pj = (
+        json.loads(p_path.read_text())
+        if p_path.exists()
+        else timed("prompts", lambda: stage_prompts(plan, tok, engine(), progress))
+    )
     pids = PromptIds.from_json({k: v for k, v in pj.items() if k != "dropped_as_eval"})
     if plan.prepare_only:
-        report.data = {"prompts": len(pids.ids), "meta_prompts": len(pids.meta_ids),
-                       "dropped_as_eval": pj.get("dropped_as_eval", 0), "work": str(plan.work)}
+        report.data = {
+            "prompts": len(pids.ids),
+            "meta_prompts": len(pids.meta_ids),
+            "dropped_as_eval": pj.get("dropped_as_eval", 0),
+            "work": str(plan.work),
+        }
         return report
     q_path = plan.work / "questions.json"
     if q_path.exists():
         questions = json.loads(q_path.read_text())
     else:
-        questions = timed("questions", lambda: data.write_questions(
-            target, pids, plan.gen_batch, plan.question_tokens, plan.train.seed, gen_progress))
+        questions = timed(
+            "questions",
+            lambda: data.write_questions(
+                target, pids, plan.gen_batch, plan.question_tokens, plan.train.seed, gen_progress
+            ),
+        )
         data.write_json(q_path, questions)
     d_path = plan.work / "data.npz"
     if d_path.exists():
@@ -165,21 +192,48 @@ def run_distill(plan: DistillPlan, engine: Callable[[], Any], progress: Progress
     else:
         # self-written questions take the category and group of the meta-prompt that asked for them
         deadline = time.monotonic() + plan.data_minutes * 60 if plan.data_minutes else None
-        ds = timed("responses", lambda: data.write_responses(
-            target, pids.ids + [q["ids"] for q in questions], pids.categories + [q["category"] for q in questions],
-            plan.gen_batch, plan.max_new, pids.stop, gen_progress, deadline, plan.train.seed,
-            pids.groups + [q["group"] for q in questions]))
+        ds = timed(
+            "responses",
+            lambda: data.write_responses(
+                target,
+                pids.ids + [q["ids"] for q in questions],
+                pids.categories + [q["category"] for q in questions],
+                plan.gen_batch,
+                plan.max_new,
+                pids.stop,
+                gen_progress,
+                deadline,
+                plan.train.seed,
+                pids.groups + [q["group"] for q in questions],
+            ),
+        )
         ds.save(d_path)
-    report.data = {"sequences": len(ds), "tokens": ds.n_tokens, "response_tokens": ds.n_response_tokens,
-                   "templated_prompts": len(pids.ids), "self_written_questions": len(questions),
-                   "dropped_as_eval": pj.get("dropped_as_eval", 0), "max_new": plan.max_new}
+    report.data = {
+        "sequences": len(ds),
+        "tokens": ds.n_tokens,
+        "response_tokens": ds.n_response_tokens,
+        "templated_prompts": len(pids.ids),
+        "self_written_questions": len(questions),
+        "dropped_as_eval": pj.get("dropped_as_eval", 0),
+        "max_new": plan.max_new,
+    }
     if should_stop and should_stop():
         raise KeyboardInterrupt
     draft, result = timed("train", lambda: train.train(target, tok, ds, plan.train, plan.work, progress, should_stop))
-    report.training = result.summary() | {"options": train.options_dict(plan.train), "losses": result.losses,
-                                          "evals": result.evals, "config": result.config.to_dict()}
-    prov = {"target_sha256": report.target_sha256, "dspark_version": __version__, "device": report.device,
-            "data": report.data, "training": result.summary(), "losses": result.losses}
+    report.training = result.summary() | {
+        "options": train.options_dict(plan.train),
+        "losses": result.losses,
+        "evals": result.evals,
+        "config": result.config.to_dict(),
+    }
+    prov = {
+        "target_sha256": report.target_sha256,
+        "dspark_version": __version__,
+        "device": report.device,
+        "data": report.data,
+        "training": result.summary(),
+        "losses": result.losses,
+    }
     timed("export", lambda: export.write_gguf(plan.out, draft, tok, plan.outtype, prov))
     report.out_sha256 = hash_file(plan.out)
     report.out_bytes = plan.out.stat().st_size

@@ -81,14 +81,24 @@ def load_pair(target: Path, draft: Path, threads: int) -> tuple[Target, DSparkDr
 
 def record_header(kind: str, engine: Engine, **files: Path) -> dict[str, Any]:
     """What a replay record says about where it came from: versions, the engine, each file's sha256."""
-    return {"kind": kind, "dspark_version": __version__, "torch": torch.__version__,
-            "engine": {"commit": engine.commit, "backend": engine.backend},
-            **{role: asdict(file_facts(path)) for role, path in files.items()}}
+    return {
+        "kind": kind,
+        "dspark_version": __version__,
+        "torch": torch.__version__,
+        "engine": {"commit": engine.commit, "backend": engine.backend},
+        **{role: asdict(file_facts(path)) for role, path in files.items()},
+    }
 
 
-def replay(records: Iterable[Mapping[str, Any]], target: Target, draft: DSparkDraft,
-           tokenize: Callable[[str], list[int]], *, budgets: Sequence[int] | None = None,
-           on_request: Callable[[ReplayedRequest], None] | None = None) -> list[ReplayedRequest]:
+def replay(
+    records: Iterable[Mapping[str, Any]],
+    target: Target,
+    draft: DSparkDraft,
+    tokenize: Callable[[str], list[int]],
+    *,
+    budgets: Sequence[int] | None = None,
+    on_request: Callable[[ReplayedRequest], None] | None = None,
+) -> list[ReplayedRequest]:
     """Every non-synthetic draft request of a bench run (its ``prompt`` and ``request`` records), replayed.
 
     ``tokenize`` must be the engine's (llama-server /tokenize), so the prompt is the token sequence the
@@ -112,10 +122,26 @@ def replay(records: Iterable[Mapping[str, Any]], target: Target, draft: DSparkDr
             continue  # the torch target has no vision tower
         if req.prompt_id not in ids:
             ids[req.prompt_id] = tokenize(prompts[req.prompt_id].rendered)
-        sim = parity.simulate(target, draft, ids[req.prompt_id], req.tokens, req.budget,
-                              n_predict_for(req.stop_type, req.n_predicted, req.budget))
-        row = ReplayedRequest(req.config, req.category, req.prompt_id, req.rep, req.budget, req.draft_n,
-                              req.draft_n_accepted, sim.drafted, sim.accepted, sim.steps)
+        sim = parity.simulate(
+            target,
+            draft,
+            ids[req.prompt_id],
+            req.tokens,
+            req.budget,
+            n_predict_for(req.stop_type, req.n_predicted, req.budget),
+        )
+        row = ReplayedRequest(
+            req.config,
+            req.category,
+            req.prompt_id,
+            req.rep,
+            req.budget,
+            req.draft_n,
+            req.draft_n_accepted,
+            sim.drafted,
+            sim.accepted,
+            sim.steps,
+        )
         out.append(row)
         if on_request is not None:
             on_request(row)
@@ -138,7 +164,18 @@ def summarise(rows: Sequence[ReplayedRequest], records: Iterable[Mapping[str, An
     out = []
     for (category, budget), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0] == "all", kv[0][0])):
         accepted, steps = sum(r.accepted for r in rs), sum(r.steps for r in rs)
-        out.append(ReplaySummary(category, budget, len(rs), sum(r.engine_drafted for r in rs),
-                                 sum(r.engine_accepted for r in rs), sum(r.drafted for r in rs), accepted, steps,
-                                 engine_len.get((category, budget)), mean_acceptance_length(accepted, steps)))
+        out.append(
+            ReplaySummary(
+                category,
+                budget,
+                len(rs),
+                sum(r.engine_drafted for r in rs),
+                sum(r.engine_accepted for r in rs),
+                sum(r.drafted for r in rs),
+                accepted,
+                steps,
+                engine_len.get((category, budget)),
+                mean_acceptance_length(accepted, steps),
+            )
+        )
     return out

@@ -180,8 +180,15 @@ class Target(torch.nn.Module):
         f = F.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)
         return x + f @ w[p + "ffn_down.weight"].T
 
-    def _layer(self, il: int, x: torch.Tensor, pos: torch.Tensor, attend: torch.Tensor | None,
-               cache: tuple[torch.Tensor, torch.Tensor] | None = None, at: int | None = None) -> torch.Tensor:
+    def _layer(
+        self,
+        il: int,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        attend: torch.Tensor | None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+        at: int | None = None,
+    ) -> torch.Tensor:
         c = self.cfg
         b, t, _ = x.shape
         q, k, v = self._qkv(il, x, pos)
@@ -202,8 +209,9 @@ class Target(torch.nn.Module):
         return self._post(il, x, o)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, taps: Sequence[int] = (), pos: torch.Tensor | None = None,
-                logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, tokens: torch.Tensor, taps: Sequence[int] = (), pos: torch.Tensor | None = None, logits: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens [B, T] (right-padded is fine: causal) -> (logits [B, T, V] or, with ``logits=False``, the
         final normed hidden state [B, T, E]; taps [B, T, len(taps)*E])."""
         b, t = tokens.shape
@@ -220,8 +228,14 @@ class Target(torch.nn.Module):
         return (h @ self.head.T if logits else h), feats
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], max_new: int, stop: Sequence[int],
-                 temperature: float = 0.0, generator: torch.Generator | None = None) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new: int,
+        stop: Sequence[int],
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
         """Batched decoding with a KV cache. Prompts are left-padded; returns only the new tokens.
 
         Greedy at temperature 0 (what `dspark bench` measures); sampled otherwise (prompt writing).
@@ -234,12 +248,16 @@ class Target(torch.nn.Module):
         toks = torch.zeros(b, lp, dtype=torch.long, device=dev)
         valid = torch.zeros(b, total, dtype=torch.bool, device=dev)
         for i, p in enumerate(prompts):
-            toks[i, lp - len(p):] = torch.tensor(list(p), device=dev)
-            valid[i, lp - len(p):] = True
+            toks[i, lp - len(p) :] = torch.tensor(list(p), device=dev)
+            valid[i, lp - len(p) :] = True
         start = torch.tensor([lp - len(p) for p in prompts], device=dev)
-        caches = [(torch.zeros(b, total, c.n_head_kv, c.head_dim, device=dev, dtype=dtype),
-                   torch.zeros(b, total, c.n_head_kv, c.head_dim, device=dev, dtype=dtype))
-                  for _ in range(c.n_layer)]
+        caches = [
+            (
+                torch.zeros(b, total, c.n_head_kv, c.head_dim, device=dev, dtype=dtype),
+                torch.zeros(b, total, c.n_head_kv, c.head_dim, device=dev, dtype=dtype),
+            )
+            for _ in range(c.n_layer)
+        ]
         out = torch.zeros(b, max_new, dtype=torch.long, device=dev)
         done = torch.zeros(b, dtype=torch.bool, device=dev)
         stop_t = torch.tensor(list(stop) or [-1], device=dev)
@@ -279,10 +297,14 @@ class Target(torch.nn.Module):
             res.append(seq)
         return res
 
-
     @torch.no_grad()
-    def _prefill(self, slots: list[int], prompts: list[Sequence[int]], caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 chunk: int = 256) -> torch.Tensor:
+    def _prefill(
+        self,
+        slots: list[int],
+        prompts: list[Sequence[int]],
+        caches: list[tuple[torch.Tensor, torch.Tensor]],
+        chunk: int = 256,
+    ) -> torch.Tensor:
         """Write the K/V of ``prompts`` into columns 0.. of cache rows ``slots``; return each prompt's last
         logits [n, V] (float32). Right-padded and causal, so padding never reaches a real position; the
         padding's K/V land past each prompt's length, where the decode mask never looks and the next
@@ -290,7 +312,7 @@ class Target(torch.nn.Module):
         c, dev = self.cfg, self.device
         out = []
         for lo in range(0, len(slots), chunk):  # chunks bound the prefill's activations for a big pool
-            sl, ps = slots[lo:lo + chunk], prompts[lo:lo + chunk]
+            sl, ps = slots[lo : lo + chunk], prompts[lo : lo + chunk]
             n, lp = len(ps), max(len(p) for p in ps)
             toks = torch.zeros(n, lp, dtype=torch.long)
             for i, p in enumerate(ps):
@@ -305,8 +327,12 @@ class Target(torch.nn.Module):
                 ck, cv = caches[il]
                 ck[rows, :, :lp] = k.transpose(1, 2)
                 cv[rows, :, :lp] = v.transpose(1, 2)
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(rep, dim=1),
-                                                   v.transpose(1, 2).repeat_interleave(rep, dim=1), is_causal=True)
+                o = F.scaled_dot_product_attention(
+                    q.transpose(1, 2),
+                    k.transpose(1, 2).repeat_interleave(rep, dim=1),
+                    v.transpose(1, 2).repeat_interleave(rep, dim=1),
+                    is_causal=True,
+                )
                 x = self._post(il, x, o.transpose(1, 2).reshape(n, lp, c.n_head * c.head_dim))
             last = torch.tensor([len(p) - 1 for p in ps], device=dev)
             h = _rms(x[torch.arange(n, device=dev), last], self.w["output_norm.weight"], c.eps)
@@ -314,10 +340,17 @@ class Target(torch.nn.Module):
         return torch.cat(out)
 
     @torch.no_grad()
-    def generate_stream(self, prompts: Sequence[Sequence[int]], max_new: int, stop: Sequence[int], slots: int = 256,
-                        temperature: float = 0.0, generator: torch.Generator | None = None,
-                        check_every: int = 8, stop_starting: Callable[[], bool] | None = None,
-                        ) -> Iterator[tuple[int, list[int]]]:
+    def generate_stream(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new: int,
+        stop: Sequence[int],
+        slots: int = 256,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+        check_every: int = 8,
+        stop_starting: Callable[[], bool] | None = None,
+    ) -> Iterator[tuple[int, list[int]]]:
         """Continuous batching: yields ``(index, new tokens)`` as each prompt finishes, the same tokens
         ``generate`` returns for it (greedy at temperature 0).
 
@@ -338,13 +371,18 @@ class Target(torch.nn.Module):
         c, dev, dtype = self.cfg, self.device, self.tok_embd.dtype
         b = min(slots, n)
         width = max(len(p) for p in prompts) + max_new
-        caches = [(torch.zeros(b, c.n_head_kv, width, c.head_dim, device=dev, dtype=dtype),
-                   torch.zeros(b, c.n_head_kv, width, c.head_dim, device=dev, dtype=dtype)) for _ in range(c.n_layer)]
+        caches = [
+            (
+                torch.zeros(b, c.n_head_kv, width, c.head_dim, device=dev, dtype=dtype),
+                torch.zeros(b, c.n_head_kv, width, c.head_dim, device=dev, dtype=dtype),
+            )
+            for _ in range(c.n_layer)
+        ]
         out = torch.zeros(b, max_new, dtype=torch.long, device=dev)
         stop_t = torch.tensor(list(stop) or [-1], device=dev)
         ar = torch.arange(b, device=dev)
         cols = torch.arange(width, device=dev)
-        rep, scale = c.n_head // c.n_head_kv, c.head_dim ** -0.5
+        rep, scale = c.n_head // c.n_head_kv, c.head_dim**-0.5
         # per slot: tokens in its cache (host mirror + device copy), tokens produced, the prompt it runs
         lens_h = np.zeros(b, dtype=np.int64)
         gen_h = np.zeros(b, dtype=np.int64)
@@ -363,7 +401,7 @@ class Target(torch.nn.Module):
         def refill(free: list[int]) -> None:
             nonlocal nxt_prompt
             take = free[: n - nxt_prompt]
-            for s in free[len(take):]:  # nothing left to run: the slot idles (its rows stay in bounds)
+            for s in free[len(take) :]:  # nothing left to run: the slot idles (its rows stay in bounds)
                 owner[s], lens_h[s], gen_h[s] = -1, 0, 0
             if take:
                 idx = list(range(nxt_prompt, nxt_prompt + len(take)))
@@ -375,7 +413,7 @@ class Target(torch.nn.Module):
                 fin[rows] = torch.isin(tok, stop_t)
                 for s, i in zip(take, idx):
                     owner[s], lens_h[s], gen_h[s] = i, len(prompts[i]), 1
-            idle = [s for s in free[len(take):]]
+            idle = [s for s in free[len(take) :]]
             if idle:
                 fin[torch.tensor(idle, device=dev)] = True
             lens_d.copy_(torch.from_numpy(lens_h))
@@ -430,8 +468,9 @@ class Target(torch.nn.Module):
             fin |= torch.isin(tok, stop_t)
             since += 1
 
-    def generate_continuous(self, prompts: Sequence[Sequence[int]], max_new: int, stop: Sequence[int],
-                            slots: int = 256, **kw) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    def generate_continuous(
+        self, prompts: Sequence[Sequence[int]], max_new: int, stop: Sequence[int], slots: int = 256, **kw
+    ) -> list[list[int]]:  # type: ignore[no-untyped-def]
         """``generate``'s answers, in order, computed by ``generate_stream``."""
         res: list[list[int]] = [[] for _ in prompts]
         for i, seq in self.generate_stream(prompts, max_new, stop, slots, **kw):

@@ -35,8 +35,20 @@ from dsparkcli.distill.target import Target, TargetTokenizer
 from dsparkcli.errors import UsageError
 
 # Texts llama.cpp treats as end of generation: a mask token must never be one of them.
-EOG_TEXTS = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
-              "</s>", "<EOT>", "<|file_sep|>", "<|return|>", "<|call|>", "<|eom_id|>"}
+EOG_TEXTS = {
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "</s>",
+    "<EOT>",
+    "<|file_sep|>",
+    "<|return|>",
+    "<|call|>",
+    "<|eom_id|>",
+}
 
 
 @dataclass(frozen=True)
@@ -78,9 +90,14 @@ class TrainResult:
     best: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
-        return {"steps": self.steps, "seconds": round(self.seconds, 1), "train_tokens": self.train_tokens,
-                "val_sequences": self.val_sequences, "final_loss": self.losses[-1][1] if self.losses else None,
-                "best": self.best}
+        return {
+            "steps": self.steps,
+            "seconds": round(self.seconds, 1),
+            "train_tokens": self.train_tokens,
+            "val_sequences": self.val_sequences,
+            "final_loss": self.losses[-1][1] if self.losses else None,
+            "best": self.best,
+        }
 
 
 def default_taps(n_layer: int, n: int) -> tuple[int, ...]:
@@ -116,10 +133,22 @@ def draft_config(target: Target, tok: TargetTokenizer, opt: TrainOptions) -> Dra
     mask = opt.mask_token_id if opt.mask_token_id is not None else pick_mask_token(tok)
     if tok.tokens[mask] in EOG_TEXTS or mask in set(tok.special.values()):
         raise UsageError(f"mask token {mask} ({tok.tokens[mask]!r}) is a special/end-of-generation token")
-    return DraftConfig(n_embd=c.n_embd, n_layer=opt.layers, n_head=c.n_head, n_head_kv=c.n_head_kv,
-                       head_dim=c.head_dim, n_ff=opt.n_ff or c.n_ff, vocab=c.vocab, taps=tuple(taps),
-                       block_size=opt.block_size, markov_rank=opt.markov_rank, rope_base=c.rope_base,
-                       eps=c.eps, mask_token_id=mask, context_length=c.context_length)
+    return DraftConfig(
+        n_embd=c.n_embd,
+        n_layer=opt.layers,
+        n_head=c.n_head,
+        n_head_kv=c.n_head_kv,
+        head_dim=c.head_dim,
+        n_ff=opt.n_ff or c.n_ff,
+        vocab=c.vocab,
+        taps=tuple(taps),
+        block_size=opt.block_size,
+        markov_rank=opt.markov_rank,
+        rope_base=c.rope_base,
+        eps=c.eps,
+        mask_token_id=mask,
+        context_length=c.context_length,
+    )
 
 
 # ------------------------------------------------------------------ the target's features, computed once
@@ -138,9 +167,16 @@ class Features:
     prompt_lens: list[int]
 
 
-def compute_features(target: Target, ds: Dataset, taps: Sequence[int], max_len: int, dtype: torch.dtype,
-                     progress: Callable[[str, int, int], None] | None = None, batch_tokens: int = 32768,
-                     soft_k: int = 8) -> Features:
+def compute_features(
+    target: Target,
+    ds: Dataset,
+    taps: Sequence[int],
+    max_len: int,
+    dtype: torch.dtype,
+    progress: Callable[[str, int, int], None] | None = None,
+    batch_tokens: int = 32768,
+    soft_k: int = 8,
+) -> Features:
     dev = target.device
     lens = [min(int(ds.offsets[i + 1] - ds.offsets[i]), max_len) for i in range(len(ds))]
     offs = [0]
@@ -165,29 +201,36 @@ def compute_features(target: Target, ds: Dataset, taps: Sequence[int], max_len: 
             x[r, : lens[k]] = torch.from_numpy(ds.seq(k)[: lens[k]].astype(np.int64))
         h, f = target(x, taps, logits=False)
         for r, k in enumerate(idx):
-            feat[offs[k]: offs[k + 1]] = f[r, : lens[k]].to(dtype)
-            toks[offs[k]: offs[k + 1]] = x[r, : lens[k]]
+            feat[offs[k] : offs[k + 1]] = f[r, : lens[k]].to(dtype)
+            toks[offs[k] : offs[k + 1]] = x[r, : lens[k]]
             # the head one sequence at a time: [T, V] logits, not [B, T, V]
             prob = torch.softmax((h[r, : lens[k]] @ target.head.T).float(), -1)
             p, ids = prob.topk(soft_k, -1)
-            top_ids[offs[k]: offs[k + 1]] = ids
-            top_p[offs[k]: offs[k + 1]] = p.to(torch.float16)
+            top_ids[offs[k] : offs[k + 1]] = ids
+            top_p[offs[k] : offs[k + 1]] = p.to(torch.float16)
         i = j
         if progress:
             progress("features", i, len(order))
     return Features(feat, toks, top_ids, top_p, offs, lens, [min(int(p), n) for p, n in zip(ds.prompt_lens, lens)])
 
 
-def _batch(fs: Features, idx: Sequence[int], anchors: int, size: int, rng: np.random.Generator,
-           dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch(
+    fs: Features, idx: Sequence[int], anchors: int, size: int, rng: np.random.Generator, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """tokens [B, T], features [B, T, F], anchors [B, A] for the chosen sequences."""
     tokens, feats, anc, _, _ = _batch_soft(fs, idx, anchors, size, rng, dev, soft=False)
     return tokens, feats, anc
 
 
-def _batch_soft(fs: Features, idx: Sequence[int], anchors: int, size: int, rng: np.random.Generator,
-                dev: torch.device, soft: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _batch_soft(
+    fs: Features,
+    idx: Sequence[int],
+    anchors: int,
+    size: int,
+    rng: np.random.Generator,
+    dev: torch.device,
+    soft: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """_batch plus the target's top-k ids/probabilities per position [B, T, K] (when ``soft``)."""
     t = max(fs.lens[i] for i in idx)
     b = len(idx)
@@ -199,11 +242,11 @@ def _batch_soft(fs: Features, idx: Sequence[int], anchors: int, size: int, rng: 
     anc = np.zeros((b, anchors), dtype=np.int64)
     for r, i in enumerate(idx):
         n = fs.lens[i]
-        tokens[r, :n] = fs.tokens[fs.offsets[i]: fs.offsets[i + 1]]
-        feats[r, :n] = fs.data[fs.offsets[i]: fs.offsets[i + 1]]
+        tokens[r, :n] = fs.tokens[fs.offsets[i] : fs.offsets[i + 1]]
+        feats[r, :n] = fs.data[fs.offsets[i] : fs.offsets[i + 1]]
         if top_ids is not None and top_p is not None:
-            top_ids[r, :n] = fs.top_ids[fs.offsets[i]: fs.offsets[i + 1]]
-            top_p[r, :n] = fs.top_p[fs.offsets[i]: fs.offsets[i + 1]]
+            top_ids[r, :n] = fs.top_ids[fs.offsets[i] : fs.offsets[i + 1]]
+            top_p[r, :n] = fs.top_p[fs.offsets[i] : fs.offsets[i + 1]]
         lo, hi = fs.prompt_lens[i], n - 2  # an anchor is a generated token with at least one after it
         if hi < lo:
             lo = hi = max(0, n - 2)
@@ -211,8 +254,9 @@ def _batch_soft(fs: Features, idx: Sequence[int], anchors: int, size: int, rng: 
     return tokens, feats, torch.from_numpy(anc).to(dev), top_ids, top_p
 
 
-def _slot_targets(tokens: torch.Tensor, anchors: torch.Tensor, size: int, lens: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _slot_targets(
+    tokens: torch.Tensor, anchors: torch.Tensor, size: int, lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced previous tokens, labels and validity [B, A, S]."""
     s = torch.arange(size, device=tokens.device)
     pos = anchors[:, :, None] + s  # the slot's own position; it predicts pos+1
@@ -222,9 +266,19 @@ def _slot_targets(tokens: torch.Tensor, anchors: torch.Tensor, size: int, lens: 
     return flat(pos), flat(pos + 1), valid
 
 
-def loss_fn(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, lens: torch.Tensor,
-            embed: torch.Tensor, head: torch.Tensor, gamma: float, conf_weight: float,
-            soft: tuple[torch.Tensor, torch.Tensor] | None = None, soft_weight: float = 0.0) -> torch.Tensor:
+def loss_fn(
+    draft: DSparkDraft,
+    tokens: torch.Tensor,
+    feats: torch.Tensor,
+    anchors: torch.Tensor,
+    lens: torch.Tensor,
+    embed: torch.Tensor,
+    head: torch.Tensor,
+    gamma: float,
+    conf_weight: float,
+    soft: tuple[torch.Tensor, torch.Tensor] | None = None,
+    soft_weight: float = 0.0,
+) -> torch.Tensor:
     """``soft``: the target's top-k (ids, probabilities) per position [B, T, K]; slot i at position p is
     scored against the distribution at p (the one that chose the token at p + 1)."""
     size = draft.cfg.block_size
@@ -252,15 +306,23 @@ def loss_fn(draft: DSparkDraft, tokens: torch.Tensor, feats: torch.Tensor, ancho
 
 
 @torch.no_grad()
-def evaluate(draft: DSparkDraft, fs: Features, idx: Sequence[int], categories: Sequence[str], embed: torch.Tensor,
-             head: torch.Tensor, anchors: int = 64, seed: int = 1234) -> dict[str, list[float]]:
+def evaluate(
+    draft: DSparkDraft,
+    fs: Features,
+    idx: Sequence[int],
+    categories: Sequence[str],
+    embed: torch.Tensor,
+    head: torch.Tensor,
+    anchors: int = 64,
+    seed: int = 1234,
+) -> dict[str, list[float]]:
     """Simulated mean acceptance length per category at budgets 1..B (index k-1), on held-out sequences."""
     size = draft.cfg.block_size
     rng = np.random.default_rng(seed)
     dev = fs.data.device
     per_cat: dict[str, list[np.ndarray]] = {}
     draft.eval()
-    for chunk in [idx[i:i + 8] for i in range(0, len(idx), 8)]:
+    for chunk in [idx[i : i + 8] for i in range(0, len(idx), 8)]:
         tokens, feats, anc = _batch(fs, chunk, anchors, size, rng, dev)
         lens = torch.tensor([fs.lens[i] for i in chunk], device=dev)
         props, _ = draft.propose(tokens, feats, anc, size, embed, head)
@@ -313,14 +375,19 @@ def split_validation(ds: Dataset, opt: TrainOptions, rng: np.random.Generator) -
         return subjects[i] in held_subjects.get(ds.categories[i], ())
 
     if held:
-        pool = [i for i in range(n) if templates[i] in held
-                and (not subjects[i] or ds.categories[i] not in held_subjects or subject_held(i))]
+        pool = [
+            i
+            for i in range(n)
+            if templates[i] in held and (not subjects[i] or ds.categories[i] not in held_subjects or subject_held(i))
+        ]
         val = sorted(int(pool[i]) for i in rng.permutation(len(pool))[:n_val])
         train = [i for i in range(n) if templates[i] not in held and not subject_held(i)]
         if val and train:
             return val, [int(i) for i in rng.permutation(train)]
     perm = rng.permutation(n)
-    return sorted(int(i) for i in perm[:n_val]), ([int(i) for i in perm[n_val:]] or sorted(int(i) for i in perm[:n_val]))
+    return sorted(int(i) for i in perm[:n_val]), (
+        [int(i) for i in perm[n_val:]] or sorted(int(i) for i in perm[:n_val])
+    )
 
 
 def _score(tau: dict[str, list[float]]) -> float:
@@ -333,9 +400,15 @@ def _save_atomic(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, work: Path,
-          progress: Callable[[str, int, int, dict[str, Any]], None] | None = None,
-          should_stop: Callable[[], bool] | None = None) -> tuple[DSparkDraft, TrainResult]:
+def train(
+    target: Target,
+    tok: TargetTokenizer,
+    ds: Dataset,
+    opt: TrainOptions,
+    work: Path,
+    progress: Callable[[str, int, int, dict[str, Any]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[DSparkDraft, TrainResult]:
     """Train (or resume from ``work/ckpt.pt``) and return the best draft by held-out simulated acceptance."""
     if opt.minutes is None and opt.steps is None:
         raise UsageError("give --minutes or --steps")
@@ -382,9 +455,20 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
         return max(f)
 
     def checkpoint() -> None:
-        _save_atomic({"config": cfg.to_dict(), "draft": draft.state_dict(), "optim": optim.state_dict(),
-                      "steps": res.steps, "seconds": res.seconds, "losses": res.losses, "evals": res.evals,
-                      "best": res.best, "best_state": best_state}, ckpt)
+        _save_atomic(
+            {
+                "config": cfg.to_dict(),
+                "draft": draft.state_dict(),
+                "optim": optim.state_dict(),
+                "steps": res.steps,
+                "seconds": res.seconds,
+                "losses": res.losses,
+                "evals": res.evals,
+                "best": res.best,
+                "best_state": best_state,
+            },
+            ckpt,
+        )
 
     def run_eval() -> None:
         nonlocal best_state
@@ -408,13 +492,24 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
         for g in optim.param_groups:
             g["lr"] = max(lr, opt.lr * 0.02)
         idx = [train_idx[int(i)] for i in rng.integers(0, len(train_idx), size=opt.batch)]
-        tokens, feats, anc, top_ids, top_p = _batch_soft(fs, idx, opt.anchors, cfg.block_size, rng, dev,
-                                                         soft=opt.soft_weight > 0)
+        tokens, feats, anc, top_ids, top_p = _batch_soft(
+            fs, idx, opt.anchors, cfg.block_size, rng, dev, soft=opt.soft_weight > 0
+        )
         lens = torch.tensor([fs.lens[i] for i in idx], device=dev)
         with torch.autocast(device_type=dev.type, dtype=dtype, enabled=gpu):
-            loss = loss_fn(draft, tokens, feats, anc, lens, embed, head, opt.gamma, opt.conf_weight,
-                           (top_ids, top_p) if top_ids is not None and top_p is not None else None,
-                           opt.soft_weight)
+            loss = loss_fn(
+                draft,
+                tokens,
+                feats,
+                anc,
+                lens,
+                embed,
+                head,
+                opt.gamma,
+                opt.conf_weight,
+                (top_ids, top_p) if top_ids is not None and top_p is not None else None,
+                opt.soft_weight,
+            )
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -432,8 +527,16 @@ def train(target: Target, tok: TargetTokenizer, ds: Dataset, opt: TrainOptions, 
             checkpoint()
             last_ckpt = res.seconds
         if progress:
-            progress("train", int(f * 1000), 1000, {"step": res.steps, "loss": float(loss.detach()),
-                                                  "best": _score(res.best["tau"]) if res.best else None})
+            progress(
+                "train",
+                int(f * 1000),
+                1000,
+                {
+                    "step": res.steps,
+                    "loss": float(loss.detach()),
+                    "best": _score(res.best["tau"]) if res.best else None,
+                },
+            )
     if acc_n:
         res.losses.append((res.steps, round(acc / acc_n, 4)))
     run_eval()

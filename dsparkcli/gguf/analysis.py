@@ -22,20 +22,57 @@ from dsparkcli.errors import UsageError
 from dsparkcli.gguf.reader import GGUFArray, GGUFHeader, TensorInfo, ggml_type_name
 
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
-HYBRID_ARCHS = frozenset({
-    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next",
-    "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "minimax-01",
-})
+HYBRID_ARCHS = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
 
 # Required tensors of a plain (Qwen3-backbone) DFlash/DSpark draft: src/models/dflash.cpp:108-260.
 DRAFT_GLOBAL_TENSORS = ("fc.weight", "enc.output_norm.weight", "output_norm.weight")
-DRAFT_LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm",
-                       "ffn_gate", "ffn_up", "ffn_down")
+DRAFT_LAYER_TENSORS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_output",
+    "attn_q_norm",
+    "attn_k_norm",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
 DSPARK_TENSORS = ("markov_w1.weight", "markov_w2.weight")
 HEAD_TENSORS = ("fc.weight", "markov_w1.weight", "markov_w2.weight", "conf_proj.weight")
 
-KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-                 "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+KV_TYPE_BYTES = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+}
 
 
 # ------------------------------------------------------------------ text safety
@@ -100,15 +137,24 @@ def census(header: GGUFHeader) -> Census:
         n_el = sum(t.n_elements for t in group)
         sizes = [t.n_bytes for t in group]
         n_bytes = None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
-        rows.append(CensusRow(
-            type_name=ggml_type_name(type_id), type_id=type_id, count=len(group), n_elements=n_el, n_bytes=n_bytes,
-            share=(n_bytes / known_bytes) if n_bytes is not None and known_bytes else None,
-            bits_per_weight=(n_bytes * 8 / n_el) if n_bytes is not None and n_el else None,
-        ))
+        rows.append(
+            CensusRow(
+                type_name=ggml_type_name(type_id),
+                type_id=type_id,
+                count=len(group),
+                n_elements=n_el,
+                n_bytes=n_bytes,
+                share=(n_bytes / known_bytes) if n_bytes is not None and known_bytes else None,
+                bits_per_weight=(n_bytes * 8 / n_el) if n_bytes is not None and n_el else None,
+            )
+        )
     rows.sort(key=lambda r: (-(r.n_bytes or 0), r.type_id))
     n_params = sum(t.n_elements for t in header.tensors)
     return Census(
-        rows=tuple(rows), n_tensors=len(header.tensors), n_params=n_params, tensor_bytes=known_bytes,
+        rows=tuple(rows),
+        n_tensors=len(header.tensors),
+        n_params=n_params,
+        tensor_bytes=known_bytes,
         file_size=header.file_size,
         file_bits_per_weight=(header.file_size * 8 / n_params) if n_params else None,
         unknown_types=tuple(sorted({r.type_name for r in rows if r.n_bytes is None})),
@@ -129,15 +175,22 @@ class FileHashes:
     seconds: float
 
 
-def hash_file(path: str | os.PathLike[str], header: GGUFHeader | None = None,
-              progress: Callable[[int], None] | None = None) -> FileHashes:
+def hash_file(
+    path: str | os.PathLike[str], header: GGUFHeader | None = None, progress: Callable[[int], None] | None = None
+) -> FileHashes:
     """sha256 of the whole file and of every tensor data region, in one pass of 8 MiB reads.
 
     The whole-file digest runs on a worker thread (hashlib releases the GIL), the per-tensor digests on
     this one, so hashing both costs about as much wall time as one ``sha256sum``.
     """
-    regions = sorted(((t.offset, t.offset + t.n_bytes, t.name) for t in (header.tensors if header else ())
-                      if t.n_bytes is not None), key=lambda r: r[0])
+    regions = sorted(
+        (
+            (t.offset, t.offset + t.n_bytes, t.name)
+            for t in (header.tensors if header else ())
+            if t.n_bytes is not None
+        ),
+        key=lambda r: r[0],
+    )
     file_hasher = hashlib.sha256()
     tensor_hashers = {name: hashlib.sha256() for _, _, name in regions}
     chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)  # bounded: at most ~32 MiB in flight
@@ -164,7 +217,7 @@ def hash_file(path: str | os.PathLike[str], header: GGUFHeader | None = None,
                     start, stop, name = regions[ri]
                     lo, hi = max(start, pos), min(stop, end)
                     if hi > lo:
-                        tensor_hashers[name].update(view[lo - pos:hi - pos])
+                        tensor_hashers[name].update(view[lo - pos : hi - pos])
                     if stop <= end:
                         ri += 1
                     else:
@@ -175,8 +228,12 @@ def hash_file(path: str | os.PathLike[str], header: GGUFHeader | None = None,
     finally:
         chunks.put(None)
         worker.join()
-    return FileHashes(file_hasher.hexdigest(), {name: h.hexdigest() for name, h in tensor_hashers.items()}, pos,
-                      time.perf_counter() - started)
+    return FileHashes(
+        file_hasher.hexdigest(),
+        {name: h.hexdigest() for name, h in tensor_hashers.items()},
+        pos,
+        time.perf_counter() - started,
+    )
 
 
 # ------------------------------------------------------------------ metadata summary
@@ -245,19 +302,29 @@ def summarize(h: GGUFHeader) -> MetadataSummary:
         except Exception:  # noqa: BLE001 - unknown or newer ids are shown as numbers
             ft_name = None
     return MetadataSummary(
-        arch=h.arch or "?", role=role_of(h), name=str_of(h.get("general.name")),
-        blocks=int_of(h.arch_key("block_count")), context=int_of(h.arch_key("context_length")),
-        embedding=int_of(h.arch_key("embedding_length")), heads=int_of(h.arch_key("attention.head_count")),
+        arch=h.arch or "?",
+        role=role_of(h),
+        name=str_of(h.get("general.name")),
+        blocks=int_of(h.arch_key("block_count")),
+        context=int_of(h.arch_key("context_length")),
+        embedding=int_of(h.arch_key("embedding_length")),
+        heads=int_of(h.arch_key("attention.head_count")),
         heads_kv=int_of(h.arch_key("attention.head_count_kv")),
         vocab_size=tokens.count if isinstance(tokens, GGUFArray) else None,
         tokens_sha256=tokens.sha256 if isinstance(tokens, GGUFArray) else None,
-        tokenizer_model=str_of(h.get("tokenizer.ggml.model")), tokenizer_pre=str_of(h.get("tokenizer.ggml.pre")),
-        bos=int_of(h.get("tokenizer.ggml.bos_token_id")), eos=int_of(h.get("tokenizer.ggml.eos_token_id")),
+        tokenizer_model=str_of(h.get("tokenizer.ggml.model")),
+        tokenizer_pre=str_of(h.get("tokenizer.ggml.pre")),
+        bos=int_of(h.get("tokenizer.ggml.bos_token_id")),
+        eos=int_of(h.get("tokenizer.ggml.eos_token_id")),
         chat_template_chars=len(tmpl) if tmpl is not None else None,
         chat_template_sha256=hashlib.sha256(tmpl.encode("utf-8", "surrogatepass")).hexdigest() if tmpl else None,
-        file_type=ft, file_type_name=ft_name,
-        split=(f"{(int_of(h.get('split.no')) or 0) + 1} of {int_of(h.get('split.count'))}"
-               if (int_of(h.get("split.count")) or 0) > 1 else None),
+        file_type=ft,
+        file_type_name=ft_name,
+        split=(
+            f"{(int_of(h.get('split.no')) or 0) + 1} of {int_of(h.get('split.count'))}"
+            if (int_of(h.get("split.count")) or 0) > 1
+            else None
+        ),
     )
 
 
@@ -267,8 +334,12 @@ def metadata_json(h: GGUFHeader, max_string: int = 4096, max_items: int = 16) ->
     for key, value in h.kv.items():
         if isinstance(value, GGUFArray):
             head = list(value.items[:max_items]) if value.items is not None else None
-            out[key] = {"type": value.elem_type, "count": value.count, "sha256": value.sha256,
-                        "head": [_json_item(x) for x in head] if head is not None else None}
+            out[key] = {
+                "type": value.elem_type,
+                "count": value.count,
+                "sha256": value.sha256,
+                "head": [_json_item(x) for x in head] if head is not None else None,
+            }
         elif isinstance(value, str) and len(value) > max_string:
             out[key] = value[:max_string] + f"… (+{len(value) - max_string} chars)"
         else:
@@ -358,15 +429,19 @@ def dspark_structure(h: GGUFHeader) -> DSparkStructure | None:
     if w1 is not None and n_vocab is not None and len(w1.shape) > 1 and w1.shape[1] != n_vocab:
         problems.append(f"markov_w1 has {w1.shape[1]} rows but the vocabulary has {n_vocab} tokens")
     if missing:
-        problems.append(f"{len(missing)} required tensor(s) missing: {', '.join(missing[:5])}"
-                        + (" …" if len(missing) > 5 else ""))
+        problems.append(
+            f"{len(missing)} required tensor(s) missing: {', '.join(missing[:5])}" + (" …" if len(missing) > 5 else "")
+        )
     if not consistent:
         if conf:
-            problems.append("conf_proj.weight present but dflash.has_confidence_head = false "
-                            "(--spec-draft-p-min > 0 will be refused)")
+            problems.append(
+                "conf_proj.weight present but dflash.has_confidence_head = false "
+                "(--spec-draft-p-min > 0 will be refused)"
+            )
         else:
-            problems.append("no conf_proj.weight but dflash.has_confidence_head is not false "
-                            "(keep --spec-draft-p-min 0)")
+            problems.append(
+                "no conf_proj.weight but dflash.has_confidence_head is not false (keep --spec-draft-p-min 0)"
+            )
 
     if block_size is None:
         max_n = None if kind == "dspark" else 16 - 1  # DFlash falls back to a block of 16 at runtime
@@ -376,11 +451,22 @@ def dspark_structure(h: GGUFHeader) -> DSparkStructure | None:
     head_dim = _head_dim(h)
     kv = n_layer * 2 * n_head_kv * head_dim * 2 if n_layer and n_head_kv and head_dim else None
     return DSparkStructure(
-        kind=kind, n_layer=n_layer, block_size=block_size, target_layers=taps, mask_token_id=mask,
-        markov_rank=w1.shape[0] if w1 is not None and w1.shape else None, sample_from_anchor=anchor,
-        confidence_head=conf, has_confidence_head_key=conf_key, confidence_head_consistent=consistent,
-        required_missing=missing, head_types={n: tensors[n].type_name for n in HEAD_TENSORS if n in tensors},
-        max_spec_draft_n=max_n, n_head_kv=n_head_kv, head_dim=head_dim, kv_bytes_per_token=kv,
+        kind=kind,
+        n_layer=n_layer,
+        block_size=block_size,
+        target_layers=taps,
+        mask_token_id=mask,
+        markov_rank=w1.shape[0] if w1 is not None and w1.shape else None,
+        sample_from_anchor=anchor,
+        confidence_head=conf,
+        has_confidence_head_key=conf_key,
+        confidence_head_consistent=consistent,
+        required_missing=missing,
+        head_types={n: tensors[n].type_name for n in HEAD_TENSORS if n in tensors},
+        max_spec_draft_n=max_n,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        kv_bytes_per_token=kv,
         problems=tuple(problems),
     )
 
@@ -413,8 +499,10 @@ class TensorDiff:
 
     @property
     def summary(self) -> str:
-        return (f"{len(self.identical)}/{max(self.n_a, self.n_b)} identical, {len(self.changed)} changed, "
-                f"{len(self.only_a)} only in A, {len(self.only_b)} only in B")
+        return (
+            f"{len(self.identical)}/{max(self.n_a, self.n_b)} identical, {len(self.changed)} changed, "
+            f"{len(self.only_a)} only in A, {len(self.only_b)} only in B"
+        )
 
 
 def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -429,17 +517,30 @@ def diff_tensors(a: GGUFHeader, a_hashes: FileHashes, b: GGUFHeader, b_hashes: F
         y = tb.get(name)
         if y is None:
             continue
-        same = (x.type_id == y.type_id and x.n_elements == y.n_elements and _squeeze(x.shape) == _squeeze(y.shape)
-                and a_hashes.tensors.get(name) is not None and a_hashes.tensors.get(name) == b_hashes.tensors.get(name))
+        same = (
+            x.type_id == y.type_id
+            and x.n_elements == y.n_elements
+            and _squeeze(x.shape) == _squeeze(y.shape)
+            and a_hashes.tensors.get(name) is not None
+            and a_hashes.tensors.get(name) == b_hashes.tensors.get(name)
+        )
         if same:
             identical.append(name)
             if x.shape != y.shape:
                 respelled.append((name, x.shape, y.shape))
         else:
             changed.append(TensorChange(name, x.type_name, y.type_name, x.shape, y.shape, x.n_bytes, y.n_bytes))
-    return TensorDiff(a=a.name, b=b.name, n_a=len(ta), n_b=len(tb), identical=tuple(identical),
-                      respelled=tuple(respelled), changed=tuple(changed),
-                      only_a=tuple(n for n in ta if n not in tb), only_b=tuple(n for n in tb if n not in ta))
+    return TensorDiff(
+        a=a.name,
+        b=b.name,
+        n_a=len(ta),
+        n_b=len(tb),
+        identical=tuple(identical),
+        respelled=tuple(respelled),
+        changed=tuple(changed),
+        only_a=tuple(n for n in ta if n not in tb),
+        only_b=tuple(n for n in tb if n not in ta),
+    )
 
 
 # ------------------------------------------------------------------ memory estimate
@@ -481,8 +582,17 @@ def kv_cache_estimate(h: GGUFHeader, kv_type: str = "f16") -> KVCacheEstimate | 
     per_elem = KV_TYPE_BYTES[kv_type]
     notes: list[str] = []
     if arch in RECURRENT_ARCHS:
-        return KVCacheEstimate(n_layer, 0, 0, 0, 0, per_elem, 0, "0 (recurrent: a fixed state per sequence)",
-                               ("recurrent arch: the state does not grow with context",))
+        return KVCacheEstimate(
+            n_layer,
+            0,
+            0,
+            0,
+            0,
+            per_elem,
+            0,
+            "0 (recurrent: a fixed state per sequence)",
+            ("recurrent arch: the state does not grow with context",),
+        )
     heads_kv_raw = h.arch_key("attention.head_count_kv")
     n_head = int_of(h.arch_key("attention.head_count")) or 0
     head_dim = _head_dim(h) or 0
@@ -505,16 +615,18 @@ def kv_cache_estimate(h: GGUFHeader, kv_type: str = "f16") -> KVCacheEstimate | 
     if arch in HYBRID_ARCHS or arch in RECURRENT_ARCHS:
         notes.append("recurrent layers add a fixed per-sequence state, not counted here")
     if h.arch_key("attention.sliding_window") is not None:
-        notes.append(f"sliding-window layers keep at most {int_of(h.arch_key('attention.sliding_window'))} tokens; "
-                     "this counts every layer at full context")
+        notes.append(
+            f"sliding-window layers keep at most {int_of(h.arch_key('attention.sliding_window'))} tokens; "
+            "this counts every layer at full context"
+        )
     per_token = int(total_heads * (k_len + v_len) * per_elem)
     if k_len == v_len:
-        formula = f"{n_kv_layers} layers x 2 x {n_head_kv} kv heads x {k_len} head dim x {per_elem:g} B = {per_token} B"
+        formula = (
+            f"{n_kv_layers} layers x 2 x {n_head_kv} kv heads x {k_len} head dim x {per_elem:g} B = {per_token} B"
+        )
     else:
-        formula = (f"{n_kv_layers} layers x {n_head_kv} kv heads x ({k_len} + {v_len}) x {per_elem:g} B "
-                   f"= {per_token} B")
-    return KVCacheEstimate(n_layer, n_kv_layers, n_head_kv, k_len, v_len, per_elem, per_token,
-                           formula, tuple(notes))
+        formula = f"{n_kv_layers} layers x {n_head_kv} kv heads x ({k_len} + {v_len}) x {per_elem:g} B = {per_token} B"
+    return KVCacheEstimate(n_layer, n_kv_layers, n_head_kv, k_len, v_len, per_elem, per_token, formula, tuple(notes))
 
 
 def memory_estimate(h: GGUFHeader, ctx: int, kv_type: str = "f16") -> MemoryEstimate:
@@ -524,8 +636,16 @@ def memory_estimate(h: GGUFHeader, ctx: int, kv_type: str = "f16") -> MemoryEsti
     weights = {r.type_name: r.n_bytes for r in c.rows if r.n_bytes is not None}
     kv = kv_cache_estimate(h, kv_type)
     kv_bytes = kv.bytes_per_token * ctx if kv else 0
-    return MemoryEstimate(name=h.name, role=role_of(h), weights_by_type=weights, weights_bytes=c.tensor_bytes, ctx=ctx,
-                          kv=kv, kv_bytes=kv_bytes, total_bytes=c.tensor_bytes + kv_bytes)
+    return MemoryEstimate(
+        name=h.name,
+        role=role_of(h),
+        weights_by_type=weights,
+        weights_bytes=c.tensor_bytes,
+        ctx=ctx,
+        kv=kv,
+        kv_bytes=kv_bytes,
+        total_bytes=c.tensor_bytes + kv_bytes,
+    )
 
 
 @dataclass(frozen=True)
@@ -565,6 +685,8 @@ def layer_bytes(h: GGUFHeader, kv_type: str = "f16") -> LayerBytes:
         else:
             interval = int_of(h.arch_key("full_attention_interval"))
             # llama.cpp's hybrids keep K/V in every interval-th layer (il + 1) % interval == 0
-            per_layer = [int(kv.n_head_kv * per_head) if not interval or (il + 1) % interval == 0 else 0
-                         for il in range(n_layer)]
+            per_layer = [
+                int(kv.n_head_kv * per_head) if not interval or (il + 1) % interval == 0 else 0
+                for il in range(n_layer)
+            ]
     return LayerBytes(tuple(layers), input_bytes, output_bytes, tuple(per_layer))

@@ -19,26 +19,73 @@ from dsparkcli.llama.tables import EngineTables
 
 # Target archs whose graph fills t_layer_inp (llama.cpp 0c1e570, grep t_layer_inp in src/models/); only
 # these can feed a DFlash/DSpark draft. The second set also exposes index n_layer (the last layer's output).
-LAYER_INPUT_ARCHS = frozenset({
-    "llama", "llama-embed", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "lfm2",
-    "mimo2", "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "nemotron_h_moe", "gpt-oss",
-    "bailingmoe3", "hunyuan_vl", "deepseek4",
-})
+LAYER_INPUT_ARCHS = frozenset(
+    {
+        "llama",
+        "llama-embed",
+        "qwen3",
+        "qwen3moe",
+        "qwen3next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "gemma4",
+        "lfm2",
+        "mimo2",
+        "minimax-01",
+        "minimax-m2",
+        "muse-glimmer",
+        "nanbeige",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "gpt-oss",
+        "bailingmoe3",
+        "hunyuan_vl",
+        "deepseek4",
+    }
+)
 LAST_LAYER_TAP_ARCHS = frozenset({"mimo2", "nemotron_h", "nemotron_h_moe", "deepseek4"})
 
 # clip projector type -> (tensor, ne index) giving the width it feeds the text model (clip_n_mmproj_embd).
 MMPROJ_WIDTH = {
-    **{p: ("mm.2.weight", 1) for p in ("mlp", "phi4", "pixtral", "lightonocr", "dots_ocr", "muse-glimmer", "ultravox",
-                                       "voxtral", "musicflamingo", "qwen3a", "glma", "lfm2", "kimivl", "paddleocr",
-                                       "kimik25", "yasa2", "deepseek4v", "mimo_audio")},
+    **{
+        p: ("mm.2.weight", 1)
+        for p in (
+            "mlp",
+            "phi4",
+            "pixtral",
+            "lightonocr",
+            "dots_ocr",
+            "muse-glimmer",
+            "ultravox",
+            "voxtral",
+            "musicflamingo",
+            "qwen3a",
+            "glma",
+            "lfm2",
+            "kimivl",
+            "paddleocr",
+            "kimik25",
+            "yasa2",
+            "deepseek4v",
+            "mimo_audio",
+        )
+    },
     "mlp_norm": ("mm.3.bias", 0),
     "resampler": ("resampler.proj.weight", 0),
     "minicpmv4_6": ("mm.down.weight", 1),
-    "glm4v": ("mm.down.weight", 1), "glm5v": ("mm.down.weight", 1),
-    "qwen2vl_merger": ("mm.2.bias", 0), "qwen2.5vl_merger": ("mm.2.bias", 0), "ling3vl": ("mm.2.bias", 0),
-    "gemma3": ("mm.input_projection.weight", 0), "gemma3nv": ("mm.input_projection.weight", 0),
-    "gemma4v": ("mm.input_projection.weight", 1), "gemma4uv": ("mm.input_projection.weight", 1),
-    "idefics3": ("mm.model.fc.weight", 1), "internvl": ("mm.3.weight", 1), "nemotron_v2_vl": ("mm.3.weight", 1),
+    "glm4v": ("mm.down.weight", 1),
+    "glm5v": ("mm.down.weight", 1),
+    "qwen2vl_merger": ("mm.2.bias", 0),
+    "qwen2.5vl_merger": ("mm.2.bias", 0),
+    "ling3vl": ("mm.2.bias", 0),
+    "gemma3": ("mm.input_projection.weight", 0),
+    "gemma3nv": ("mm.input_projection.weight", 0),
+    "gemma4v": ("mm.input_projection.weight", 1),
+    "gemma4uv": ("mm.input_projection.weight", 1),
+    "idefics3": ("mm.model.fc.weight", 1),
+    "internvl": ("mm.3.weight", 1),
+    "nemotron_v2_vl": ("mm.3.weight", 1),
 }
 
 
@@ -136,18 +183,39 @@ def check_loads(h: GGUFHeader, tables: EngineTables) -> tuple[PairCheck, ...]:
     if role == "mmproj":
         ptypes = projector_types(h)
         if not ptypes:
-            checks.append(PairCheck(f"{ENGINE_CHECK}{role} projector", False,
-                                    "no clip.projector_type in the header: mtmd cannot tell what it is", base))
+            checks.append(
+                PairCheck(
+                    f"{ENGINE_CHECK}{role} projector",
+                    False,
+                    "no clip.projector_type in the header: mtmd cannot tell what it is",
+                    base,
+                )
+            )
         for ptype in ptypes:
             ok = bool(ptype) and tables.knows_projector(ptype)
-            checks.append(PairCheck(f"{ENGINE_CHECK}{role} projector", ok, f"projector type '{printable(ptype, 40)}' "
-                                    + ("is" if ok else "is not") + f" in the engine's projector table "
-                                    f"({len(tables.projectors)} names)", base))
+            checks.append(
+                PairCheck(
+                    f"{ENGINE_CHECK}{role} projector",
+                    ok,
+                    f"projector type '{printable(ptype, 40)}' "
+                    + ("is" if ok else "is not")
+                    + f" in the engine's projector table "
+                    f"({len(tables.projectors)} names)",
+                    base,
+                )
+            )
     else:
         ok = bool(h.arch) and tables.knows_arch(h.arch)
-        checks.append(PairCheck(f"{ENGINE_CHECK}{role} arch", ok, f"arch '{printable(h.arch or '?', 40)}' "
-                                + ("is" if ok else "is not") + f" in the engine's arch table ({len(tables.archs)} names)",
-                                base))
+        checks.append(
+            PairCheck(
+                f"{ENGINE_CHECK}{role} arch",
+                ok,
+                f"arch '{printable(h.arch or '?', 40)}' "
+                + ("is" if ok else "is not")
+                + f" in the engine's arch table ({len(tables.archs)} names)",
+                base,
+            )
+        )
     groups: dict[tuple[int, str], int] = {}
     for t in h.tensors:
         groups[(t.type_id, t.type_name)] = groups.get((t.type_id, t.type_name), 0) + 1
@@ -155,21 +223,46 @@ def check_loads(h: GGUFHeader, tables: EngineTables) -> tuple[PairCheck, ...]:
     missing = {g: n for g, n in groups.items() if verdicts[g] is False}
     unsure = {g: n for g, n in groups.items() if verdicts[g] is None}
     if missing:
-        checks.append(PairCheck(f"{ENGINE_CHECK}{role} tensor types", False, f"{_types_text(missing)} not in the "
-                                f"engine's ggml type table ({len(tables.tensor_types)} types)", base))
+        checks.append(
+            PairCheck(
+                f"{ENGINE_CHECK}{role} tensor types",
+                False,
+                f"{_types_text(missing)} not in the engine's ggml type table ({len(tables.tensor_types)} types)",
+                base,
+            )
+        )
     elif unsure:
-        checks.append(PairCheck(f"{ENGINE_CHECK}{role} tensor types", None, f"{_types_text(unsure)}: dspark has no "
-                                "name for these type ids, so the engine's libraries cannot be asked", base))
+        checks.append(
+            PairCheck(
+                f"{ENGINE_CHECK}{role} tensor types",
+                None,
+                f"{_types_text(unsure)}: dspark has no "
+                "name for these type ids, so the engine's libraries cannot be asked",
+                base,
+            )
+        )
     else:
-        checks.append(PairCheck(f"{ENGINE_CHECK}{role} tensor types", True,
-                                f"{_types_text(groups) or 'no tensors'}: all in the engine's type table", base))
+        checks.append(
+            PairCheck(
+                f"{ENGINE_CHECK}{role} tensor types",
+                True,
+                f"{_types_text(groups) or 'no tensors'}: all in the engine's type table",
+                base,
+            )
+        )
     fp4 = sum(n for (tid, _), n in groups.items() if tid in FP4_TYPES)
     if fp4 and tables.native_fp4() is False:
-        checks.append(PairCheck(f"{ENGINE_CHECK}{role} FP4 speed", None, f"{fp4} FP4 tensors, but this CUDA build "
-                                f"(sm_{tables.cuda_arch or '?'}) has no native FP4 path (ggml-cuda has one for "
-                                "sm_120/121 only): they load and run slower; on this GPU use a Q8_0/Q6_K/Q4_K GGUF "
-                                "instead" + (" (the registry's drafts: --draft q8_0 or q6_k)" if role == "draft" else ""),
-                                base))
+        checks.append(
+            PairCheck(
+                f"{ENGINE_CHECK}{role} FP4 speed",
+                None,
+                f"{fp4} FP4 tensors, but this CUDA build "
+                f"(sm_{tables.cuda_arch or '?'}) has no native FP4 path (ggml-cuda has one for "
+                "sm_120/121 only): they load and run slower; on this GPU use a Q8_0/Q6_K/Q4_K GGUF "
+                "instead" + (" (the registry's drafts: --draft q8_0 or q6_k)" if role == "draft" else ""),
+                base,
+            )
+        )
     return tuple(checks)
 
 
@@ -205,8 +298,10 @@ def refuse_unloadable(checks: Sequence[PairCheck], tables: EngineTables, engine:
     if tables.origin == "source":
         how = "build a newer one: dspark engine build --source <llama.cpp checkout that has it>"
     else:
-        how = ("use a newer llama.cpp: --llama-bin <its build/bin>, or dspark engine build --source "
-               "<llama.cpp checkout that has it>")
+        how = (
+            "use a newer llama.cpp: --llama-bin <its build/bin>, or dspark engine build --source "
+            "<llama.cpp checkout that has it>"
+        )
     raise EngineCapabilityError(f"the engine {engine} cannot load {what}", hint=how + (f"; {after}" if after else ""))
 
 
@@ -222,27 +317,52 @@ def _tokenizer_checks(t: GGUFHeader, d: GGUFHeader) -> list[PairCheck]:
     elif tt.count != dt.count:
         checks.append(draft_check("vocab", False, f"target has {tt.count} tokens, draft {dt.count}"))
     elif tt.sha256 != dt.sha256:
-        checks.append(draft_check("vocab", False, f"same count ({tt.count}) but different token strings"
-                                  + _first_token_difference(tt, dt)))
+        checks.append(
+            draft_check(
+                "vocab",
+                False,
+                f"same count ({tt.count}) but different token strings" + _first_token_difference(tt, dt),
+            )
+        )
     else:
         checks.append(draft_check("vocab", True, f"{tt.count} tokens, sha256 {tt.sha256[:12]} in both"))
     for key, label in (("tokenizer.ggml.bos_token_id", "BOS"), ("tokenizer.ggml.eos_token_id", "EOS")):
         tv, dv = int_of(t.get(key)), int_of(d.get(key))
-        checks.append(draft_check(label, tv == dv, f"target {tv if tv is not None else 'unset'}, "
-                                                   f"draft {dv if dv is not None else 'unset'}"))
+        checks.append(
+            draft_check(
+                label,
+                tv == dv,
+                f"target {tv if tv is not None else 'unset'}, draft {dv if dv is not None else 'unset'}",
+            )
+        )
     return checks
 
 
-def check_classic_pair(target: str | os.PathLike[str] | GGUFHeader,
-                       draft: str | os.PathLike[str] | GGUFHeader) -> PairVerdict:
+def check_classic_pair(
+    target: str | os.PathLike[str] | GGUFHeader, draft: str | os.PathLike[str] | GGUFHeader
+) -> PairVerdict:
     """Does this classic draft model (llama.cpp's draft-simple: a small model of the target's family) fit
     this target? Both text models, and the same tokenizer (``_tokenizer_checks``, as for a DSpark draft)."""
     t, d = open_header(target), open_header(draft)
-    checks = [PairCheck("target role", role_of(t) == "target", f"arch {printable(t.arch or '?', 40)}"
-                        + ("" if role_of(t) == "target" else " is not a text model"), role="target"),
-              PairCheck("draft role", role_of(d) == "target", f"arch {printable(d.arch or '?', 40)}"
-                        + ("" if role_of(d) == "target" else " is not a text model (draft-simple runs a "
-                           "small model of the target's family)"), role="draft")]
+    checks = [
+        PairCheck(
+            "target role",
+            role_of(t) == "target",
+            f"arch {printable(t.arch or '?', 40)}" + ("" if role_of(t) == "target" else " is not a text model"),
+            role="target",
+        ),
+        PairCheck(
+            "draft role",
+            role_of(d) == "target",
+            f"arch {printable(d.arch or '?', 40)}"
+            + (
+                ""
+                if role_of(d) == "target"
+                else " is not a text model (draft-simple runs a small model of the target's family)"
+            ),
+            role="draft",
+        ),
+    ]
     checks.extend(_tokenizer_checks(t, d))
     reasons = tuple(f"{c.name}: {c.detail}" for c in checks if c.ok is False)
     return PairVerdict(ok=not reasons, reasons=reasons, checks=tuple(checks), target=t.name, draft=d.name)
@@ -258,9 +378,13 @@ def open_header(spec: str | os.PathLike[str] | GGUFHeader) -> GGUFHeader:
     return read_header(path)
 
 
-def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.PathLike[str] | GGUFHeader | None = None,
-               mmproj: str | os.PathLike[str] | GGUFHeader | None = None, *,
-               tables: EngineTables | None = None) -> PairVerdict:
+def check_pair(
+    target: str | os.PathLike[str] | GGUFHeader,
+    draft: str | os.PathLike[str] | GGUFHeader | None = None,
+    mmproj: str | os.PathLike[str] | GGUFHeader | None = None,
+    *,
+    tables: EngineTables | None = None,
+) -> PairVerdict:
     """Does this draft (and/or mmproj) fit this target, and (given the engine's ``tables``) can the engine
     load each of them? Headers only, so cheap enough to run before launch."""
     t = open_header(target)
@@ -273,22 +397,42 @@ def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.Path
                 checks.extend(check_loads(h, tables))
     t_layers = int_of(t.arch_key("block_count"))
     t_embd = int_of(t.arch_key("embedding_length"))
-    checks.append(PairCheck("target role", role_of(t) == "target",
-                            f"arch {printable(t.arch or '?', 40)}" + ("" if role_of(t) == "target" else
-                                                                      " is not a text model"), role="target"))
+    checks.append(
+        PairCheck(
+            "target role",
+            role_of(t) == "target",
+            f"arch {printable(t.arch or '?', 40)}" + ("" if role_of(t) == "target" else " is not a text model"),
+            role="target",
+        )
+    )
     draft_check = functools.partial(PairCheck, role="draft")  # the draft's fit to the target
     mmproj_check = functools.partial(PairCheck, role="mmproj")
     if d is not None:
         arch_ok = t.arch in LAYER_INPUT_ARCHS
-        checks.append(draft_check("target exposes layer inputs", arch_ok,
-                                  f"{printable(t.arch or '?', 40)} " + ("fills t_layer_inp" if arch_ok else
-                                  "does not fill t_layer_inp: llama.cpp cannot feed a DFlash/DSpark draft from it")))
-        checks.append(draft_check("draft arch", d.arch == "dflash", f"{printable(d.arch or '?', 40)}"
-                                  + ("" if d.arch == "dflash" else " (expected dflash)")))
+        checks.append(
+            draft_check(
+                "target exposes layer inputs",
+                arch_ok,
+                f"{printable(t.arch or '?', 40)} "
+                + (
+                    "fills t_layer_inp"
+                    if arch_ok
+                    else "does not fill t_layer_inp: llama.cpp cannot feed a DFlash/DSpark draft from it"
+                ),
+            )
+        )
+        checks.append(
+            draft_check(
+                "draft arch",
+                d.arch == "dflash",
+                f"{printable(d.arch or '?', 40)}" + ("" if d.arch == "dflash" else " (expected dflash)"),
+            )
+        )
         checks.extend(_tokenizer_checks(t, d))
         d_embd = int_of(d.arch_key("embedding_length"))
-        checks.append(draft_check("hidden size", t_embd is not None and t_embd == d_embd,
-                                  f"target {t_embd}, draft {d_embd}"))
+        checks.append(
+            draft_check("hidden size", t_embd is not None and t_embd == d_embd, f"target {t_embd}, draft {d_embd}")
+        )
         s = dspark_structure(d)
         taps = s.target_layers if s else ()
         limit = (t_layers + 1) if (t_layers is not None and t.arch in LAST_LAYER_TAP_ARCHS) else t_layers
@@ -298,11 +442,22 @@ def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.Path
             checks.append(draft_check("taps", False, f"target has no {printable(t.arch, 40)}.block_count"))
         else:
             bad = [x for x in taps if not 0 <= x < limit]
-            checks.append(draft_check("taps", not bad, f"{list(taps)} vs {t_layers} target blocks"
-                                      + (f": {bad} out of range (must be < {limit})" if bad else "")))
+            checks.append(
+                draft_check(
+                    "taps",
+                    not bad,
+                    f"{list(taps)} vs {t_layers} target blocks"
+                    + (f": {bad} out of range (must be < {limit})" if bad else ""),
+                )
+            )
         if s is not None:
-            checks.append(draft_check("draft structure", not s.problems, "; ".join(s.problems) or
-                                      f"{s.kind}, block {s.block_size}, all required tensors present"))
+            checks.append(
+                draft_check(
+                    "draft structure",
+                    not s.problems,
+                    "; ".join(s.problems) or f"{s.kind}, block {s.block_size}, all required tensors present",
+                )
+            )
     if m is not None:
         if m.arch != "clip":
             checks.append(mmproj_check("mmproj arch", False, f"{printable(m.arch or '?', 40)} (expected clip)"))
@@ -311,11 +466,22 @@ def check_pair(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.Path
             if width is None:
                 checks.append(mmproj_check("mmproj width", None, how))
             else:
-                checks.append(mmproj_check("mmproj width", width == t_embd, f"the projector feeds {width}-wide "
-                                           f"embeddings ({how}), the target's are {t_embd}"))
+                checks.append(
+                    mmproj_check(
+                        "mmproj width",
+                        width == t_embd,
+                        f"the projector feeds {width}-wide embeddings ({how}), the target's are {t_embd}",
+                    )
+                )
     reasons = tuple(f"{c.name}: {c.detail}" for c in checks if c.ok is False)
-    return PairVerdict(ok=not reasons, reasons=reasons, checks=tuple(checks), target=t.name,
-                       draft=d.name if d else None, mmproj=m.name if m else None)
+    return PairVerdict(
+        ok=not reasons,
+        reasons=reasons,
+        checks=tuple(checks),
+        target=t.name,
+        draft=d.name if d else None,
+        mmproj=m.name if m else None,
+    )
 
 
 SYNTHETIC_NAME = "dspark synthetic"  # general.name prefix of every file `dspark synth` writes
@@ -332,8 +498,11 @@ class AcceptanceKind:
         return f"{self.label} acceptance ({self.why})"
 
 
-def acceptance_kind(target: str | os.PathLike[str] | GGUFHeader, draft: str | os.PathLike[str] | GGUFHeader | None,
-                    synth_len: float | None = None) -> AcceptanceKind:
+def acceptance_kind(
+    target: str | os.PathLike[str] | GGUFHeader,
+    draft: str | os.PathLike[str] | GGUFHeader | None,
+    synth_len: float | None = None,
+) -> AcceptanceKind:
     """SYNTHETIC for llama.cpp's emulated acceptance (--spec-synth-len) and for pairs `dspark synth` wrote
     (scripted heads or random weights: their general.name says so); REAL otherwise."""
     if synth_len is not None:

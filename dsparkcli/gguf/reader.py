@@ -47,9 +47,17 @@ DEFAULT_LIMITS = Limits()
 
 # GGUF value types: id -> (name, struct code, size). 8 = string and 9 = array are special.
 _SCALARS: dict[int, tuple[str, str, int]] = {
-    0: ("uint8", "B", 1), 1: ("int8", "b", 1), 2: ("uint16", "H", 2), 3: ("int16", "h", 2),
-    4: ("uint32", "I", 4), 5: ("int32", "i", 4), 6: ("float32", "f", 4), 7: ("bool", "?", 1),
-    10: ("uint64", "Q", 8), 11: ("int64", "q", 8), 12: ("float64", "d", 8),
+    0: ("uint8", "B", 1),
+    1: ("int8", "b", 1),
+    2: ("uint16", "H", 2),
+    3: ("int16", "h", 2),
+    4: ("uint32", "I", 4),
+    5: ("int32", "i", 4),
+    6: ("float32", "f", 4),
+    7: ("bool", "?", 1),
+    10: ("uint64", "Q", 8),
+    11: ("int64", "q", 8),
+    12: ("float64", "d", 8),
 }
 T_STRING, T_ARRAY = 8, 9
 VALUE_TYPE_NAMES = {**{k: v[0] for k, v in _SCALARS.items()}, T_STRING: "string", T_ARRAY: "array"}
@@ -66,9 +74,17 @@ def _ggml_type_table() -> dict[int, tuple[str, int, int]]:
     except Exception:  # noqa: BLE001, S110 - the fallback below covers the types dspark cares about
         pass
     # Known to llama.cpp 0c1e570 (ggml.h, ggml-common.h) whatever gguf-py version is installed.
-    for tid, entry in {0: ("F32", 1, 4), 1: ("F16", 1, 2), 8: ("Q8_0", 32, 34), 14: ("Q6_K", 256, 210),
-                       30: ("BF16", 1, 2), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
-                       41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18)}.items():
+    for tid, entry in {
+        0: ("F32", 1, 4),
+        1: ("F16", 1, 2),
+        8: ("Q8_0", 32, 34),
+        14: ("Q6_K", 256, 210),
+        30: ("BF16", 1, 2),
+        39: ("MXFP4", 32, 17),
+        40: ("NVFP4", 64, 36),
+        41: ("Q1_0", 128, 18),
+        42: ("Q2_0", 64, 18),
+    }.items():
         table.setdefault(tid, entry)
     return table
 
@@ -135,14 +151,18 @@ class _Cursor:
     def take(self, n: int, what: str) -> bytes:
         end = self.pos + n
         if end > self.src.size:
-            raise GGUFError(f"{self.src.name}: truncated GGUF: {what} needs {n} bytes at offset {self.pos}, "
-                            f"file has {self.src.size}")
+            raise GGUFError(
+                f"{self.src.name}: truncated GGUF: {what} needs {n} bytes at offset {self.pos}, "
+                f"file has {self.src.size}"
+            )
         if end > self.limits.max_header_bytes:
-            raise GGUFError(f"{self.src.name}: GGUF header exceeds the {self.limits.max_header_bytes >> 20} MiB cap "
-                            f"while reading {what}")
+            raise GGUFError(
+                f"{self.src.name}: GGUF header exceeds the {self.limits.max_header_bytes >> 20} MiB cap "
+                f"while reading {what}"
+            )
         buf_end = self._base + len(self._buf)
         if end > buf_end:
-            keep = self._buf[self.pos - self._base:]
+            keep = self._buf[self.pos - self._base :]
             want = max(end - buf_end, self._chunk)
             want = min(want, self.src.size - buf_end, self.limits.max_header_bytes - buf_end)
             got = self.src.read_at(buf_end, want)
@@ -153,7 +173,7 @@ class _Cursor:
             self._chunk = min(self._chunk * 2, self.MAX_CHUNK)
         start = self.pos - self._base
         self.pos = end
-        return self._buf[start:start + n]
+        return self._buf[start : start + n]
 
     def unpack(self, code: str, size: int, what: str) -> Any:
         return struct.unpack("<" + code, self.take(size, what))[0]
@@ -167,8 +187,10 @@ class _Cursor:
     def raw_string(self, what: str) -> bytes:
         n = self.u64(what)
         if n > self.limits.max_string_bytes:
-            raise GGUFError(f"{self.src.name}: {what}: string of {n} bytes exceeds the "
-                            f"{self.limits.max_string_bytes >> 20} MiB cap")
+            raise GGUFError(
+                f"{self.src.name}: {what}: string of {n} bytes exceeds the "
+                f"{self.limits.max_string_bytes >> 20} MiB cap"
+            )
         if n > self.remaining():
             raise GGUFError(f"{self.src.name}: {what}: string of {n} bytes runs past the end of the file")
         return self.take(n, what)
@@ -184,7 +206,7 @@ class _Cursor:
             if p + 8 <= len(buf):
                 (n,) = unpack_u64(buf, p)
                 if n <= max_len and p + 8 + n <= len(buf):  # the window never extends past the file or cap
-                    item = buf[p:p + 8 + n]
+                    item = buf[p : p + 8 + n]
                     self.pos += 8 + n
                     hasher.update(item)
                     if out is not None:
@@ -269,8 +291,9 @@ class GGUFHeader:
 TOKENS_KEY = "tokenizer.ggml.tokens"
 
 
-def _read_value(cur: _Cursor, vtype: int, what: str, depth: int, hasher: Any | None, keep: bool,
-                max_items: int | None = None) -> Any:
+def _read_value(
+    cur: _Cursor, vtype: int, what: str, depth: int, hasher: Any | None, keep: bool, max_items: int | None = None
+) -> Any:
     if vtype in _SCALARS:
         _, code, size = _SCALARS[vtype]
         raw = cur.take(size, what)
@@ -290,8 +313,9 @@ def _read_value(cur: _Cursor, vtype: int, what: str, depth: int, hasher: Any | N
     raise GGUFError(f"{cur.src.name}: {what}: invalid GGUF value type {vtype}")
 
 
-def _read_array(cur: _Cursor, what: str, depth: int, outer: Any | None, keep: bool,
-                max_items: int | None = None) -> GGUFArray:
+def _read_array(
+    cur: _Cursor, what: str, depth: int, outer: Any | None, keep: bool, max_items: int | None = None
+) -> GGUFArray:
     limits = cur.limits
     if depth > limits.max_nesting:
         raise GGUFError(f"{cur.src.name}: {what}: arrays nested deeper than {limits.max_nesting}")
@@ -301,8 +325,9 @@ def _read_array(cur: _Cursor, what: str, depth: int, outer: Any | None, keep: bo
         raise GGUFError(f"{cur.src.name}: {what}: invalid array element type {etype}")
     min_item = _SCALARS[etype][2] if etype in _SCALARS else (8 if etype == T_STRING else 12)
     if count * min_item > cur.remaining():
-        raise GGUFError(f"{cur.src.name}: {what}: array of {count} {VALUE_TYPE_NAMES[etype]} runs past the end "
-                        f"of the file")
+        raise GGUFError(
+            f"{cur.src.name}: {what}: array of {count} {VALUE_TYPE_NAMES[etype]} runs past the end of the file"
+        )
     hasher = hashlib.sha256()
     keep_items = keep and count <= (limits.max_array_items_kept if max_items is None else max_items)
     items: tuple[Any, ...] | None
@@ -353,7 +378,9 @@ def _as_source(source: ByteSource | str | os.PathLike[str] | BinaryIO) -> tuple[
     return FileSource(source), None  # type: ignore[arg-type]
 
 
-def read_header(source: ByteSource | str | os.PathLike[str] | BinaryIO, *, limits: Limits = DEFAULT_LIMITS) -> GGUFHeader:
+def read_header(
+    source: ByteSource | str | os.PathLike[str] | BinaryIO, *, limits: Limits = DEFAULT_LIMITS
+) -> GGUFHeader:
     """Parse and validate a GGUF header (never the tensor data). Raises GGUFError on anything malformed."""
     src, owned = _as_source(source)
     try:
@@ -392,8 +419,9 @@ def _parse(src: ByteSource, limits: Limits) -> GGUFHeader:
         vtype = cur.unpack("i", 4, f"type of {_q(key)}")
         if vtype not in VALUE_TYPE_NAMES:
             raise GGUFError(f"{src.name}: key {_q(key)} has invalid GGUF value type {vtype}")
-        kv[key] = _read_value(cur, vtype, f"value of {_q(key)}", 0, None, True,
-                              limits.max_tokens_kept if key == TOKENS_KEY else None)
+        kv[key] = _read_value(
+            cur, vtype, f"value of {_q(key)}", 0, None, True, limits.max_tokens_kept if key == TOKENS_KEY else None
+        )
         kv_types[key] = VALUE_TYPE_NAMES[vtype]
         if isinstance(kv[key], GGUFArray):
             kv_types[key] = f"array[{kv[key].elem_type}]"
@@ -409,7 +437,9 @@ def _parse(src: ByteSource, limits: Limits) -> GGUFHeader:
     for i in range(n_tensors):
         name = _decode_name(cur.raw_string(f"tensor {i} name"), f"tensor {i} name", src)
         if len(name.encode()) >= GGML_MAX_NAME:
-            raise GGUFError(f"{src.name}: tensor {i} name is {len(name.encode())} bytes (ggml allows {GGML_MAX_NAME - 1})")
+            raise GGUFError(
+                f"{src.name}: tensor {i} name is {len(name.encode())} bytes (ggml allows {GGML_MAX_NAME - 1})"
+            )
         if name in seen:
             raise GGUFError(f"{src.name}: duplicate tensor name {_q(name)}")
         seen.add(name)
@@ -422,14 +452,17 @@ def _parse(src: ByteSource, limits: Limits) -> GGUFHeader:
     header_bytes = cur.pos
     data_offset = -(-header_bytes // alignment) * alignment if n_tensors else header_bytes
 
-    tensors = tuple(_tensor_info(src, name, shape, type_id, offset, alignment, data_offset)
-                    for name, shape, type_id, offset in raw_infos)
+    tensors = tuple(
+        _tensor_info(src, name, shape, type_id, offset, alignment, data_offset)
+        for name, shape, type_id, offset in raw_infos
+    )
     _check_layout(src, tensors)
     return GGUFHeader(src.name, version, src.size, alignment, header_bytes, data_offset, kv, kv_types, tensors)
 
 
-def _tensor_info(src: ByteSource, name: str, shape: tuple[int, ...], type_id: int, offset: int, alignment: int,
-                 data_offset: int) -> TensorInfo:
+def _tensor_info(
+    src: ByteSource, name: str, shape: tuple[int, ...], type_id: int, offset: int, alignment: int, data_offset: int
+) -> TensorInfo:
     n_elements = 1
     for dim in shape:
         if dim >= 1 << 63:  # ggml's int64 ne[] would read it as negative and refuse the file
@@ -445,11 +478,11 @@ def _tensor_info(src: ByteSource, name: str, shape: tuple[int, ...], type_id: in
         type_name, block, size = entry
         row = shape[0] if shape else 1
         if row % block:
-            raise GGUFError(f"{src.name}: tensor {_q(name)} rows of {row} are not a multiple of the {type_name} "
-                            f"block ({block})")
+            raise GGUFError(
+                f"{src.name}: tensor {_q(name)} rows of {row} are not a multiple of the {type_name} block ({block})"
+            )
         n_bytes = n_elements // block * size
-    return TensorInfo(name, tuple(shape), type_id, ggml_type_name(type_id), n_elements, n_bytes,
-                      data_offset + offset)
+    return TensorInfo(name, tuple(shape), type_id, ggml_type_name(type_id), n_elements, n_bytes, data_offset + offset)
 
 
 def _check_layout(src: ByteSource, tensors: tuple[TensorInfo, ...]) -> None:
@@ -458,8 +491,10 @@ def _check_layout(src: ByteSource, tensors: tuple[TensorInfo, ...]) -> None:
     for t in sorted(tensors, key=lambda t: (t.offset, t.n_bytes or 0)):
         end = t.offset + (t.n_bytes or 0)
         if t.offset > src.size or end > src.size:
-            raise GGUFError(f"{src.name}: tensor {_q(t.name)} data [{t.offset}, {end}) lies past the end of the file "
-                            f"({src.size} bytes): truncated download?")
+            raise GGUFError(
+                f"{src.name}: tensor {_q(t.name)} data [{t.offset}, {end}) lies past the end of the file "
+                f"({src.size} bytes): truncated download?"
+            )
         if prev is not None and prev.n_bytes is not None and t.offset < prev.offset + prev.n_bytes:
             raise GGUFError(f"{src.name}: tensors {_q(prev.name)} and {_q(t.name)} overlap")
         prev = t

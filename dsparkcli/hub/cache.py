@@ -53,7 +53,9 @@ def match_names(f: ModelFile, names: list[str]) -> list[str]:
         return [f.filename] if f.filename in names else []
     assert f.glob is not None
     # A glob without "/" matches file names at any depth, like `hf download --include`.
-    return sorted(n for n in names if fnmatch.fnmatchcase(n, f.glob) or fnmatch.fnmatchcase(n.rsplit("/", 1)[-1], f.glob))
+    return sorted(
+        n for n in names if fnmatch.fnmatchcase(n, f.glob) or fnmatch.fnmatchcase(n.rsplit("/", 1)[-1], f.glob)
+    )
 
 
 def repo_folder(repo: str) -> Path:

@@ -161,16 +161,16 @@ def hub_errors(repo: str, revision: str, what: str, pair_name: str | None = None
             "and set HF_TOKEN to a token of that account"
         ) from None
     except RepositoryNotFoundError:
-        raise HubError(
-            f"repository {repo} not found on {endpoint} (404); if it is private, set HF_TOKEN"
-        ) from None
+        raise HubError(f"repository {repo} not found on {endpoint} (404); if it is private, set HF_TOKEN") from None
     except RevisionNotFoundError:
         raise HubError(f"revision '{revision}' not found in {repo} (404)") from None
     except RemoteEntryNotFoundError:
         raise HubError(f"{what} not found in {repo}@{revision} (404)") from None
     except OfflineModeIsEnabled:
         fetch_cmd = f"`dspark fetch {pair_name}`" if pair_name else "`dspark fetch`"
-        raise HubError(f"offline (HF_HUB_OFFLINE) and {what} is not cached; run {fetch_cmd} with network access") from None
+        raise HubError(
+            f"offline (HF_HUB_OFFLINE) and {what} is not cached; run {fetch_cmd} with network access"
+        ) from None
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "?"
         raise HubError(f"the hub answered HTTP {status} for {what} in {repo}") from None

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli.errors import DsparkError, HubError, UsageError, VerificationError
+from dsparkcli.hub import parts, pypi
 from dsparkcli.hub.cache import (
     adopt_blob,
     blob_path,
@@ -42,7 +43,6 @@ from dsparkcli.hub.cache import (
 )
 from dsparkcli.hub.download import OnProgress, Progress, Unreachable, check_space, download, hash_file, hub_errors
 from dsparkcli.hub.hfref import parse_hf_uri
-from dsparkcli.hub import parts, pypi
 from dsparkcli.hub.registry import ROLES, ModelFile, ModelPair
 from dsparkcli.outputs import check_output_dir
 from dsparkcli.units import format_size
@@ -134,8 +134,9 @@ def fetch_ref(
     return fetch_planned(planned, spec, on_progress=on_progress, check=check)[0].path
 
 
-def confirm_large(planned: list[PlannedFile], what: str, *, yes: bool, confirm: Confirm | None,
-                  instead: str | None = None) -> None:
+def confirm_large(
+    planned: list[PlannedFile], what: str, *, yes: bool, confirm: Confirm | None, instead: str | None = None
+) -> None:
     """Ask before downloading more than CONFIRM_ABOVE_BYTES; without a way to ask, refuse in one line
     that says what to pass (``instead``: another choice, e.g. a small pair, for a download never asked for)."""
     total = sum(p.to_download for p in planned)
@@ -144,7 +145,9 @@ def confirm_large(planned: list[PlannedFile], what: str, *, yes: bool, confirm: 
     answer = confirm(planned) if confirm is not None else None
     if answer is None:
         why = "; pass --yes to go ahead" if confirm is None else " and stdin is not a terminal; pass --yes"
-        raise UsageError(f"{what} needs {format_size(total)} of downloads{why}" + (f", or {instead}" if instead else ""))
+        raise UsageError(
+            f"{what} needs {format_size(total)} of downloads{why}" + (f", or {instead}" if instead else "")
+        )
     if not answer:
         raise DsparkError(f"fetch of {what} cancelled; nothing was downloaded")
 
@@ -181,8 +184,9 @@ def fetch(
     return fetch_planned(planned, pair.name, on_progress=on_progress, check=check)
 
 
-def fetch_planned(planned: list[PlannedFile], pair_name: str, *, on_progress: OnProgress | None = None,
-                  check: Check | None = None) -> list[FetchedFile]:
+def fetch_planned(
+    planned: list[PlannedFile], pair_name: str, *, on_progress: OnProgress | None = None, check: Check | None = None
+) -> list[FetchedFile]:
     """Download what ``plan`` found missing and verify every file (present ones too, unless verified before).
     ``check`` sees each file from a non-hub source that is downloaded, its bytes verified and not yet in the
     cache (hub files: ``check_before_download`` saw their remote headers)."""
@@ -290,7 +294,9 @@ def _plan_online(f: ModelFile, commit: str, remote: dict[str, _Remote], local: P
     if not matches:
         if f.filename is not None:
             raise HubError(f"{f.filename} not found in {f.repo}@{f.revision} (404); check the registry entry")
-        raise HubError(f"no file in {f.repo}@{f.revision} matches '{f.glob}'; set an exact filename in your models.toml")
+        raise HubError(
+            f"no file in {f.repo}@{f.revision} matches '{f.glob}'; set an exact filename in your models.toml"
+        )
     if len(matches) > 1:
         raise HubError(
             f"'{f.glob}' matches {len(matches)} files in {f.repo}@{f.revision} ({', '.join(matches[:4])}); "
@@ -360,8 +366,11 @@ def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None, c
         return _fetched(p, p.sha256 or "", action, downloaded, t0, 0.0, from_disk)
     git_size = p.size if p.sha256 is None else None  # non-LFS: verify the git blob id
     expected = p.sha256 or p.git_oid
-    if not p.present and p.commit is not None and expected is not None and (
-        p.path.is_file() or adopt_blob(p.repo, p.commit, p.filename, expected, p.local_dir)
+    if (
+        not p.present
+        and p.commit is not None
+        and expected is not None
+        and (p.path.is_file() or adopt_blob(p.repo, p.commit, p.filename, expected, p.local_dir))
     ):  # fetched since planning, e.g. the same file serves two roles
         p = replace(p, present=True, partial_bytes=0)
     if p.present:
@@ -375,7 +384,9 @@ def _fetch_one(p: PlannedFile, pair_name: str, on_progress: OnProgress | None, c
             )
         total = p.path.stat().st_size
         emit(Progress("verify", p.role, p.filename, 0, total))
-        got = hash_file(p.path, git_size=git_size, on_block=lambda n: emit(Progress("verify", p.role, p.filename, n, total)))
+        got = hash_file(
+            p.path, git_size=git_size, on_block=lambda n: emit(Progress("verify", p.role, p.filename, n, total))
+        )
         if got != expected:
             remove_bad_local(p)
             raise VerificationError(

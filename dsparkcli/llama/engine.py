@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dsparkcli import config
+from dsparkcli.errors import EngineBuildError, EngineCapabilityError, EngineNotFoundError, UsageError
 from dsparkcli.llama import patches as patches_mod
 from dsparkcli.llama.building import build_lock, run_steps
-from dsparkcli.errors import EngineBuildError, EngineCapabilityError, EngineNotFoundError, UsageError
 
 SDIST_PACKAGE = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -165,9 +165,15 @@ def supports_rpc(engine: Engine) -> bool:
     if any(engine.bin_dir.glob("libggml-rpc.*")) or (engine.bin_dir / RPC_SERVER).is_file():
         return True
     try:
-        proc = subprocess.run([str(engine.server), "--rpc", "127.0.0.1:1", "--list-devices"], capture_output=True,
-                              text=True, timeout=30, stdin=subprocess.DEVNULL, errors="replace",
-                              env={**os.environ, "GGML_NO_BACKTRACE": "1"})
+        proc = subprocess.run(
+            [str(engine.server), "--rpc", "127.0.0.1:1", "--list-devices"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            errors="replace",
+            env={**os.environ, "GGML_NO_BACKTRACE": "1"},
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return "RPC not supported" not in proc.stdout + proc.stderr
@@ -176,8 +182,10 @@ def supports_rpc(engine: Engine) -> bool:
 def require_rpc(engine: Engine) -> None:
     """--rpc needs llama-server built with GGML_RPC=ON; say how to get one before anything starts."""
     if not supports_rpc(engine):
-        raise EngineCapabilityError(f"{engine.server} was built without the RPC backend (GGML_RPC=ON)",
-                                    hint="build one with: dspark engine build --rpc")
+        raise EngineCapabilityError(
+            f"{engine.server} was built without the RPC backend (GGML_RPC=ON)",
+            hint="build one with: dspark engine build --rpc",
+        )
 
 
 def list_devices(engine: Engine) -> list[str]:
@@ -197,7 +205,9 @@ def list_devices(engine: Engine) -> list[str]:
 def describe(engine: Engine) -> Engine:
     """The same engine with version, commit and backend filled in from the binary itself."""
     version, commit = parse_version(_run_probe(engine.server, "--version"))
-    return Engine(engine.server, engine.bin_dir, engine.source, version, commit, engine.backend or describe_backend(engine))
+    return Engine(
+        engine.server, engine.bin_dir, engine.source, version, commit, engine.backend or describe_backend(engine)
+    )
 
 
 def describe_backend(engine: Engine) -> str:
@@ -212,7 +222,11 @@ def describe_backend(engine: Engine) -> str:
 def _as_server(path_text: str, source: str) -> Engine:
     path = Path(path_text).expanduser()
     if path.is_dir():
-        for candidate in (path / "llama-server", path / "bin" / "llama-server", path / "build" / "bin" / "llama-server"):
+        for candidate in (
+            path / "llama-server",
+            path / "bin" / "llama-server",
+            path / "build" / "bin" / "llama-server",
+        ):
             if candidate.is_file():
                 path = candidate
                 break
@@ -236,16 +250,32 @@ CPU_ARCHES = ("x86-64-v3", "native")
 # native build is not portable to another machine sharing the cache. x86-64-v3 (AVX2, FMA, F16C, BMI2)
 # runs everywhere dspark is likely to, and the GPU does the heavy lifting in CUDA builds anyway.
 _CPU_ARCH_FLAGS = {
-    "x86-64-v3": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-                  "-DGGML_BMI2=ON"],
+    "x86-64-v3": [
+        "-DGGML_NATIVE=OFF",
+        "-DGGML_AVX=ON",
+        "-DGGML_AVX2=ON",
+        "-DGGML_FMA=ON",
+        "-DGGML_F16C=ON",
+        "-DGGML_BMI2=ON",
+    ],
     "native": ["-DGGML_NATIVE=ON"],
 }
 
 
-def build_key(commit: str, backend: str, cuda_arch: str = "", cpu_arch: str = "x86-64-v3", rpc: bool = False,
-              patch_hash: str = "") -> str:
-    return (f"{commit}-{backend}-{cpu_arch}" + (f"-sm{cuda_arch}" if backend == "cuda" and cuda_arch else "")
-            + ("-rpc" if rpc else "") + (f"-p{patch_hash}" if patch_hash else ""))
+def build_key(
+    commit: str,
+    backend: str,
+    cuda_arch: str = "",
+    cpu_arch: str = "x86-64-v3",
+    rpc: bool = False,
+    patch_hash: str = "",
+) -> str:
+    return (
+        f"{commit}-{backend}-{cpu_arch}"
+        + (f"-sm{cuda_arch}" if backend == "cuda" and cuda_arch else "")
+        + ("-rpc" if rpc else "")
+        + (f"-p{patch_hash}" if patch_hash else "")
+    )
 
 
 def cached_builds() -> list[tuple[Path, BuildRecord]]:
@@ -295,16 +325,26 @@ def _find_engine(llama_bin: str | None, *, backend: str | None, rpc: bool) -> En
     # a GPU build wins over a CPU one; then an RPC build (the same llama-server plus --rpc and the worker);
     # then the shipped patch series (stock unless asked for more), any other series, stock; newest first
     current = patches_mod.series_hash(patches_mod.shipped())
-    builds.sort(key=lambda b: (b[1].backend != "cuda", not b[1].rpc, b[1].patch_hash != current or not current,
-                               not b[1].patch_hash))
+    builds.sort(
+        key=lambda b: (
+            b[1].backend != "cuda",
+            not b[1].rpc,
+            b[1].patch_hash != current or not current,
+            not b[1].patch_hash,
+        )
+    )
     if builds:
         _, record = builds[0]
         server = Path(record.bin_dir) / "llama-server"
-        return Engine(server=server, bin_dir=server.parent, source="cache", commit=record.commit, backend=record.backend)
+        return Engine(
+            server=server, bin_dir=server.parent, source="cache", commit=record.commit, backend=record.backend
+        )
     on_path = shutil.which("llama-server")
     if on_path:
         return _as_server(on_path, "PATH")
-    raise EngineNotFoundError("no llama.cpp engine found (no --llama-bin, DSPARK_LLAMA_BIN, config, cache or PATH)", hint=BUILD_HINT)
+    raise EngineNotFoundError(
+        "no llama.cpp engine found (no --llama-bin, DSPARK_LLAMA_BIN, config, cache or PATH)", hint=BUILD_HINT
+    )
 
 
 # ------------------------------------------------------------------ building
@@ -332,14 +372,26 @@ def vendored_source(*, on_line: ProgressFn | None = None) -> Path:
     if archive is None:
         if on_line:
             on_line(0.0, f"downloading {SDIST_PACKAGE}=={SDIST_VERSION} sdist with pip")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", str(src_root)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"{SDIST_PACKAGE}=={SDIST_VERSION}",
+            "-d",
+            str(src_root),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         archive = next(src_root.glob(f"llama_cpp_python-{SDIST_VERSION}.tar.gz"), None)
         if proc.returncode != 0 or archive is None:
             last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise EngineBuildError(f"pip could not download {SDIST_PACKAGE}=={SDIST_VERSION}: {last[0]}",
-                                   hint="check network access to PyPI, or pass --source DIR")
+            raise EngineBuildError(
+                f"pip could not download {SDIST_PACKAGE}=={SDIST_VERSION}: {last[0]}",
+                hint="check network access to PyPI, or pass --source DIR",
+            )
     if on_line:
         on_line(0.0, f"extracting {archive.name}")
     staging = src_root / ".extract"
@@ -357,8 +409,12 @@ def source_commit(source: Path) -> str:
     try:
         # only a checkout whose top is this very tree: a source dir that merely sits inside some other
         # repository (a dotfiles home, a project folder) must not take that repository's commit
-        proc = subprocess.run(["git", "-C", str(source), "rev-parse", "--show-toplevel", "--short=7", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
+        proc = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--show-toplevel", "--short=7", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         lines = proc.stdout.split()
         if proc.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == source.resolve():
             return lines[1]
@@ -373,13 +429,30 @@ def build_targets(rpc: bool) -> tuple[str, ...]:
     return BUILD_TARGETS + ((RPC_SERVER,) if rpc else ())
 
 
-def cmake_configure_args(source: Path, build_dir: Path, backend: str, cuda_arch: str,
-                         cpu_arch: str = "x86-64-v3", rpc: bool = False, commit: str = "") -> list[str]:
+def cmake_configure_args(
+    source: Path,
+    build_dir: Path,
+    backend: str,
+    cuda_arch: str,
+    cpu_arch: str = "x86-64-v3",
+    rpc: bool = False,
+    commit: str = "",
+) -> list[str]:
     """``commit``: stamped into the binaries (``--version``) when the tree cannot tell it itself: a
     patched copy has no git metadata, and its binaries are still that commit's llama.cpp."""
-    args = ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-            "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-            "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"]
+    args = [
+        "cmake",
+        "-S",
+        str(source),
+        "-B",
+        str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_TOOLS=ON",
+        "-DLLAMA_BUILD_SERVER=ON",
+    ]
     if commit:
         args += [f"-DLLAMA_BUILD_COMMIT={commit}"]
     # a generator is fixed at the first configure; naming another one later fails, so only pick it then
@@ -399,7 +472,9 @@ def _reuse_pinned(backend: str, cuda_arch: str, cpu_arch: str, rpc: bool) -> tup
     patch_hash = patches_mod.series_hash(patches_mod.shipped())
     root = engine_root() / build_key(PINNED_COMMIT, backend, cuda_arch, cpu_arch, rpc, patch_hash)
     marker, bin_dir = root / "engine.json", root / "build" / "bin"
-    if not marker.is_file() or not all((bin_dir / t).is_file() for t in ("llama-server", *build_targets(rpc)[len(BUILD_TARGETS):])):
+    if not marker.is_file() or not all(
+        (bin_dir / t).is_file() for t in ("llama-server", *build_targets(rpc)[len(BUILD_TARGETS) :])
+    ):
         return None
     try:
         record = BuildRecord(**json.loads(marker.read_text()))
@@ -438,7 +513,9 @@ def build_engine(
     if cpu_arch not in CPU_ARCHES:
         raise UsageError(f"unknown CPU target {cpu_arch!r}; choose one of {', '.join(CPU_ARCHES)}")
     if shutil.which("cmake") is None:
-        raise EngineBuildError("cmake not found on PATH", hint="install cmake (apt-get install cmake or pip install cmake)")
+        raise EngineBuildError(
+            "cmake not found on PATH", hint="install cmake (apt-get install cmake or pip install cmake)"
+        )
     user_tree = source is not None
     if not user_tree and not force and patches is not False:
         # the pinned tree's build is found by its key alone: no sources needed to reuse it (a machine whose
@@ -463,7 +540,11 @@ def build_engine(
     bin_dir = root / "build" / "bin"
     targets = build_targets(rpc)
     with build_lock(root, on_progress):  # another build of this engine: wait for it, then reuse it
-        if marker.is_file() and not force and all((bin_dir / t).is_file() for t in ("llama-server", *targets[len(BUILD_TARGETS):])):
+        if (
+            marker.is_file()
+            and not force
+            and all((bin_dir / t).is_file() for t in ("llama-server", *targets[len(BUILD_TARGETS) :]))
+        ):
             record = BuildRecord(**json.loads(marker.read_text()))
             if record.source_dir == str(source) and record.patch_hash == patch_hash:
                 return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
@@ -474,15 +555,40 @@ def build_engine(
                 on_progress(-1.0, f"applying {len(series)} dspark patches to a copy of {source}")
             build_source = patches_mod.patched_copy(source, root / "src", series)
         started = time.monotonic()
-        run_steps([cmake_configure_args(build_source, root / "build", backend, cuda_arch, cpu_arch, rpc,
-                                        commit=commit if series else ""),
-                   ["cmake", "--build", str(root / "build"), "--config", "Release", "-j", str(jobs or os.cpu_count() or 2),
-                    "--target", *targets]], root / "build.log", on_progress)
-        record = BuildRecord(commit=commit, backend=backend, cuda_arch=cuda_arch if backend == "cuda" else "",
-                             source_dir=str(source), bin_dir=str(bin_dir), targets=list(targets),
-                             build_seconds=round(time.monotonic() - started, 1),
-                             built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu_arch=cpu_arch, rpc=rpc,
-                             patches=[p.name for p in series], patch_hash=patch_hash,
-                             build_source=str(build_source) if series else "")
+        run_steps(
+            [
+                cmake_configure_args(
+                    build_source, root / "build", backend, cuda_arch, cpu_arch, rpc, commit=commit if series else ""
+                ),
+                [
+                    "cmake",
+                    "--build",
+                    str(root / "build"),
+                    "--config",
+                    "Release",
+                    "-j",
+                    str(jobs or os.cpu_count() or 2),
+                    "--target",
+                    *targets,
+                ],
+            ],
+            root / "build.log",
+            on_progress,
+        )
+        record = BuildRecord(
+            commit=commit,
+            backend=backend,
+            cuda_arch=cuda_arch if backend == "cuda" else "",
+            source_dir=str(source),
+            bin_dir=str(bin_dir),
+            targets=list(targets),
+            build_seconds=round(time.monotonic() - started, 1),
+            built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            cpu_arch=cpu_arch,
+            rpc=rpc,
+            patches=[p.name for p in series],
+            patch_hash=patch_hash,
+            build_source=str(build_source) if series else "",
+        )
         marker.write_text(json.dumps(asdict(record), indent=2))
         return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False

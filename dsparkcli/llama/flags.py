@@ -13,10 +13,14 @@ from dsparkcli.llama.speculation import owned_flags as _spec_flags
 OWNED_FLAGS: dict[str, str] = {
     **dict.fromkeys(("--host",), "--host (dspark serve; run and bench bind 127.0.0.1)"),
     **dict.fromkeys(("--port",), "--port (dspark serve; run and bench take a free port)"),
-    **dict.fromkeys(("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
-                    "--target (a path or hf://owner/repo/file.gguf)"),
-    **dict.fromkeys(("-md", "--model-draft", "--spec-draft-model", "-hfd", "-hfrd", "--hf-repo-draft",
-                     "--spec-draft-hf"), "--draft"),
+    **dict.fromkeys(
+        ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
+        "--target (a path or hf://owner/repo/file.gguf)",
+    ),
+    **dict.fromkeys(
+        ("-md", "--model-draft", "--spec-draft-model", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"),
+        "--draft",
+    ),
     **dict.fromkeys(("-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--no-mmproj-auto"), "--mmproj"),
     **dict.fromkeys(("--api-key", "--api-key-file"), "--api-key-file or DSPARK_API_KEY"),
     **dict.fromkeys(("--spec-type",), "--spec (dspark, ngram-mod, ngram-simple, draft-simple) or --no-draft"),
@@ -34,7 +38,7 @@ def split_server_args(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" not in argv:
         return list(argv), []
     i = argv.index("--")
-    return argv[:i], argv[i + 1:]
+    return argv[:i], argv[i + 1 :]
 
 
 def check_extra_args(args: tuple[str, ...] | list[str]) -> None:
@@ -42,4 +46,6 @@ def check_extra_args(args: tuple[str, ...] | list[str]) -> None:
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag in OWNED_FLAGS:
-            raise UsageError(f"{flag} after `--` would override what dspark checked and reports: use {OWNED_FLAGS[flag]}")
+            raise UsageError(
+                f"{flag} after `--` would override what dspark checked and reports: use {OWNED_FLAGS[flag]}"
+            )

@@ -17,6 +17,8 @@ def slot_hazard(engine: Engine, *, drafting: bool, parallel: int) -> str | None:
     backend = engine.backend or describe_backend(engine)
     if not drafting or parallel <= DRAFT_SLOTS_MEASURED_CLEAN or backend != "cuda":
         return None
-    return (f"{parallel} slots with a DSpark draft on CUDA: llama.cpp 0c1e570 aborted at 16 slots on the H200 "
-            f"(common.cpp:2158 get_sub_batch: a token id outside the vocabulary; BENCHMARKS.md), "
-            f"{DRAFT_SLOTS_MEASURED_CLEAN} ran clean")
+    return (
+        f"{parallel} slots with a DSpark draft on CUDA: llama.cpp 0c1e570 aborted at 16 slots on the H200 "
+        f"(common.cpp:2158 get_sub_batch: a token id outside the vocabulary; BENCHMARKS.md), "
+        f"{DRAFT_SLOTS_MEASURED_CLEAN} ran clean"
+    )

@@ -46,8 +46,15 @@ def engine_tables(engine: Engine) -> EngineTables | None:
     if found:
         cache = found[0].parent / TABLES_FILE
         src = Path(record.compiled_source)  # type: ignore[union-attr]
-        inputs = [src / rel for rel in (tables_mod.ARCH_SOURCE, tables_mod.PROJECTOR_SOURCE,
-                                        tables_mod.TYPE_ENUM_SOURCE, tables_mod.TYPE_TRAITS_SOURCE)]
+        inputs = [
+            src / rel
+            for rel in (
+                tables_mod.ARCH_SOURCE,
+                tables_mod.PROJECTOR_SOURCE,
+                tables_mod.TYPE_ENUM_SOURCE,
+                tables_mod.TYPE_TRAITS_SOURCE,
+            )
+        ]
     else:
         key = hashlib.sha256(str(engine.bin_dir.resolve()).encode()).hexdigest()[:16]
         cache = engine_root() / "tables" / f"{key}.json"
@@ -68,7 +75,9 @@ def engine_tables(engine: Engine) -> EngineTables | None:
         if inputs[0] != engine.server:
             result = tables_mod.from_source(Path(record.compiled_source))  # type: ignore[union-attr]
         else:
-            result = tables_mod.from_libraries(engine.bin_dir, engine.server, {v[0]: k for k, v in ggml_types().items()})
+            result = tables_mod.from_libraries(
+                engine.bin_dir, engine.server, {v[0]: k for k, v in ggml_types().items()}
+            )
     except (TablesNotFound, OSError):
         return None
     backend = (record.backend if record else "") or engine.backend or describe_backend(engine)

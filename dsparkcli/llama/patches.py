@@ -91,8 +91,11 @@ def switches_off(patch_names: tuple[str, ...] | list[str], environ: dict[str, st
     engine tests only that the variable exists (``getenv(...) != nullptr``), so "0" or "" turn it off too."""
     environ = os.environ if environ is None else environ
     by_name = {p.name: p for p in shipped()}
-    return [f"{p.number} ({p.off_switch}={environ[p.off_switch]})" for n in patch_names
-            if (p := by_name.get(n)) is not None and p.off_switch and p.off_switch in environ]
+    return [
+        f"{p.number} ({p.off_switch}={environ[p.off_switch]})"
+        for n in patch_names
+        if (p := by_name.get(n)) is not None and p.off_switch and p.off_switch in environ
+    ]
 
 
 def off_switch(number: str) -> str:
@@ -184,9 +187,9 @@ def parse(patch: Patch) -> tuple[FileDiff, ...]:
 def _find(lines: list[str], block: tuple[str, ...], expected: int) -> int:
     """Where ``block`` starts in ``lines``: at ``expected`` if it matches there, else its one other place."""
     n = len(block)
-    if lines[expected:expected + n] == list(block):
+    if lines[expected : expected + n] == list(block):
         return expected
-    hits = [j for j in range(len(lines) - n + 1) if lines[j:j + n] == list(block)]
+    hits = [j for j in range(len(lines) - n + 1) if lines[j : j + n] == list(block)]
     return hits[0] if len(hits) == 1 else -1
 
 
@@ -213,9 +216,11 @@ def apply(tree: Path, patch: Patch) -> list[str]:
             expected = h.old_start + shift if not h.old else h.old_start - 1 + shift
             at = _find(lines, h.old, max(0, expected)) if h.old else min(max(0, expected), len(lines))
             if at < 0:
-                raise EngineBuildError(f"patch {patch.name} does not apply to {fd.path} (hunk {n} at line {h.old_start})",
-                                       hint="the tree is not the one the series was made for (try --no-patches)")
-            lines[at:at + len(h.old)] = list(h.new)
+                raise EngineBuildError(
+                    f"patch {patch.name} does not apply to {fd.path} (hunk {n} at line {h.old_start})",
+                    hint="the tree is not the one the series was made for (try --no-patches)",
+                )
+            lines[at : at + len(h.old)] = list(h.new)
             # later hunks' lines moved by this hunk's growth and by where it was found
             shift = at + len(h.new) - (h.old_start - 1 + len(h.old)) if h.old else at + len(h.new) - h.old_start
         text = "\n".join(lines)

@@ -94,8 +94,10 @@ class Placement:
             raise UsageError(f"--split-mode must be one of {', '.join(SPLIT_MODES)} (got {self.split_mode})")
         if self.split_mode == "row" and self.rpc:
             # ggml-rpc has no split buffer type: llama.cpp would silently fall back to whole layers per worker
-            raise UsageError("--split-mode row splits weight rows across one backend's GPUs (CUDA); "
-                             "RPC workers take whole layers: use --split-mode layer with --rpc")
+            raise UsageError(
+                "--split-mode row splits weight rows across one backend's GPUs (CUDA); "
+                "RPC workers take whole layers: use --split-mode layer with --rpc"
+            )
         if self.main_gpu is not None and self.main_gpu < 0:
             raise UsageError(f"--main-gpu must be >= 0 (got {self.main_gpu})")
         if self.tensor_split and (any(p < 0 for p in self.tensor_split) or sum(self.tensor_split) <= 0):
@@ -170,9 +172,16 @@ class DeviceShare:
         return self.weights_bytes + self.kv_bytes
 
 
-def device_bytes(layer_weights: Sequence[int], input_bytes: int, output_bytes: int, kv_per_layer: Sequence[int],
-                 fractions: Sequence[float], *, names: Sequence[str] | None = None,
-                 n_gpu_layers: int | None = None) -> tuple[DeviceShare, ...]:
+def device_bytes(
+    layer_weights: Sequence[int],
+    input_bytes: int,
+    output_bytes: int,
+    kv_per_layer: Sequence[int],
+    fractions: Sequence[float],
+    *,
+    names: Sequence[str] | None = None,
+    n_gpu_layers: int | None = None,
+) -> tuple[DeviceShare, ...]:
     """Bytes of weights and KV cache on each device for a layer split (``kv_per_layer`` already times ctx).
 
     The host row holds the input embedding and any layer not offloaded (``n_gpu_layers``); a layer's KV
@@ -209,8 +218,10 @@ def device_bytes(layer_weights: Sequence[int], input_bytes: int, output_bytes: i
 # (output.weight) in a buffer (RPC1[...]) that cannot run the operation" (ggml-backend.cpp:941). Seen
 # here with -devd none (draft in the llama-server process, target's output layer on a worker) and with
 # -devd on the other worker. The draft works on the device that holds the target's output layer.
-DRAFT_DEVICE_WHY = ("the DSpark draft borrows the target's output layer (lm_head), and llama.cpp 0c1e570 aborts "
-                    "when the draft runs on a device other than the one holding it")
+DRAFT_DEVICE_WHY = (
+    "the DSpark draft borrows the target's output layer (lm_head), and llama.cpp 0c1e570 aborts "
+    "when the draft runs on a device other than the one holding it"
+)
 
 
 def model_devices(placement: Placement, local_devices: Sequence[str]) -> list[str]:
@@ -246,8 +257,10 @@ def place_draft(placement: Placement, local_devices: Sequence[str], *, draft_has
     if placement.draft_device is None:
         return replace(placement, draft_device=holder)
     if placement.draft_device != holder:
-        raise UsageError(f"--draft-device {placement.draft_device}: {DRAFT_DEVICE_WHY}, {holder} here "
-                         f"(the last device of the split); leave --draft-device out or give {holder}")
+        raise UsageError(
+            f"--draft-device {placement.draft_device}: {DRAFT_DEVICE_WHY}, {holder} here "
+            f"(the last device of the split); leave --draft-device out or give {holder}"
+        )
     return placement
 
 

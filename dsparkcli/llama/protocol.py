@@ -83,25 +83,36 @@ class SpecCounters:
         per_pos: dict[int, int] = {}
         for key, value in values.items():
             if key.startswith(M_PER_POS):
-                per_pos[int(key[len(M_PER_POS):].split('"', 1)[0])] = int(value)
+                per_pos[int(key[len(M_PER_POS) :].split('"', 1)[0])] = int(value)
         width = max(per_pos) + 1 if per_pos else 0
-        return cls(drafted=int(values.get(M_DRAFTED, 0)), accepted=int(values.get(M_ACCEPTED, 0)),
-                   steps=int(values.get(M_STEPS, 0)), accepted_per_pos=tuple(per_pos.get(i, 0) for i in range(width)))
+        return cls(
+            drafted=int(values.get(M_DRAFTED, 0)),
+            accepted=int(values.get(M_ACCEPTED, 0)),
+            steps=int(values.get(M_STEPS, 0)),
+            accepted_per_pos=tuple(per_pos.get(i, 0) for i in range(width)),
+        )
 
     def minus(self, before: SpecCounters) -> SpecCounters:
         """What moved between ``before`` and this scrape (the per-position list grows when first used)."""
         width = max(len(before.accepted_per_pos), len(self.accepted_per_pos))
         after_pp, before_pp = _pad(self.accepted_per_pos, width), _pad(before.accepted_per_pos, width)
-        return SpecCounters(drafted=self.drafted - before.drafted, accepted=self.accepted - before.accepted,
-                            steps=self.steps - before.steps,
-                            accepted_per_pos=tuple(a - b for a, b in zip(after_pp, before_pp)))
+        return SpecCounters(
+            drafted=self.drafted - before.drafted,
+            accepted=self.accepted - before.accepted,
+            steps=self.steps - before.steps,
+            accepted_per_pos=tuple(a - b for a, b in zip(after_pp, before_pp)),
+        )
 
     def plus(self, other: SpecCounters) -> SpecCounters:
         width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
-        return SpecCounters(drafted=self.drafted + other.drafted, accepted=self.accepted + other.accepted,
-                            steps=self.steps + other.steps,
-                            accepted_per_pos=tuple(a + b for a, b in zip(_pad(self.accepted_per_pos, width),
-                                                                         _pad(other.accepted_per_pos, width))))
+        return SpecCounters(
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+            steps=self.steps + other.steps,
+            accepted_per_pos=tuple(
+                a + b for a, b in zip(_pad(self.accepted_per_pos, width), _pad(other.accepted_per_pos, width))
+            ),
+        )
 
     @staticmethod
     def total(items: Iterable[SpecCounters]) -> SpecCounters:
@@ -120,13 +131,21 @@ class SpecCounters:
 
     def to_record(self) -> dict[str, Any]:
         """The JSONL/--json form: plain ints and a list."""
-        return {"drafted": self.drafted, "accepted": self.accepted, "steps": self.steps,
-                "accepted_per_pos": list(self.accepted_per_pos)}
+        return {
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "steps": self.steps,
+            "accepted_per_pos": list(self.accepted_per_pos),
+        }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> SpecCounters:
-        return cls(drafted=int(rec["drafted"]), accepted=int(rec["accepted"]), steps=int(rec["steps"]),
-                   accepted_per_pos=tuple(int(x) for x in rec.get("accepted_per_pos") or ()))
+        return cls(
+            drafted=int(rec["drafted"]),
+            accepted=int(rec["accepted"]),
+            steps=int(rec["steps"]),
+            accepted_per_pos=tuple(int(x) for x in rec.get("accepted_per_pos") or ()),
+        )
 
 
 def _pad(xs: Sequence[int], width: int) -> tuple[int, ...]:
@@ -152,15 +171,21 @@ class BudgetTimings:
 
     @classmethod
     def from_timings(cls, timings: Mapping[str, Any]) -> BudgetTimings:
-        return cls(int(timings.get("draft_budget_steps", 0)), int(timings.get("draft_budget_sum", 0)),
-                   int(timings.get("draft_budget_zero", 0)))
+        return cls(
+            int(timings.get("draft_budget_steps", 0)),
+            int(timings.get("draft_budget_sum", 0)),
+            int(timings.get("draft_budget_zero", 0)),
+        )
 
 
 def budget_chosen(metrics: Mapping[str, float] | str) -> dict[int, int]:
     """/metrics' steps per chosen draft length {k: steps} (empty: no adaptive step yet, or stock)."""
     values = parse_metrics(metrics) if isinstance(metrics, str) else metrics
-    return {int(key[len(M_BUDGET_CHOSEN):].split('"', 1)[0]): int(v)
-            for key, v in values.items() if key.startswith(M_BUDGET_CHOSEN)}
+    return {
+        int(key[len(M_BUDGET_CHOSEN) :].split('"', 1)[0]): int(v)
+        for key, v in values.items()
+        if key.startswith(M_BUDGET_CHOSEN)
+    }
 
 
 @dataclass(frozen=True)
@@ -179,8 +204,9 @@ class ServedBudget:
         return cls(int(settings[SPEC_N_MAX]), bool(settings.get(SPEC_N_MAX_AUTO)))
 
 
-def draft_settings(n_max: int | str | None = None, n_min: int | None = None,
-                   p_min: float | None = None) -> dict[str, Any]:
+def draft_settings(
+    n_max: int | str | None = None, n_min: int | None = None, p_min: float | None = None
+) -> dict[str, Any]:
     """A request's own draft fields (None leaves one at the server's value); ``n_max`` an int >= 0 or AUTO."""
     out: dict[str, Any] = {}
     if n_max is not None:
@@ -227,8 +253,16 @@ def build_messages(prompt: str, image_urls: Sequence[str] = (), system: str | No
     return messages
 
 
-def chat_payload(messages: list[dict[str, Any]], *, max_tokens: int, temp: float, seed: int | None,
-                 ignore_eos: bool = False, stream: bool = True, draft: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def chat_payload(
+    messages: list[dict[str, Any]],
+    *,
+    max_tokens: int,
+    temp: float,
+    seed: int | None,
+    ignore_eos: bool = False,
+    stream: bool = True,
+    draft: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """A /v1/chat/completions body. ``draft``: the request's own draft settings (``draft_settings``)."""
     payload: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temp, "stream": stream}
     payload.update(draft or {})
@@ -239,10 +273,17 @@ def chat_payload(messages: list[dict[str, Any]], *, max_tokens: int, temp: float
     return payload
 
 
-def completion_payload(prompt: Any, *, n_predict: int, seed: int | None = None, ignore_eos: bool | None = None,
-                       return_tokens: bool | None = True, cache_prompt: bool = False,
-                       response_fields: Sequence[str] | None = None,
-                       draft: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def completion_payload(
+    prompt: Any,
+    *,
+    n_predict: int,
+    seed: int | None = None,
+    ignore_eos: bool | None = None,
+    return_tokens: bool | None = True,
+    cache_prompt: bool = False,
+    response_fields: Sequence[str] | None = None,
+    draft: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """A greedy /completion body. ``prompt``: token ids, a string, or {prompt_string, multimodal_data}.
     ``None`` leaves a field out (llama-server's default). ``draft``: the request's own draft settings."""
     payload: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, **(draft or {})}

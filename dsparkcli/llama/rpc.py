@@ -21,8 +21,8 @@ from pathlib import Path
 from dsparkcli import config
 from dsparkcli.errors import EngineCapabilityError, ServerError, UsageError
 from dsparkcli.llama.engine import RPC_SERVER, Engine
-from dsparkcli.llama.placement import Endpoint, is_loopback
 from dsparkcli.llama.logs import classify_worker_log, log_tail
+from dsparkcli.llama.placement import Endpoint, is_loopback
 from dsparkcli.llama.server import DEFAULT_HOST, die_with_parent, free_port, launch_stamp, prune_logs, stop_process
 
 RPC_HINT = "build one with: dspark engine build --rpc (add --backend cuda on a GPU machine)"
@@ -32,8 +32,9 @@ def worker_binary(engine: Engine) -> Path:
     """The engine's ggml-rpc-server; a one-line error naming the build that has it when missing."""
     path = engine.bin_dir / RPC_SERVER
     if not path.is_file():
-        raise EngineCapabilityError(f"{RPC_SERVER} not found next to {engine.server}: this build has no RPC backend",
-                                    hint=RPC_HINT)
+        raise EngineCapabilityError(
+            f"{RPC_SERVER} not found next to {engine.server}: this build has no RPC backend", hint=RPC_HINT
+        )
     return path
 
 
@@ -48,8 +49,10 @@ class WorkerConfig:
 
     def validate(self) -> None:
         if not is_loopback(self.host) and not self.allow_remote:
-            raise UsageError(f"--host {self.host} exposes the RPC worker beyond this machine and RPC has no "
-                             "authentication: add --allow-remote if this network is trusted")
+            raise UsageError(
+                f"--host {self.host} exposes the RPC worker beyond this machine and RPC has no "
+                "authentication: add --allow-remote if this network is trusted"
+            )
         if not 0 <= self.port <= 65535:
             raise UsageError(f"--port must be within 0..65535 (got {self.port})")
         if self.threads is not None and self.threads < 1:
@@ -82,8 +85,12 @@ def _listens(pid: int, port: int) -> bool:
         for line in lines:
             fields = line.split()
             # local address "HEX_IP:HEX_PORT", state 0A = LISTEN, inode in column 10
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port \
-                    and f"socket:[{fields[9]}]" in owned:
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+                and f"socket:[{fields[9]}]" in owned
+            ):
                 return True
     return False
 
@@ -136,9 +143,13 @@ class RpcWorker:
             # log (whose death would then be blamed on "address already in use")
             self.log_path = self.log_dir / f"rpc-worker-{self.port}-{launch_stamp()}.log"
             with open(self.log_path, "xb") as log:  # never an existing file
-                self.process = subprocess.Popen(self.config.argv(binary, self.port), stdout=log,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                preexec_fn=die_with_parent)
+                self.process = subprocess.Popen(
+                    self.config.argv(binary, self.port),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=die_with_parent,
+                )
             try:
                 self._wait_listening()
                 return self
@@ -162,16 +173,24 @@ class RpcWorker:
             if _listens(self.process.pid, self.port):
                 return
             if time.monotonic() > deadline:
-                raise ServerError(f"rpc worker not listening on {self.endpoint} after {self.startup_timeout:.0f} s",
-                                  kind="timeout", log_tail=self.log_tail(), hint=f"log: {self.log_path}")
+                raise ServerError(
+                    f"rpc worker not listening on {self.endpoint} after {self.startup_timeout:.0f} s",
+                    kind="timeout",
+                    log_tail=self.log_tail(),
+                    hint=f"log: {self.log_path}",
+                )
             time.sleep(0.05)
 
     def _died(self, rc: int, *, during: str) -> ServerError:
         tail = self.log_tail(60)
         kind, summary, line = classify_worker_log(tail)
         how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-        return ServerError(f"rpc worker {self.endpoint} failed during {during} ({how}): {summary}: {line}",
-                           kind=kind, log_tail=tail, hint=f"log: {self.log_path}")
+        return ServerError(
+            f"rpc worker {self.endpoint} failed during {during} ({how}): {summary}: {line}",
+            kind=kind,
+            log_tail=tail,
+            hint=f"log: {self.log_path}",
+        )
 
     def check_alive(self) -> None:
         if self.process is not None:
@@ -188,4 +207,3 @@ class RpcWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-

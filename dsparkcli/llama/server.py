@@ -79,8 +79,19 @@ class ServerConfig:
 
     def without_draft(self) -> ServerConfig:
         """The same server with no draft and none of the draft's settings: plain decoding."""
-        return replace(self, draft=None, spec_type=None, spec_flags=(), n_max=None, n_min=None, p_min=None,
-                       synth_len=None, synth_rates=None, cost_table=None, ngld=None)
+        return replace(
+            self,
+            draft=None,
+            spec_type=None,
+            spec_flags=(),
+            n_max=None,
+            n_min=None,
+            p_min=None,
+            synth_len=None,
+            synth_rates=None,
+            cost_table=None,
+            ngld=None,
+        )
 
     @property
     def speculates(self) -> bool:
@@ -99,13 +110,25 @@ class ServerConfig:
         if not self.api_key:
             return line
         if api_key_value(self.api_key) != self.api_key:
-            raise UsageError(f"the API key holds a comma or a double quote, which llama-server's {API_KEY_ENV} "
-                             "reads as a list of keys: a printed command line cannot pass it unchanged (dspark "
-                             "serve itself can); use a key without them")
+            raise UsageError(
+                f"the API key holds a comma or a double quote, which llama-server's {API_KEY_ENV} "
+                "reads as a list of keys: a printed command line cannot pass it unchanged (dspark "
+                "serve itself can); use a key without them"
+            )
         return f"{API_KEY_ENV}={key_from} {line}"
 
     def argv(self, server: Path, port: int) -> list[str]:
-        args = [str(server), "--host", self.host, "--port", str(port), "-m", str(self.model), "-np", str(self.n_parallel)]
+        args = [
+            str(server),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "-m",
+            str(self.model),
+            "-np",
+            str(self.n_parallel),
+        ]
         if self.mmproj is not None:
             args += ["--mmproj", str(self.mmproj)]
         if self.draft is not None:
@@ -121,9 +144,11 @@ class ServerConfig:
             ("--spec-synth-len", self.synth_len),
             ("--spec-synth-rates", ",".join(f"{r:.9g}" for r in self.synth_rates) if self.synth_rates else None),
             ("--spec-cost-table", self.cost_table),
-            ("-ngl", self.ngl), ("-ngld", self.ngld),
+            ("-ngl", self.ngl),
+            ("-ngld", self.ngld),
             ("-fa", self.flash_attn),
-            ("-c", self.ctx), ("-t", self.threads),
+            ("-c", self.ctx),
+            ("-t", self.threads),
         ):
             if value is not None:
                 args += [flag, str(value)]
@@ -160,8 +185,11 @@ class ServerClient:
             except ValueError:
                 detail = resp.text
             hint = "check --api-key" if resp.status_code == 401 else None
-            raise ServerError(f"{what} failed with HTTP {resp.status_code}: {' '.join(str(detail).split())[:300]}",
-                              kind="http", hint=hint)
+            raise ServerError(
+                f"{what} failed with HTTP {resp.status_code}: {' '.join(str(detail).split())[:300]}",
+                kind="http",
+                hint=hint,
+            )
 
     def _request(self, method: str, path: str, **kw: Any) -> Any:
         try:
@@ -169,13 +197,17 @@ class ServerClient:
         except (self._httpx.ConnectError, self._httpx.ConnectTimeout) as e:
             raise self._no_connection(e) from e
         except self._httpx.TransportError as e:
-            raise ServerError(f"cannot reach llama-server at {self.base_url}{path}: {e.__class__.__name__}: {e}",
-                              kind="crash") from e
+            raise ServerError(
+                f"cannot reach llama-server at {self.base_url}{path}: {e.__class__.__name__}: {e}", kind="crash"
+            ) from e
 
     def _no_connection(self, e: Exception) -> ServerError:
         """Nothing accepted the connection: no request was sent, so nothing was "lost during generation"."""
-        return ServerError(f"could not connect to {self.base_url}: {e.__class__.__name__}: {e}", kind="crash",
-                           hint="is a llama-server running there? `dspark serve` starts one")
+        return ServerError(
+            f"could not connect to {self.base_url}: {e.__class__.__name__}: {e}",
+            kind="crash",
+            hint="is a llama-server running there? `dspark serve` starts one",
+        )
 
     def health(self) -> int:
         return self._request("GET", "/health").status_code
@@ -225,11 +257,13 @@ class ServerClient:
         except (self._httpx.ConnectError, self._httpx.ConnectTimeout) as e:
             raise self._no_connection(e) from e
         except self._httpx.TransportError as e:
-            raise ServerError(f"connection to llama-server lost during generation: {e.__class__.__name__}",
-                              kind="crash") from e
+            raise ServerError(
+                f"connection to llama-server lost during generation: {e.__class__.__name__}", kind="crash"
+            ) from e
 
-    def apply_template(self, messages: list[dict[str, Any]],
-                       chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    def apply_template(
+        self, messages: list[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None = None
+    ) -> str:
         """The prompt text the server's chat template makes of these messages."""
         body: dict[str, Any] = {"messages": messages}
         if chat_template_kwargs:  # e.g. {"enable_thinking": False}
@@ -376,7 +410,11 @@ class LlamaServer:
         return self.config.argv(self.engine.server, self.port)
 
     def _check_files(self) -> None:
-        for label, path in (("target", self.config.model), ("draft", self.config.draft), ("mmproj", self.config.mmproj)):
+        for label, path in (
+            ("target", self.config.model),
+            ("draft", self.config.draft),
+            ("mmproj", self.config.mmproj),
+        ):
             if path is not None and not Path(path).is_file():
                 raise UsageError(f"{label} model not found: {path}")
 
@@ -405,8 +443,12 @@ class LlamaServer:
             env = {**os.environ, **self.env, **self.config.env()}
             with open(self.log_path, "xb") as log:  # never an existing file
                 self.process = subprocess.Popen(
-                    self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, preexec_fn=die_with_parent,
+                    self.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    preexec_fn=die_with_parent,
                 )
             self.client = ServerClient(self.url, api_key=self.config.api_key)
             try:
@@ -433,8 +475,12 @@ class LlamaServer:
                 if self.client.health() == 200:
                     return
             if time.monotonic() > deadline:
-                raise ServerError(f"llama-server not healthy after {self.startup_timeout:.0f} s",
-                                  kind="timeout", log_tail=self.log_tail(), hint=f"log: {self.log_path}")
+                raise ServerError(
+                    f"llama-server not healthy after {self.startup_timeout:.0f} s",
+                    kind="timeout",
+                    log_tail=self.log_tail(),
+                    hint=f"log: {self.log_path}",
+                )
             time.sleep(0.05)
 
     def _died(self, rc: int, *, during: str) -> ServerError:
@@ -447,13 +493,25 @@ class LlamaServer:
             if kind == "error":
                 abort = abort_line(tail)
                 if abort is None:  # killed from outside (OOM killer, kill): its last line says nothing about why
-                    return ServerError(f"llama-server failed during {during} ({how}): killed by a signal",
-                                       kind="crash", log_tail=tail, hint=f"log: {self.log_path}")
+                    return ServerError(
+                        f"llama-server failed during {during} ({how}): killed by a signal",
+                        kind="crash",
+                        log_tail=tail,
+                        hint=f"log: {self.log_path}",
+                    )
                 # it aborted itself (GGML_ABORT / GGML_ASSERT -> SIGABRT): the abort's own line is the cause
-                return ServerError(f"llama-server failed during {during} ({how}): {abort}",
-                                   kind="crash", log_tail=tail, hint=f"log: {self.log_path}")
-        return ServerError(f"llama-server failed during {during} ({how}): {summary}: {key_line(tail)}",
-                           kind=kind, log_tail=tail, hint=f"log: {self.log_path}")
+                return ServerError(
+                    f"llama-server failed during {during} ({how}): {abort}",
+                    kind="crash",
+                    log_tail=tail,
+                    hint=f"log: {self.log_path}",
+                )
+        return ServerError(
+            f"llama-server failed during {during} ({how}): {summary}: {key_line(tail)}",
+            kind=kind,
+            log_tail=tail,
+            hint=f"log: {self.log_path}",
+        )
 
     def check_alive(self, during: str = "generation", wait: float = 0.0) -> None:
         """Raise a typed ServerError if the process has died (e.g. after a failed request). ``wait``: give

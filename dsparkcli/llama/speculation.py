@@ -37,9 +37,11 @@ NGRAM_OPTIONS: dict[str, dict[str, tuple[str, int, int]]] = {
 NGRAM_DEFAULTS = {NGRAM_MOD: "n_max=64, n_min=48, n_match=24", NGRAM_SIMPLE: "n_max=48, size_n=12, min_hits=1"}
 
 KINDS = (DSPARK, NGRAM_MOD, NGRAM_SIMPLE, DRAFT_SIMPLE)
-SPEC_HELP = ("Speculation: dspark (the DSpark draft, default), ngram-mod or ngram-simple (llama.cpp's n-gram "
-             "drafting, no draft model; options after a colon: ngram-mod:n_max=8,n_min=4), draft-simple[:MODEL] "
-             "(a classic draft model by registry name or path; default: the pair's classic draft).")
+SPEC_HELP = (
+    "Speculation: dspark (the DSpark draft, default), ngram-mod or ngram-simple (llama.cpp's n-gram "
+    "drafting, no draft model; options after a colon: ngram-mod:n_max=8,n_min=4), draft-simple[:MODEL] "
+    "(a classic draft model by registry name or path; default: the pair's classic draft)."
+)
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,10 @@ def parse(text: str) -> Speculation | None:
     given = dict(options)
     if kind == NGRAM_SIMPLE and given.get("n_max", 48) < given.get("size_n", 12):
         # common/ngram-map.cpp: a draft shorter than the looked-up n-gram is dropped, so it would never draft
-        raise UsageError(f"--spec {text!r}: ngram-simple drafts only when n_max >= size_n "
-                         f"(n_max {given.get('n_max', 48)}, size_n {given.get('size_n', 12)})")
+        raise UsageError(
+            f"--spec {text!r}: ngram-simple drafts only when n_max >= size_n "
+            f"(n_max {given.get('n_max', 48)}, size_n {given.get('size_n', 12)})"
+        )
     # ngram-mod's n_min above its n_max is llama.cpp's own rule: a lookup that stops before n_min tokens
     # drafts nothing, one that reaches n_max drafts n_max (n_max=8 with the default n_min 48: 8 or none)
     return Speculation(kind, tuple(options))
@@ -119,5 +123,6 @@ def parse(text: str) -> Speculation | None:
 def owned_flags() -> dict[str, str]:
     """The n-gram flags ``--spec`` sets, for OWNED_FLAGS: given after ``--`` they would change a run dspark
     labels with other settings."""
-    return {flag: f"--spec {kind}:{key}=N" for kind, table in NGRAM_OPTIONS.items()
-            for key, (flag, _, _) in table.items()}
+    return {
+        flag: f"--spec {kind}:{key}=N" for kind, table in NGRAM_OPTIONS.items() for key, (flag, _, _) in table.items()
+    }

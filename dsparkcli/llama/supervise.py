@@ -109,10 +109,13 @@ class Supervisor:
             self._deaths = 0  # it served a good while: this is a new failure, not the same one again
         kept = self._keep_log(srv)
         if kept is not None and kept != srv.log_path:  # the cause names the log where it is now, also when
-            cause = ServerError(cause.message, hint=f"log: {kept}",  # serve gives up on it
-                                log_tail=cause.log_tail, kind=cause.kind)
-        self.on_event(Event("died", cause.message, pid=srv.pid, log_lines=_last_lines(cause.log_tail),
-                            log_path=kept))
+            cause = ServerError(
+                cause.message,
+                hint=f"log: {kept}",  # serve gives up on it
+                log_tail=cause.log_tail,
+                kind=cause.kind,
+            )
+        self.on_event(Event("died", cause.message, pid=srv.pid, log_lines=_last_lines(cause.log_tail), log_path=kept))
         self._restart(cause)
 
     def _keep_log(self, srv: LlamaServer) -> Path | None:
@@ -133,26 +136,49 @@ class Supervisor:
         while True:
             self._deaths += 1
             if self._deaths > self.max_restarts:
-                message = (f"llama-server failed {self._deaths} times in a row; gave up after "
-                           f"{self.max_restarts} restarts: {cause.message}")
-                raise ServerError(message, kind=getattr(cause, "kind", "error"), log_tail=getattr(cause, "log_tail", ""),
-                                  hint=cause.hint)
+                message = (
+                    f"llama-server failed {self._deaths} times in a row; gave up after "
+                    f"{self.max_restarts} restarts: {cause.message}"
+                )
+                raise ServerError(
+                    message,
+                    kind=getattr(cause, "kind", "error"),
+                    log_tail=getattr(cause, "log_tail", ""),
+                    hint=cause.hint,
+                )
             delay = backoff_delay(self._deaths, self.backoff_base, self.backoff_cap)
-            self.on_event(Event("restarting", f"restarting llama-server in {delay:g} s "
-                                              f"(attempt {self._deaths} of {self.max_restarts})",
-                                attempt=self._deaths, delay_s=delay))
+            self.on_event(
+                Event(
+                    "restarting",
+                    f"restarting llama-server in {delay:g} s (attempt {self._deaths} of {self.max_restarts})",
+                    attempt=self._deaths,
+                    delay_s=delay,
+                )
+            )
             time.sleep(delay)
             try:
                 self.start()
             except DsparkError as e:  # the port taken meanwhile, a file gone, out of memory ...
                 cause = e
-                self.on_event(Event("restart-failed", f"restart {self._deaths} failed: {e.message}", attempt=self._deaths,
-                                    log_lines=_last_lines(getattr(e, "log_tail", ""))))
+                self.on_event(
+                    Event(
+                        "restart-failed",
+                        f"restart {self._deaths} failed: {e.message}",
+                        attempt=self._deaths,
+                        log_lines=_last_lines(getattr(e, "log_tail", "")),
+                    )
+                )
                 continue
             self.restarts += 1
             assert self.server is not None
-            self.on_event(Event("ready", f"llama-server restarted (pid {self.server.pid}) and healthy on "
-                                         f"{self.server.url}", pid=self.server.pid, attempt=self._deaths))
+            self.on_event(
+                Event(
+                    "ready",
+                    f"llama-server restarted (pid {self.server.pid}) and healthy on {self.server.url}",
+                    pid=self.server.pid,
+                    attempt=self._deaths,
+                )
+            )
             return
 
 

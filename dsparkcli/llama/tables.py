@@ -38,10 +38,42 @@ LIBRARIES = {"archs": "libllama", "projectors": "libmtmd", "tensor_types": "libg
 # Names in every llama.cpp of the last years (0c1e570's tables hold them all): in a binary they find the
 # run of the table's strings; any other name is looked up by itself.
 ANCHORS = {
-    "archs": frozenset({"llama", "llama4", "falcon", "gpt2", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma", "gemma2",
-                        "gemma3", "mamba", "deepseek2", "olmo", "t5"}),
-    "projectors": frozenset({"mlp", "ldp", "ldpv2", "resampler", "adapter", "qwen2vl_merger", "qwen2.5vl_merger",
-                             "gemma3", "idefics3", "pixtral", "ultravox", "internvl", "llama4"}),
+    "archs": frozenset(
+        {
+            "llama",
+            "llama4",
+            "falcon",
+            "gpt2",
+            "qwen2",
+            "qwen3",
+            "qwen3moe",
+            "phi3",
+            "gemma",
+            "gemma2",
+            "gemma3",
+            "mamba",
+            "deepseek2",
+            "olmo",
+            "t5",
+        }
+    ),
+    "projectors": frozenset(
+        {
+            "mlp",
+            "ldp",
+            "ldpv2",
+            "resampler",
+            "adapter",
+            "qwen2vl_merger",
+            "qwen2.5vl_merger",
+            "gemma3",
+            "idefics3",
+            "pixtral",
+            "ultravox",
+            "internvl",
+            "llama4",
+        }
+    ),
 }
 
 
@@ -118,7 +150,7 @@ def _block(text: str, opener: str, where: str) -> str:
     if start < 0:
         raise TablesNotFound(f"no {opener} in {where}")
     end = text.find("};", start)
-    return text[start:end if end > 0 else len(text)]
+    return text[start : end if end > 0 else len(text)]
 
 
 def _strip_comments(text: str) -> str:
@@ -128,24 +160,37 @@ def _strip_comments(text: str) -> str:
 def from_source(root: Path) -> EngineTables:
     """The three tables, read from a llama.cpp tree."""
     root = Path(root)
-    archs = re.findall(r'\{\s*LLM_ARCH_(?!UNKNOWN\b)\w+\s*,\s*"([^"]+)"\s*\}',
-                       _block(_read(root, ARCH_SOURCE), "LLM_ARCH_NAMES", ARCH_SOURCE))
-    projectors = re.findall(r'\{\s*PROJECTOR_TYPE_\w+\s*,\s*"([^"]+)"\s*\}',
-                            _block(_read(root, PROJECTOR_SOURCE), "PROJECTOR_TYPE_NAMES", PROJECTOR_SOURCE))
+    archs = re.findall(
+        r'\{\s*LLM_ARCH_(?!UNKNOWN\b)\w+\s*,\s*"([^"]+)"\s*\}',
+        _block(_read(root, ARCH_SOURCE), "LLM_ARCH_NAMES", ARCH_SOURCE),
+    )
+    projectors = re.findall(
+        r'\{\s*PROJECTOR_TYPE_\w+\s*,\s*"([^"]+)"\s*\}',
+        _block(_read(root, PROJECTOR_SOURCE), "PROJECTOR_TYPE_NAMES", PROJECTOR_SOURCE),
+    )
     enum = _strip_comments(_block(_read(root, TYPE_ENUM_SOURCE), "enum ggml_type", TYPE_ENUM_SOURCE))
     ids = {m.group(1): int(m.group(2)) for m in re.finditer(r"\bGGML_TYPE_(\w+)\s*=\s*(\d+)", enum)}
     ids.pop("COUNT", None)
     traits = _block(_read(root, TYPE_TRAITS_SOURCE), "type_traits[GGML_TYPE_COUNT]", TYPE_TRAITS_SOURCE)
     # gguf's loader refuses a type whose block size is 0 (the removed ones keep a traits entry with 0)
     entries = dict(re.findall(r"\[GGML_TYPE_(\w+)\]\s*=\s*\{([^{}]*)\}", traits))
-    loadable = sorted((tid, name) for name, tid in ids.items()
-                      if name in entries and not re.search(r"\.blck_size\s*=\s*0\s*,", entries[name]))
+    loadable = sorted(
+        (tid, name)
+        for name, tid in ids.items()
+        if name in entries and not re.search(r"\.blck_size\s*=\s*0\s*,", entries[name])
+    )
     if not archs or not projectors or not loadable:
-        raise TablesNotFound(f"empty table in {root} (archs {len(archs)}, projectors {len(projectors)}, "
-                             f"types {len(loadable)})")
-    return EngineTables(archs=tuple(archs), projectors=tuple(projectors),
-                        tensor_types=tuple(n for _, n in loadable), tensor_type_ids=tuple(t for t, _ in loadable),
-                        origin="source", where=str(root))
+        raise TablesNotFound(
+            f"empty table in {root} (archs {len(archs)}, projectors {len(projectors)}, types {len(loadable)})"
+        )
+    return EngineTables(
+        archs=tuple(archs),
+        projectors=tuple(projectors),
+        tensor_types=tuple(n for _, n in loadable),
+        tensor_type_ids=tuple(t for t, _ in loadable),
+        origin="source",
+        where=str(root),
+    )
 
 
 # ------------------------------------------------------------------ from the shared libraries
@@ -204,8 +249,9 @@ def library_files(bin_dir: Path, server: Path) -> dict[str, Path]:
     return found
 
 
-def from_libraries(bin_dir: Path, server: Path, type_ids: dict[str, int],
-                   known: dict[str, frozenset[str]] | None = None) -> EngineTables:
+def from_libraries(
+    bin_dir: Path, server: Path, type_ids: dict[str, int], known: dict[str, frozenset[str]] | None = None
+) -> EngineTables:
     """What the binary's libraries hold: of the names dspark knows (``known``, by table; ANCHORS and
     ``type_ids`` by default) those present, plus the runs of table strings around them.
     ``type_ids``: tensor type name -> id as dspark knows them."""
@@ -216,25 +262,44 @@ def from_libraries(bin_dir: Path, server: Path, type_ids: dict[str, int],
         data = lib.read_bytes()
         libraries[table] = str(lib)
         if table == "tensor_types":
-            listed[table] = tuple(sorted((n for n in type_ids if any(in_binary(data, s) for s in _spellings(table, n))),
-                                         key=type_ids.__getitem__))
+            listed[table] = tuple(
+                sorted(
+                    (n for n in type_ids if any(in_binary(data, s) for s in _spellings(table, n))),
+                    key=type_ids.__getitem__,
+                )
+            )
         else:
             run = [n for n in _runs(data, known[table]) if _is_table_name(n)]
             listed[table] = tuple(dict.fromkeys([*run, *(n for n in sorted(known[table]) if in_binary(data, n))]))
     if not listed["archs"] and not listed["projectors"]:
         raise TablesNotFound(f"no arch or projector names in the libraries of {server}")
-    return EngineTables(archs=listed["archs"], projectors=listed["projectors"], tensor_types=listed["tensor_types"],
-                        tensor_type_ids=tuple(type_ids[n] for n in listed["tensor_types"]), origin="libraries",
-                        where=str(bin_dir), libraries=tuple(libraries.items()))
+    return EngineTables(
+        archs=listed["archs"],
+        projectors=listed["projectors"],
+        tensor_types=listed["tensor_types"],
+        tensor_type_ids=tuple(type_ids[n] for n in listed["tensor_types"]),
+        origin="libraries",
+        where=str(bin_dir),
+        libraries=tuple(libraries.items()),
+    )
 
 
 # ------------------------------------------------------------------ cache records
 
 
 def to_record(t: EngineTables) -> dict[str, object]:
-    return {"format": t.format, "origin": t.origin, "where": t.where, "backend": t.backend, "cuda_arch": t.cuda_arch,
-            "archs": list(t.archs), "projectors": list(t.projectors), "tensor_types": list(t.tensor_types),
-            "tensor_type_ids": list(t.tensor_type_ids), "libraries": dict(t.libraries)}
+    return {
+        "format": t.format,
+        "origin": t.origin,
+        "where": t.where,
+        "backend": t.backend,
+        "cuda_arch": t.cuda_arch,
+        "archs": list(t.archs),
+        "projectors": list(t.projectors),
+        "tensor_types": list(t.tensor_types),
+        "tensor_type_ids": list(t.tensor_type_ids),
+        "libraries": dict(t.libraries),
+    }
 
 
 def from_record(data: dict[str, object]) -> EngineTables | None:
@@ -246,10 +311,13 @@ def from_record(data: dict[str, object]) -> EngineTables | None:
         if not isinstance(libraries, dict):
             return None
         return EngineTables(
-            archs=tuple(map(str, data["archs"])), projectors=tuple(map(str, data["projectors"])),  # type: ignore[call-overload]
+            archs=tuple(map(str, data["archs"])),
+            projectors=tuple(map(str, data["projectors"])),  # type: ignore[call-overload]
             tensor_types=tuple(map(str, data["tensor_types"])),  # type: ignore[call-overload]
             tensor_type_ids=tuple(map(int, data["tensor_type_ids"])),  # type: ignore[call-overload]
-            origin=str(data["origin"]), where=str(data["where"]), backend=str(data.get("backend", "")),
+            origin=str(data["origin"]),
+            where=str(data["where"]),
+            backend=str(data.get("backend", "")),
             cuda_arch=str(data.get("cuda_arch", "")),
             libraries=tuple((str(k), str(v)) for k, v in libraries.items()),
         )

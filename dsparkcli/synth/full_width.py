@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from dsparkcli import __version__
 from dsparkcli.errors import UsageError
 from dsparkcli.outputs import check_output_dir, check_output_file
@@ -102,31 +101,67 @@ def read_manifest(path: Path | str) -> FullWidthPair:
 
 def measurement_pair(manifest: Path | str | None) -> FullWidthPair:
     """``manifest``'s pair (the H200 stand-in), else a 5 %-width qwen35moe one (~70 MB) beside the temp files."""
-    return read_manifest(manifest) if manifest else write_full_width(Path(tempfile.gettempdir()) / "dspark-hybrid-step-pair",
-                                                                     scale=0.05, target_arch="qwen35moe")
+    return (
+        read_manifest(manifest)
+        if manifest
+        else write_full_width(
+            Path(tempfile.gettempdir()) / "dspark-hybrid-step-pair", scale=0.05, target_arch="qwen35moe"
+        )
+    )
 
 
 # The real pair's numbers (upstream_facts.md; Qwen3.5-35B-A3B text tower for the target).
 _REAL_TARGET = TargetShape(
-    arch="qwen35moe", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, rope_dim=64,
-    rope_sections=(11, 11, 10, 0), rope_theta=10_000_000.0, n_expert=256, n_expert_used=8, n_ff_exp=512,
-    n_ff_shexp=512, vocab=248_144, full_attention_interval=4, ssm_conv_kernel=4, ssm_state=128,
-    ssm_groups=16, ssm_v_heads=32, ctx=262_144,
+    arch="qwen35moe",
+    n_layer=40,
+    n_embd=2048,
+    n_head=16,
+    n_head_kv=2,
+    head_dim=256,
+    rope_dim=64,
+    rope_sections=(11, 11, 10, 0),
+    rope_theta=10_000_000.0,
+    n_expert=256,
+    n_expert_used=8,
+    n_ff_exp=512,
+    n_ff_shexp=512,
+    vocab=248_144,
+    full_attention_interval=4,
+    ssm_conv_kernel=4,
+    ssm_state=128,
+    ssm_groups=16,
+    ssm_v_heads=32,
+    ctx=262_144,
 )
 _REAL_TAPS_HF = (3, 11, 19, 27, 35)
 _REAL_DRAFT = DraftShape(
-    n_layer=5, n_embd=2048, n_head=8, n_head_kv=2, head_dim=256, n_ff=6144, vocab=248_144, block_size=15,
-    mask_token_id=248_076, target_layers=tuple(h + 1 for h in _REAL_TAPS_HF), markov_rank=256,
-    confidence_head=True, rope_theta=10_000_000.0, ctx=262_144,
+    n_layer=5,
+    n_embd=2048,
+    n_head=8,
+    n_head_kv=2,
+    head_dim=256,
+    n_ff=6144,
+    vocab=248_144,
+    block_size=15,
+    mask_token_id=248_076,
+    target_layers=tuple(h + 1 for h in _REAL_TAPS_HF),
+    markov_rank=256,
+    confidence_head=True,
+    rope_theta=10_000_000.0,
+    ctx=262_144,
 )
 
 ARCH_REASON = {
-    "qwen35moe": ("the real text tower's own llama.cpp arch (Qwen3.5-35B-A3B: hybrid gated-delta-net + "
-                  "full attention every 4th layer, 256 experts x FF 512, 8 routed + 1 shared); it fills "
-                  "t_layer_inp so DSpark taps work; being recurrent, speculative decoding uses state "
-                  "rollback/checkpoints exactly as the real model would"),
-    "qwen3moe": ("plain-attention stand-in with the same width, depth, experts and vocab (no shared "
-                 "expert, no recurrent layers); isolates the cost of the hybrid model's checkpoints"),
+    "qwen35moe": (
+        "the real text tower's own llama.cpp arch (Qwen3.5-35B-A3B: hybrid gated-delta-net + "
+        "full attention every 4th layer, 256 experts x FF 512, 8 routed + 1 shared); it fills "
+        "t_layer_inp so DSpark taps work; being recurrent, speculative decoding uses state "
+        "rollback/checkpoints exactly as the real model would"
+    ),
+    "qwen3moe": (
+        "plain-attention stand-in with the same width, depth, experts and vocab (no shared "
+        "expert, no recurrent layers); isolates the cost of the hybrid model's checkpoints"
+    ),
 }
 
 
@@ -134,8 +169,9 @@ def _round_up(x: float, m: int) -> int:
     return max(m, int(math.ceil(x / m)) * m)
 
 
-def shapes_for(shape: str = "minicpm-v-4.7-35b-a3b", *, scale: float = 1.0,
-               target_arch: str = "qwen35moe") -> tuple[TargetShape, DraftShape]:
+def shapes_for(
+    shape: str = "minicpm-v-4.7-35b-a3b", *, scale: float = 1.0, target_arch: str = "qwen35moe"
+) -> tuple[TargetShape, DraftShape]:
     """The (target, draft) shapes, shrunk by ``scale`` for CPU tests while keeping the structure.
 
     ``scale`` shrinks depth, width, experts, expert FF and vocab; head counts and head dims stay
@@ -153,17 +189,38 @@ def shapes_for(shape: str = "minicpm-v-4.7-35b-a3b", *, scale: float = 1.0,
         n_layer = max(8, int(round(t.n_layer * scale / 4)) * 4)
         n_embd = _round_up(t.n_embd * scale, 256)
         vocab = max(1024, int(round(t.vocab * scale)))
-        t = replace(t, n_layer=n_layer, n_embd=n_embd, vocab=vocab, ctx=8192,
-                    n_expert=max(16, int(round(t.n_expert * scale))),
-                    n_ff_exp=_round_up(t.n_ff_exp * scale, 256), n_ff_shexp=_round_up(t.n_ff_shexp * scale, 256))
-        taps = tuple(sorted({min(n_layer - 1, max(0, round((h + 1) * n_layer / _REAL_TARGET.n_layer)))
-                             for h in _REAL_TAPS_HF}))
-        d = replace(d, n_embd=n_embd, vocab=vocab, mask_token_id=vocab - (_REAL_DRAFT.vocab - _REAL_DRAFT.mask_token_id),
-                    n_ff=_round_up(d.n_ff * scale, 256), target_layers=taps, ctx=8192)
+        t = replace(
+            t,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            vocab=vocab,
+            ctx=8192,
+            n_expert=max(16, int(round(t.n_expert * scale))),
+            n_ff_exp=_round_up(t.n_ff_exp * scale, 256),
+            n_ff_shexp=_round_up(t.n_ff_shexp * scale, 256),
+        )
+        taps = tuple(
+            sorted({min(n_layer - 1, max(0, round((h + 1) * n_layer / _REAL_TARGET.n_layer))) for h in _REAL_TAPS_HF})
+        )
+        d = replace(
+            d,
+            n_embd=n_embd,
+            vocab=vocab,
+            mask_token_id=vocab - (_REAL_DRAFT.vocab - _REAL_DRAFT.mask_token_id),
+            n_ff=_round_up(d.n_ff * scale, 256),
+            target_layers=taps,
+            ctx=8192,
+        )
     if target_arch == "qwen3moe":
         # qwen3moe ropes the whole head and has no shared expert
-        t = replace(t, arch="qwen3moe", rope_dim=t.head_dim, rope_sections=(0, 0, 0, 0), n_ff_shexp=0,
-                    full_attention_interval=1)
+        t = replace(
+            t,
+            arch="qwen3moe",
+            rope_dim=t.head_dim,
+            rope_sections=(0, 0, 0, 0),
+            n_ff_shexp=0,
+            full_attention_interval=1,
+        )
     return t, d
 
 
@@ -204,8 +261,11 @@ def is_recurrent(t: TargetShape, il: int) -> bool:
 
 def target_tensors(t: TargetShape, qtype: str) -> list[TensorSpec]:
     E, V, q = t.n_embd, t.vocab, qtype
-    specs = [_mat("token_embd.weight", (E, V), q, "embd"), _vec("output_norm.weight", E),
-             _mat("output.weight", (E, V), q)]
+    specs = [
+        _mat("token_embd.weight", (E, V), q, "embd"),
+        _vec("output_norm.weight", E),
+        _mat("output.weight", (E, V), q),
+    ]
     key_dim, value_dim = t.ssm_state * t.ssm_groups, t.ssm_state * t.ssm_v_heads
     for il in range(t.n_layer):
         b = f"blk.{il}."
@@ -262,8 +322,11 @@ def draft_tensors(d: DraftShape, qtype: str) -> list[TensorSpec]:
     confidence head F32.
     """
     E, q = d.n_embd, qtype
-    specs = [_mat("fc.weight", (len(d.target_layers) * E, E), q), _vec("enc.output_norm.weight", E),
-             _vec("output_norm.weight", E)]
+    specs = [
+        _mat("fc.weight", (len(d.target_layers) * E, E), q),
+        _vec("enc.output_norm.weight", E),
+        _vec("output_norm.weight", E),
+    ]
     for il in range(d.n_layer):
         b = f"blk.{il}."
         specs += [
@@ -279,10 +342,15 @@ def draft_tensors(d: DraftShape, qtype: str) -> list[TensorSpec]:
             _mat(b + "ffn_up.weight", (E, d.n_ff), q),
             _mat(b + "ffn_down.weight", (d.n_ff, E), q),
         ]
-    specs += [_mat("markov_w1.weight", (d.markov_rank, d.vocab), q), _mat("markov_w2.weight", (d.markov_rank, d.vocab), q)]
+    specs += [
+        _mat("markov_w1.weight", (d.markov_rank, d.vocab), q),
+        _mat("markov_w2.weight", (d.markov_rank, d.vocab), q),
+    ]
     if d.confidence_head:
-        specs += [TensorSpec("conf_proj.weight", (E + d.markov_rank,), "F32", "rand"),
-                  TensorSpec("conf_proj.bias", (1,), "F32", "dt_bias")]
+        specs += [
+            TensorSpec("conf_proj.weight", (E + d.markov_rank,), "F32", "rand"),
+            TensorSpec("conf_proj.bias", (1,), "F32", "dt_bias"),
+        ]
     return specs
 
 
@@ -360,6 +428,7 @@ _BUF_BLOCKS = 499_979  # a prime: repeats of the buffer never line up with rows 
 def _quant_buffer(qtype: str, sigma: float, rng: np.random.Generator) -> bytes:
     """Valid blocks of ``qtype`` whose weights have mean 0 and std ``sigma``."""
     import numpy as np  # deferred: only writers need numpy
+
     n = _BUF_BLOCKS
     if qtype == "Q8_0":
         blocks = np.zeros(n, dtype=[("d", "<f2"), ("qs", "i1", 32)])
@@ -380,6 +449,7 @@ def _quant_buffer(qtype: str, sigma: float, rng: np.random.Generator) -> bytes:
 
 def _f32_data(spec: TensorSpec, rng: np.random.Generator, sigma: float) -> bytes:
     import numpy as np  # deferred: only writers need numpy
+
     n = spec.n_elements
     if spec.init == "ones":
         x = np.ones(n, dtype=np.float32)
@@ -442,11 +512,17 @@ class WriteStats:
         return self.bytes / 1e6 / max(self.seconds, 1e-9)
 
 
-def write_gguf(path: Path, kv: list[tuple[str, str, object]], specs: list[TensorSpec], *, seed: int = 0,
-               on_progress: ProgressFn | None = None) -> WriteStats:
+def write_gguf(
+    path: Path,
+    kv: list[tuple[str, str, object]],
+    specs: list[TensorSpec],
+    *,
+    seed: int = 0,
+    on_progress: ProgressFn | None = None,
+) -> WriteStats:
     """Write a GGUF header with gguf-py, then stream every tensor's data, hashing as we go."""
-    import numpy as np  # deferred: only writers need numpy
     import gguf  # imported here: only writers need it
+    import numpy as np  # deferred: only writers need numpy
 
     started = time.monotonic()
     arch = next(v for k, _, v in kv if k == "general.architecture")
@@ -501,7 +577,7 @@ def write_gguf(path: Path, kv: list[tuple[str, str, object]], specs: list[Tensor
             left = s.nbytes
             while left:
                 n = min(left, _CHUNK, len(buf) - pos)
-                out.write(buf[pos:pos + n])
+                out.write(buf[pos : pos + n])
                 left -= n
                 pos = (pos + n) % len(buf)
                 if on_progress:
@@ -537,13 +613,25 @@ def param_counts(t: TargetShape, specs: list[TensorSpec]) -> dict[str, float]:
         else:
             active += s.n_elements
             active_bytes += s.nbytes
-    return {"params_total": total, "params_active": int(active), "bytes_total": total_bytes,
-            "bytes_active_per_token": int(active_bytes)}
+    return {
+        "params_total": total,
+        "params_active": int(active),
+        "bytes_total": total_bytes,
+        "bytes_active_per_token": int(active_bytes),
+    }
 
 
-def write_full_width(outdir: Path | str, *, shape: str = "minicpm-v-4.7-35b-a3b", qtype: str = "Q8_0", seed: int = 0,
-                     scale: float = 1.0, target_arch: str = "qwen35moe", draft_qtype: str | None = None,
-                     on_progress: ProgressFn | None = None) -> FullWidthPair:
+def write_full_width(
+    outdir: Path | str,
+    *,
+    shape: str = "minicpm-v-4.7-35b-a3b",
+    qtype: str = "Q8_0",
+    seed: int = 0,
+    scale: float = 1.0,
+    target_arch: str = "qwen35moe",
+    draft_qtype: str | None = None,
+    on_progress: ProgressFn | None = None,
+) -> FullWidthPair:
     """Write a random-weight target + DSpark draft at ``shape`` (shrunk by ``scale``) and a manifest.
 
     Acceptance on this pair is meaningless (random weights): benchmark it with
@@ -556,8 +644,11 @@ def write_full_width(outdir: Path | str, *, shape: str = "minicpm-v-4.7-35b-a3b"
             raise UsageError(f"unsupported qtype {q!r}; choose one of {', '.join(QTYPES)}")
     t, d = shapes_for(shape, scale=scale, target_arch=target_arch)
     outdir = check_output_dir(outdir)
-    tag = f"{shape}-{t.arch}-{qtype}" + ("" if draft_qtype == qtype else f"-d{draft_qtype}") \
+    tag = (
+        f"{shape}-{t.arch}-{qtype}"
+        + ("" if draft_qtype == qtype else f"-d{draft_qtype}")
         + ("" if scale == 1.0 else f"-s{scale:g}")
+    )
     target_path, draft_path = outdir / f"target-{tag}.gguf", outdir / f"draft-dspark-{tag}.gguf"
     for path in (target_path, draft_path, outdir / f"manifest-{tag}.json"):
         if path.exists() or path.is_symlink():  # rewritten in place: a rerun, never a device or folder
@@ -580,21 +671,53 @@ def write_full_width(outdir: Path | str, *, shape: str = "minicpm-v-4.7-35b-a3b"
         "synthetic": True,
         "note": "random weights: acceptance is meaningless; emulate it with --spec-synth-len and label results synthetic",
         "dspark_version": __version__,
-        "shape": shape, "scale": scale, "qtype": qtype, "draft_qtype": draft_qtype, "seed": seed,
-        "target_arch": t.arch, "target_arch_reason": ARCH_REASON[t.arch],
-        "target": {"file": target_path.name, "shape": asdict(t), **param_counts(t, t_specs),
-                   "sha256": t_stats.sha256, "bytes": t_stats.bytes, "write_seconds": t_stats.seconds,
-                   "write_mb_per_s": round(t_stats.mb_per_s, 1), "n_tensors": t_stats.n_tensors},
-        "draft": {"file": draft_path.name, "shape": asdict(d), "target_layers_convention": "GGUF: HF layer id + 1",
-                  "target_layers_hf": [x - 1 for x in d.target_layers],
-                  "params_total": sum(s.n_elements for s in d_specs),
-                  "sha256": d_stats.sha256, "bytes": d_stats.bytes, "write_seconds": d_stats.seconds,
-                  "write_mb_per_s": round(d_stats.mb_per_s, 1), "n_tensors": d_stats.n_tensors},
+        "shape": shape,
+        "scale": scale,
+        "qtype": qtype,
+        "draft_qtype": draft_qtype,
+        "seed": seed,
+        "target_arch": t.arch,
+        "target_arch_reason": ARCH_REASON[t.arch],
+        "target": {
+            "file": target_path.name,
+            "shape": asdict(t),
+            **param_counts(t, t_specs),
+            "sha256": t_stats.sha256,
+            "bytes": t_stats.bytes,
+            "write_seconds": t_stats.seconds,
+            "write_mb_per_s": round(t_stats.mb_per_s, 1),
+            "n_tensors": t_stats.n_tensors,
+        },
+        "draft": {
+            "file": draft_path.name,
+            "shape": asdict(d),
+            "target_layers_convention": "GGUF: HF layer id + 1",
+            "target_layers_hf": [x - 1 for x in d.target_layers],
+            "params_total": sum(s.n_elements for s in d_specs),
+            "sha256": d_stats.sha256,
+            "bytes": d_stats.bytes,
+            "write_seconds": d_stats.seconds,
+            "write_mb_per_s": round(d_stats.mb_per_s, 1),
+            "n_tensors": d_stats.n_tensors,
+        },
     }
     manifest_path = outdir / f"manifest-{tag}.json"
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return FullWidthPair(target=target_path, draft=draft_path, manifest=manifest_path)
 
 
-__all__ = ["SHAPES", "TARGET_ARCHS", "QTYPES", "FullWidthPair", "TargetShape", "DraftShape", "shapes_for",
-           "target_tensors", "draft_tensors", "param_counts", "write_gguf", "write_full_width", "WriteStats"]
+__all__ = [
+    "SHAPES",
+    "TARGET_ARCHS",
+    "QTYPES",
+    "FullWidthPair",
+    "TargetShape",
+    "DraftShape",
+    "shapes_for",
+    "target_tensors",
+    "draft_tensors",
+    "param_counts",
+    "write_gguf",
+    "write_full_width",
+    "WriteStats",
+]

@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
+from dsparkcli.budget import rule as budget_mod
 from dsparkcli.errors import UsageError, VerificationError
 from dsparkcli.gguf.analysis import hash_file
-from dsparkcli.budget import rule as budget_mod
 from dsparkcli.outputs import check_output_dir, check_output_file
 
 MANIFEST_NAME = "manifest.json"
@@ -142,7 +141,7 @@ def test_tokenize(text: str, vocab: int) -> list[int]:
     ids = []
     for start in range(0, len(data), 5):
         h = 0
-        for byte in data[start:start + 5]:
+        for byte in data[start : start + 5]:
             h = (h * 31 + byte) & 0xFFFFFFFFFFFFFFFF
         ids.append(h % vocab)
     return ids
@@ -157,6 +156,7 @@ test_tokenize.__test__ = False  # type: ignore[attr-defined]  # not a pytest tes
 def _maps(vocab: int, accept_rate: float, seed: int) -> tuple[list[int], list[int], list[int]]:
     """g (one cycle through every token, so chains visit the whole vocab), draft_map, wrong rows."""
     import numpy as np  # deferred: only writers need numpy
+
     rng = np.random.default_rng(seed)
     order = rng.permutation(vocab)
     g = [0] * vocab
@@ -172,6 +172,7 @@ def _maps(vocab: int, accept_rate: float, seed: int) -> tuple[list[int], list[in
 
 def _conf_logits(vocab: int, seed: int) -> list[float]:
     import numpy as np  # deferred: only writers need numpy
+
     rng = np.random.default_rng([seed, 1])  # own stream: adding confidence does not change g or the wrong rows
     return [float(x) for x in rng.choice(CONF_LOGITS, size=vocab, p=CONF_WEIGHTS)]
 
@@ -192,8 +193,8 @@ def _write(writer: Any) -> None:
 
 
 def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int], n_layer: int = TARGET_LAYERS) -> None:
-    import numpy as np  # deferred: only writers need numpy
     import gguf
+    import numpy as np  # deferred: only writers need numpy
 
     n_head = n_embd // HEAD_DIM
     w = gguf.GGUFWriter(str(path), "llama")
@@ -228,10 +229,11 @@ def _write_target(path: Path, vocab: int, n_embd: int, g: Sequence[int], n_layer
     _write(w)
 
 
-def _write_draft(path: Path, vocab: int, n_embd: int, block_size: int, draft_map: Sequence[int],
-                 conf_logits: Sequence[float] | None) -> None:
-    import numpy as np  # deferred: only writers need numpy
+def _write_draft(
+    path: Path, vocab: int, n_embd: int, block_size: int, draft_map: Sequence[int], conf_logits: Sequence[float] | None
+) -> None:
     import gguf
+    import numpy as np  # deferred: only writers need numpy
 
     n_head = n_embd // HEAD_DIM
     w = gguf.GGUFWriter(str(path), "dflash")
@@ -278,8 +280,8 @@ def _write_draft(path: Path, vocab: int, n_embd: int, block_size: int, draft_map
 
 
 def _write_mmproj(path: Path, n_embd: int, seed: int) -> None:
-    import numpy as np  # deferred: only writers need numpy
     import gguf
+    import numpy as np  # deferred: only writers need numpy
 
     rng = np.random.default_rng([seed, 2])
     w = gguf.GGUFWriter(str(path), "clip")
@@ -321,8 +323,17 @@ def _write_png(path: Path, seed: int) -> None:
     Image.fromarray(rng.integers(0, 256, size=(40, 48, 3), dtype=np.uint8), "RGB").save(path, format="PNG")
 
 
-def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0, confidence: bool = False,
-               vision: bool = False, seed: int = 0, block_size: int = 8, target_layers: int = TARGET_LAYERS) -> SynthPair:
+def write_pair(
+    outdir: str | Path,
+    *,
+    vocab: int = 128,
+    accept_rate: float = 1.0,
+    confidence: bool = False,
+    vision: bool = False,
+    seed: int = 0,
+    block_size: int = 8,
+    target_layers: int = TARGET_LAYERS,
+) -> SynthPair:
     """Write target, draft (and mmproj + PNG with ``vision``) and manifest.json into ``outdir``.
 
     ``target_layers`` > 2 adds more zero layers: the same answers, a dearer target token (tune's tests
@@ -336,7 +347,9 @@ def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0
     if not TARGET_LAYERS <= target_layers <= 256:
         raise UsageError(f"target_layers must be between {TARGET_LAYERS} and 256, got {target_layers}")
     out = check_output_dir(outdir)
-    for name in (TARGET_NAME, DRAFT_NAME, MANIFEST_NAME, MANIFEST_NAME + ".tmp") + ((MMPROJ_NAME, IMAGE_NAME) if vision else ()):
+    for name in (TARGET_NAME, DRAFT_NAME, MANIFEST_NAME, MANIFEST_NAME + ".tmp") + (
+        (MMPROJ_NAME, IMAGE_NAME) if vision else ()
+    ):
         if (out / name).exists() or (out / name).is_symlink():  # rewritten in place: a rerun, never a device or folder
             check_output_file(out / name, what="synth output")
     out.mkdir(parents=True, exist_ok=True)
@@ -354,14 +367,26 @@ def write_pair(outdir: str | Path, *, vocab: int = 128, accept_rate: float = 1.0
         _write_mmproj(mmproj, n_embd, seed)
         _write_png(image, seed)
 
-    files = {role: {"name": p.name, "sha256": hash_file(p).file_sha256, "bytes": p.stat().st_size}
-             for role, p in (("target", target), ("draft", draft), ("mmproj", mmproj), ("image", image)) if p}
+    files = {
+        role: {"name": p.name, "sha256": hash_file(p).file_sha256, "bytes": p.stat().st_size}
+        for role, p in (("target", target), ("draft", draft), ("mmproj", mmproj), ("image", image))
+        if p
+    }
     doc = {
         "version": MANIFEST_VERSION,
         "kind": "dspark-synthetic-pair",
-        "vocab": vocab, "n_embd": n_embd, "block_size": block_size, "seed": seed, "accept_rate": accept_rate,
-        "mask_token_id": vocab - 1, "confidence": confidence, "vision": vision,
-        "g": g, "draft_map": draft_map, "wrong_rows": wrong, "conf_logits": conf,
+        "vocab": vocab,
+        "n_embd": n_embd,
+        "block_size": block_size,
+        "seed": seed,
+        "accept_rate": accept_rate,
+        "mask_token_id": vocab - 1,
+        "confidence": confidence,
+        "vision": vision,
+        "g": g,
+        "draft_map": draft_map,
+        "wrong_rows": wrong,
+        "conf_logits": conf,
         "files": files,
     }
     manifest = out / MANIFEST_NAME
@@ -395,12 +420,21 @@ def load_manifest(path: str | Path) -> Manifest:
         draft_map = tuple(int(x) for x in doc["draft_map"])
         conf = doc.get("conf_logits")
         man = Manifest(
-            path=p, version=int(doc["version"]), vocab=vocab, n_embd=int(doc["n_embd"]),
-            block_size=int(doc["block_size"]), seed=int(doc["seed"]), accept_rate=float(doc["accept_rate"]),
-            g=g, draft_map=draft_map, wrong_rows=tuple(int(x) for x in doc["wrong_rows"]),
-            mask_token_id=int(doc["mask_token_id"]), confidence=bool(doc["confidence"]),
+            path=p,
+            version=int(doc["version"]),
+            vocab=vocab,
+            n_embd=int(doc["n_embd"]),
+            block_size=int(doc["block_size"]),
+            seed=int(doc["seed"]),
+            accept_rate=float(doc["accept_rate"]),
+            g=g,
+            draft_map=draft_map,
+            wrong_rows=tuple(int(x) for x in doc["wrong_rows"]),
+            mask_token_id=int(doc["mask_token_id"]),
+            confidence=bool(doc["confidence"]),
             conf_logits=tuple(float(x) for x in conf) if conf is not None else None,
-            vision=bool(doc.get("vision", False)), files=dict(doc.get("files", {})),
+            vision=bool(doc.get("vision", False)),
+            files=dict(doc.get("files", {})),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"malformed synthetic-pair manifest {p}: {e.__class__.__name__}: {e}") from None
@@ -441,9 +475,17 @@ def _draft_block(man: Manifest, anchor: int, n_max: int, n_min: int, p_min: floa
     return block
 
 
-def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predict: int = 32, p_min: float = 0.0,
-                      n_min: int = 0, request_n_max: int | None = None,
-                      budget: budget_mod.CostTable | None = None) -> Prediction:
+def predict_from_last(
+    man: Manifest,
+    last_token: int,
+    *,
+    n_max: int = 7,
+    n_predict: int = 32,
+    p_min: float = 0.0,
+    n_min: int = 0,
+    request_n_max: int | None = None,
+    budget: budget_mod.CostTable | None = None,
+) -> Prediction:
     """Predict llama-server's greedy output and counters given the prompt's last token.
 
     ``n_max`` is the server's ``--spec-draft-n-max`` (the block drafted; with ``budget``, the table's
@@ -507,24 +549,47 @@ def predict_from_last(man: Manifest, last_token: int, *, n_max: int = 7, n_predi
     draft_acc = sum(a for _, a in blocks)
     steps = len(blocks)
     return Prediction(
-        tokens=tuple(tokens), text=detokenize(tokens), draft_n=draft_n, draft_n_accepted=draft_acc, steps=steps,
-        accepted_per_pos=tuple(per_pos), mean_len=1.0 + draft_acc / steps if steps else 1.0,
-        blocks=tuple(blocks), n_max=n_max_eff, budgets=tuple(chosen),
+        tokens=tuple(tokens),
+        text=detokenize(tokens),
+        draft_n=draft_n,
+        draft_n_accepted=draft_acc,
+        steps=steps,
+        accepted_per_pos=tuple(per_pos),
+        mean_len=1.0 + draft_acc / steps if steps else 1.0,
+        blocks=tuple(blocks),
+        n_max=n_max_eff,
+        budgets=tuple(chosen),
         budget_margin=margin,
     )
 
 
-def predict(man: Manifest, prompt_tokens: Sequence[int], *, n_max: int = 7, n_predict: int = 32,
-            p_min: float = 0.0, n_min: int = 0, request_n_max: int | None = None,
-            budget: budget_mod.CostTable | None = None) -> Prediction:
+def predict(
+    man: Manifest,
+    prompt_tokens: Sequence[int],
+    *,
+    n_max: int = 7,
+    n_predict: int = 32,
+    p_min: float = 0.0,
+    n_min: int = 0,
+    request_n_max: int | None = None,
+    budget: budget_mod.CostTable | None = None,
+) -> Prediction:
     """Predict llama-server's response to a /completion request with these prompt token ids (temperature 0)."""
     if len(prompt_tokens) == 0:
         raise UsageError("the prompt needs at least one token")
     for t in prompt_tokens:
         if not 0 <= int(t) < man.vocab:
             raise UsageError(f"prompt token {t} is outside the synthetic vocab (0..{man.vocab - 1})")
-    return predict_from_last(man, int(prompt_tokens[-1]), n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min,
-                             request_n_max=request_n_max, budget=budget)
+    return predict_from_last(
+        man,
+        int(prompt_tokens[-1]),
+        n_max=n_max,
+        n_predict=n_predict,
+        p_min=p_min,
+        n_min=n_min,
+        request_n_max=request_n_max,
+        budget=budget,
+    )
 
 
 def last_prompt_token(man: Manifest, prompt_text: str, media_marker: str | None = None) -> int:

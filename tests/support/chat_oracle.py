@@ -13,8 +13,15 @@ from dsparkcli.llama.server import ServerClient
 from dsparkcli.synth import known_answer as synth
 
 
-def expected_chat(client: ServerClient, man: synth.Manifest, messages: list[dict[str, Any]], *, n_max: int,
-                  n_predict: int, p_min: float = 0.0) -> synth.Prediction:
+def expected_chat(
+    client: ServerClient,
+    man: synth.Manifest,
+    messages: list[dict[str, Any]],
+    *,
+    n_max: int,
+    n_predict: int,
+    p_min: float = 0.0,
+) -> synth.Prediction:
     prompt = client.apply_template(messages)
     last = synth.last_prompt_token(man, prompt, client.props().get("media_marker"))
     return synth.predict_from_last(man, last, n_max=n_max, n_predict=n_predict, p_min=p_min)

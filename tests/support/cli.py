@@ -22,12 +22,25 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None,
-            input: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    cwd: Path | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run `dspark ...` in a subprocess, as a user would."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "dsparkcli.cli.app", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd, input=input, preexec_fn=default_sigint)
+    return subprocess.run(
+        [sys.executable, "-m", "dsparkcli.cli.app", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd,
+        input=input,
+        preexec_fn=default_sigint,
+    )
 
 
 # Environment that dspark reads when a command runs (so setting it around an in-process call is the same as a
@@ -40,8 +53,13 @@ def in_process_is_same(env: dict[str, str] | None) -> bool:
     return all(k.startswith(PER_CALL_ENV) for k in env or {})
 
 
-def run_cli_in_process(*args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None,
-                       input: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli_in_process(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    cwd: Path | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """`dspark ARGS` through ``cli.main`` in this process, stdio captured: what run_cli gives, without a new
     interpreter (~0.3 s each). For commands that start no engine and need no signals, real pipes or an
     environment read at import; ``timeout`` is accepted for the same call shape (nothing here can hang on a
@@ -83,13 +101,24 @@ def run_cli_in_process(*args: str, env: dict[str, str] | None = None, timeout: f
     return subprocess.CompletedProcess(["dspark", *args], code or 0, stdout.getvalue(), stderr.getvalue())
 
 
-def interrupt_when(args: list[str], ready: Callable[[], bool], *, env: dict[str, str] | None = None,
-                   timeout: float = 60, before: Callable[[], Any] = lambda: None) -> tuple[int, str, str, Any]:
+def interrupt_when(
+    args: list[str],
+    ready: Callable[[], bool],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    before: Callable[[], Any] = lambda: None,
+) -> tuple[int, str, str, Any]:
     """Start `dspark ARGS`, wait until ``ready()`` (a failure after ``timeout`` s), call ``before()``, send
     SIGINT (Ctrl-C) and wait for the end: (exit code, stdout, stderr, what ``before`` returned)."""
-    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
-                            preexec_fn=default_sigint)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsparkcli.cli.app", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        preexec_fn=default_sigint,
+    )
     try:
         deadline = time.monotonic() + timeout
         while not ready():

@@ -61,8 +61,9 @@ def _add(w: GGUFWriter, name: str, ne: tuple[int, ...], qtype: Q, salt: str = ""
         w.add_tensor(name, arr, raw_dtype=qtype)
 
 
-def _tokenizer(w: GGUFWriter, toks: list[str], bos: int | None = 1, eos: int | None = 2,
-               mask: int | None = None) -> None:
+def _tokenizer(
+    w: GGUFWriter, toks: list[str], bos: int | None = 1, eos: int | None = 2, mask: int | None = None
+) -> None:
     w.add_string("tokenizer.ggml.model", "gpt2")
     w.add_string("tokenizer.ggml.pre", "qwen35")
     w.add_array("tokenizer.ggml.tokens", toks)
@@ -129,8 +130,15 @@ def write_draft(path: Path, spec: DraftSpec = DraftSpec()) -> Path:
     w.add_string("tokenizer.chat_template", spec.chat_template)
 
     q_out, kv_out = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
-    proj_ne = {"attn_q": (e, q_out), "attn_k": (e, kv_out), "attn_v": (e, kv_out), "attn_output": (q_out, e),
-               "ffn_gate": (e, N_FF), "ffn_up": (e, N_FF), "ffn_down": (N_FF, e)}
+    proj_ne = {
+        "attn_q": (e, q_out),
+        "attn_k": (e, kv_out),
+        "attn_v": (e, kv_out),
+        "attn_output": (q_out, e),
+        "ffn_gate": (e, N_FF),
+        "ffn_up": (e, N_FF),
+        "ffn_down": (N_FF, e),
+    }
     layout: list[tuple[str, tuple[int, ...], Q]] = []
     for b in range(N_BLOCKS):
         for p in PROJ:
@@ -158,10 +166,21 @@ def write_draft(path: Path, spec: DraftSpec = DraftSpec()) -> Path:
     return _write(w, path)
 
 
-def write_target(path: Path, *, arch: str = "qwen35moe", embd: int = E, n_layer: int = 40, vocab: int = VOCAB,
-                 token_swap: tuple[int, int] | None = None, bos: int | None = 1, eos: int | None = 2,
-                 n_head: int = 16, n_head_kv: int = 2, head_dim: int = 64, full_attention_interval: int | None = 4,
-                 ) -> Path:
+def write_target(
+    path: Path,
+    *,
+    arch: str = "qwen35moe",
+    embd: int = E,
+    n_layer: int = 40,
+    vocab: int = VOCAB,
+    token_swap: tuple[int, int] | None = None,
+    bos: int | None = 1,
+    eos: int | None = 2,
+    n_head: int = 16,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    full_attention_interval: int | None = 4,
+) -> Path:
     """A target header with real metadata and only its token embedding / head tensors (enough to pair)."""
     w = GGUFWriter(path, arch)
     w.add_name("MiniCPM-V-4.7-35B-A3B")
@@ -219,16 +238,28 @@ def _s(text: str | bytes) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def raw_header(kvs: list[tuple[str | bytes, int, bytes]] = (), tensors: list[tuple[str | bytes, tuple[int, ...], int, int]] = (),
-               *, version: int = 3, n_tensors: int | None = None, n_kv: int | None = None, magic: bytes = b"GGUF",
-               data: bytes = b"") -> bytes:
+def raw_header(
+    kvs: list[tuple[str | bytes, int, bytes]] = (),
+    tensors: list[tuple[str | bytes, tuple[int, ...], int, int]] = (),
+    *,
+    version: int = 3,
+    n_tensors: int | None = None,
+    n_kv: int | None = None,
+    magic: bytes = b"GGUF",
+    data: bytes = b"",
+) -> bytes:
     """Hand-assembled GGUF bytes, so a test can lie about any field. kvs: (key, type id, encoded value)."""
     out = magic + struct.pack("<I", version)
     out += struct.pack("<qq", len(tensors) if n_tensors is None else n_tensors, len(kvs) if n_kv is None else n_kv)
     for key, vtype, value in kvs:
         out += _s(key) + struct.pack("<i", vtype) + value
     for name, ne, type_id, offset in tensors:
-        out += _s(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}q", *ne) + struct.pack("<iQ", type_id, offset)
+        out += (
+            _s(name)
+            + struct.pack("<I", len(ne))
+            + struct.pack(f"<{len(ne)}q", *ne)
+            + struct.pack("<iQ", type_id, offset)
+        )
     if tensors:
         out += b"\0" * (-len(out) % 32)
     return out + data

@@ -306,7 +306,10 @@ class _Handler(BaseHTTPRequestHandler):
                     dirs.add(prefix + "/".join(parents[:depth]))
             if recursive or not parents:
                 files.append(self._file_entry(repo_id, file_path, blob))
-        folders = [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d} for d in sorted(dirs)]
+        folders = [
+            {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d}
+            for d in sorted(dirs)
+        ]
         return folders + files
 
     def _tree(self, repo_id: str, rev: _Revision, sub: str, recursive: bool, path: str) -> None:
@@ -369,7 +372,9 @@ class _Handler(BaseHTTPRequestHandler):
         }
         if blob.lfs:
             # For LFS files the hub's ETag and X-Linked-Etag are the sha256 of the content.
-            headers.update({"ETag": f'"{blob.sha256}"', "X-Linked-Etag": f'"{blob.sha256}"', "X-Linked-Size": str(total)})
+            headers.update(
+                {"ETag": f'"{blob.sha256}"', "X-Linked-Etag": f'"{blob.sha256}"', "X-Linked-Size": str(total)}
+            )
         else:
             headers["ETag"] = f'"{blob.git_oid}"'
 

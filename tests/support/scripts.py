@@ -18,8 +18,16 @@ def script(name: str) -> ModuleType:
     return importlib.import_module(f"scripts.{name}")
 
 
-def run_script(name: str, *args: str, engine_dir: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_script(
+    name: str, *args: str, engine_dir: Path, cache: Path, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """``python scripts/<name>.py ARGS`` from the repo root, on the given engine, with its own dspark cache."""
     env = {**os.environ, "DSPARK_CACHE_DIR": str(cache), "DSPARK_LLAMA_BIN": str(engine_dir), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, f"scripts/{name}.py", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, f"scripts/{name}.py", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -12,13 +12,24 @@ import time
 from support.cli import REPO
 
 
-def on_a_terminal(args: list[str], timeout: float = 120, *, env: dict[str, str] | None = None,
-                   answer: tuple[bytes, bytes] | None = None) -> tuple[int, str]:
+def on_a_terminal(
+    args: list[str],
+    timeout: float = 120,
+    *,
+    env: dict[str, str] | None = None,
+    answer: tuple[bytes, bytes] | None = None,
+) -> tuple[int, str]:
     """Run dspark with stdin, stdout and stderr on one pty, as in an interactive shell; (exit code, what it
     showed). ``answer`` = (question, reply): type the reply once the question is on the screen."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "dsparkcli.cli.app", *args], stdin=slave, stdout=slave,
-                            stderr=slave, cwd=REPO, env={**os.environ, "COLUMNS": "200", "TERM": "xterm", **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsparkcli.cli.app", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200", "TERM": "xterm", **(env or {})},
+    )
     os.close(slave)
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout

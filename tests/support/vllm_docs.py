@@ -30,12 +30,32 @@ ATTENTION_BACKENDS = {"FLASH_ATTN", "TRITON_ATTN", "FLASHINFER", "FLEX_ATTENTION
 
 # SpeculativeConfig fields (name -> Python type) and the SpeculativeMethod literal
 SPECULATIVE_FIELDS: dict[str, type] = {
-    "method": str, "model": str, "num_speculative_tokens": int, "revision": str,
-    "enable_adaptive_verification": bool, "draft_tensor_parallel_size": int, "max_model_len": int,
-    "draft_sample_method": str, "rejection_sample_method": str, "dspark_draft_topk": int,
+    "method": str,
+    "model": str,
+    "num_speculative_tokens": int,
+    "revision": str,
+    "enable_adaptive_verification": bool,
+    "draft_tensor_parallel_size": int,
+    "max_model_len": int,
+    "draft_sample_method": str,
+    "rejection_sample_method": str,
+    "dspark_draft_topk": int,
 }
-SPECULATIVE_METHODS = {"ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
-                       "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark"}
+SPECULATIVE_METHODS = {
+    "ngram",
+    "medusa",
+    "mlp_speculator",
+    "draft_model",
+    "suffix",
+    "custom_class",
+    "eagle",
+    "eagle3",
+    "extract_hidden_states",
+    "mtp",
+    "dflash",
+    "ngram_gpu",
+    "dspark",
+}
 
 # CompilationConfig.pass_config (PassConfig) boolean fields the recipe may switch off
 PASS_CONFIG_FIELDS = {"fuse_allreduce_rms", "enable_sp", "fuse_gemm_comms", "eliminate_noops"}
