@@ -35,8 +35,9 @@ from dsparkcli.gguf.analysis import (
 from dsparkcli.gguf.pairing import PairCheck, PairVerdict, check_loads, check_pair, mmproj_width
 from dsparkcli.gguf.reader import GGUFHeader, TensorInfo
 from dsparkcli.hub import registry
+from dsparkcli.hub.model_file import ModelFile
 from dsparkcli.hub.range import read_gguf
-from dsparkcli.hub.registry import ModelFile, ModelPair
+from dsparkcli.hub.registry import ModelPair
 from dsparkcli.llama.placement import DeviceShare, device_bytes
 from dsparkcli.llama.tables import EngineTables
 

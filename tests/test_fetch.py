@@ -17,7 +17,8 @@ from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
 from dsparkcli.errors import DsparkError, HubError, UsageError, VerificationError
 from dsparkcli.hub import fetch as core
-from dsparkcli.hub.registry import ModelFile, ModelPair, load_registry
+from dsparkcli.hub.model_file import ModelFile
+from dsparkcli.hub.registry import ModelPair, load_registry
 from support.cli import run_cli
 from support.hubserver import FakeHub, git_blob_sha1
 

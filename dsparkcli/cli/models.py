@@ -11,7 +11,8 @@ import typer
 from dsparkcli.cli._common import JsonOpt
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.hub import fetch as hub
-from dsparkcli.hub.registry import ModelFile, ModelPair, load_registry
+from dsparkcli.hub.model_file import ModelFile
+from dsparkcli.hub.registry import ModelPair, load_registry
 from dsparkcli.units import format_size
 
 HELP = """List the model pairs dspark knows and what is already downloaded.

