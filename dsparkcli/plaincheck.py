@@ -20,7 +20,7 @@ from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 
 # below this top-1/top-2 log-probability margin (= logit margin) a divergence is rounding of a near-tie:
-# the H200 study's first divergences had a 90th percentile of 0.50 (results/h200/real/divergence-margins.json)
+# the H200 study's first divergences had a 90th percentile of 0.50 (study/results/h200/real/divergence-margins.json)
 NEAR_TIE = 0.5
 TOP = 2  # the target's candidates asked per position
 

@@ -60,7 +60,8 @@ def user_models(tmp_path: Path) -> Callable[[str], Path]:
 # Test lanes (issue 29; `make test-fast` runs none of these, `make test` runs all). Marked here from what a
 # test can be seen to use, so a new test lands in its lane without anyone remembering to mark it:
 # - engine: uses the `engine` fixture, or a fixture that depends on it (fixturenames is the closure);
-# - study: runs or imports the study kit in scripts/ (support.scripts.script, a "scripts/..." path);
+# - study: runs or imports the study kit in study/ (support.scripts.script or run_script, a "study/..." path or
+#   "study.<name>" module, a module-level study module);
 # - torch: its module imports torch, or its code names torch;
 # - timing: never automatic (a wall-clock bound is not visible in the code's names): marked by hand.
 # What detection cannot see is marked by hand: @pytest.mark.engine on a test whose CLI call starts
@@ -103,9 +104,9 @@ def _runs_scripts(fn: Callable) -> bool:
     code = getattr(fn, "__code__", None)
     if code is None:
         return False
-    if "script" in code.co_names:  # support.scripts.script("name")
+    if {"script", "run_script", "study"} & set(code.co_names):  # support.scripts.script("name"), `from study ...`
         return True
-    return any(s == "scripts" or s.startswith("scripts/") for s in _code_strings(code, fn.__doc__))
+    return any(s == "study" or s.startswith(("study/", "study.")) for s in _code_strings(code, fn.__doc__))
 
 
 def _lanes(item: pytest.Item) -> set[str]:
@@ -115,6 +116,10 @@ def _lanes(item: pytest.Item) -> set[str]:
     module = getattr(item, "module", None)
     if module is not None and isinstance(getattr(module, "torch", None), types.ModuleType):
         lanes.add("torch")
+    if module is not None and any(
+        isinstance(v, types.ModuleType) and v.__name__.startswith("study.") for v in vars(module).values()
+    ):
+        lanes.add("study")  # a study module at module level (profile = script("kernel_profile"))
     roots = [getattr(item, "function", None)]
     info = getattr(item, "_fixtureinfo", None)
     for defs in info.name2fixturedefs.values() if info else ():

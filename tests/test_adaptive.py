@@ -260,8 +260,8 @@ def test_best_case_says_when_no_acceptance_can_make_a_draft_pay():
     """budget.best_case on the two committed tuning tables of the real pair: the CPU's (third draft) cannot
     pay even with every token accepted, the H200's (second draft) can at k = 2; and the claim behind it:
     an estimate of near-certain acceptance still makes the engine's choice k = 0 on the CPU table."""
-    cpu = budget.parse_cost_table((REPO / "results/cpu/adaptive-smollm2-135m-3/cost-table.txt").read_text())
-    h200 = budget.parse_cost_table((REPO / "results/h200/adaptive-real/cost-table.txt").read_text())
+    cpu = budget.parse_cost_table((REPO / "study/results/cpu/adaptive-smollm2-135m-3/cost-table.txt").read_text())
+    h200 = budget.parse_cost_table((REPO / "study/results/h200/adaptive-real/cost-table.txt").read_text())
     assert budget.best_case(cpu) == (3, pytest.approx(4 * 8.179788 / (41.032715 + 3 * 0.368702)))  # 0.78x
     assert budget.best_case(cpu)[1] < 1.0
     assert budget.best_case(h200) == (2, pytest.approx(3 * 1.349404 / (2.352667 + 2 * 0.515184)))  # 1.20x
@@ -532,7 +532,7 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
 
 
 def test_the_real_pair_script_runs_here(patched, tmp_path):
-    """scripts/adaptive_real.sh (the CPU and H200 measurement) with tiny settings on a known-answer pair."""
+    """study/adaptive_real.sh (the CPU and H200 measurement) with tiny settings on a known-answer pair."""
     pair = synth.write_pair(tmp_path / "pair", accept_rate=1.0, seed=3, block_size=BLOCK, target_layers=24)
     env = {
         **os.environ,
@@ -550,7 +550,7 @@ def test_the_real_pair_script_runs_here(patched, tmp_path):
     }
     out = tmp_path / "out"
     proc = subprocess.run(
-        ["bash", "scripts/adaptive_real.sh", str(pair.target), str(pair.draft), str(out)],
+        ["bash", "study/adaptive_real.sh", str(pair.target), str(pair.draft), str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md stays traceable: its generated section is exactly what scripts/bench_to_md.py makes of the
+"""BENCHMARKS.md stays traceable: its generated section is exactly what study/bench_to_md.py makes of the
 committed records, and the hand-written headline table quotes those generated cells."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from support.scripts import script
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = [
-    ROOT / "results/h200/study/sweep.jsonl",
-    *sorted((ROOT / "results/h200/study2").glob("sweep-*.jsonl")),
-    ROOT / "results/h200/study2/replicate-4.jsonl",
+    ROOT / "study/results/h200/study/sweep.jsonl",
+    *sorted((ROOT / "study/results/h200/study2").glob("sweep-*.jsonl")),
+    ROOT / "study/results/h200/study2/replicate-4.jsonl",
 ]
 
 
@@ -24,7 +24,7 @@ def _generated_and_doc() -> tuple[str, str]:
 def test_generated_section_is_the_records_rendered() -> None:
     generated, doc = _generated_and_doc()
     assert len(RECORDS) == 5 and all(p.is_file() for p in RECORDS)
-    body = doc.split("<summary>Generated tables (scripts/bench_to_md.py, unedited)</summary>\n\n", 1)[1]
+    body = doc.split("<summary>Generated tables (study/bench_to_md.py, unedited)</summary>\n\n", 1)[1]
     assert body.split("\n</details>", 1)[0] == generated
 
 
@@ -40,7 +40,7 @@ def test_headline_budgets_quote_the_generated_best_budget_rows() -> None:
 def test_real_section_is_the_real_records_rendered() -> None:
     real_to_md = script("real_to_md")
     doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
-    body = doc.split("<summary>Generated tables (scripts/real_to_md.py, unedited)</summary>\n\n", 1)[1]
+    body = doc.split("<summary>Generated tables (study/real_to_md.py, unedited)</summary>\n\n", 1)[1]
     generated = body.split("\n</details>", 1)[0]
     assert generated == real_to_md.render()
     assert "REAL acceptance: a real draft on a real target" in generated and "SYNTHETIC" not in generated
@@ -54,7 +54,7 @@ def test_real_headline_quotes_the_h200_records() -> None:
 
     rows = [
         s
-        for s in stats.summarize(read_jsonl(ROOT / "results/h200/real3/bench-h200.jsonl"))
+        for s in stats.summarize(read_jsonl(ROOT / "study/results/h200/real3/bench-h200.jsonl"))
         if s["config"] != "plain" and s["category"] != "all"
     ]
     doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
@@ -74,33 +74,33 @@ def test_real_headline_quotes_the_h200_records() -> None:
 def test_adaptive_section_is_its_records_rendered() -> None:
     adaptive_to_md = script("adaptive_to_md")
     doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
-    body = doc.split("<summary>Generated tables (scripts/adaptive_to_md.py, unedited)</summary>\n\n", 1)[1]
-    generated = adaptive_to_md.render(ROOT / "results/cpu/adaptive-smollm2-135m")
+    body = doc.split("<summary>Generated tables (study/adaptive_to_md.py, unedited)</summary>\n\n", 1)[1]
+    generated = adaptive_to_md.render(ROOT / "study/results/cpu/adaptive-smollm2-135m")
     assert body.split("\n\n</details>", 1)[0] == generated
     assert "@adaptive | all |" in generated and "| adaptive |" in generated
     h200 = doc.split(
-        "<summary>Generated tables (scripts/adaptive_to_md.py on results/h200/adaptive-real, unedited)</summary>\n\n",
+        "<summary>Generated tables (study/adaptive_to_md.py on study/results/h200/adaptive-real, unedited)</summary>\n\n",
         1,
     )[1]
-    generated = adaptive_to_md.render(ROOT / "results/h200/adaptive-real")
+    generated = adaptive_to_md.render(ROOT / "study/results/h200/adaptive-real")
     assert h200.split("\n\n</details>", 1)[0] == generated.rstrip("\n")
     assert "GPU NVIDIA H200" in generated and "@adaptive | all |" in generated
     third = doc.split(
-        "<summary>Generated tables (scripts/adaptive_to_md.py on results/cpu/adaptive-smollm2-135m-3, "
+        "<summary>Generated tables (study/adaptive_to_md.py on study/results/cpu/adaptive-smollm2-135m-3, "
         "unedited)</summary>\n\n",
         1,
     )[1]
-    generated = adaptive_to_md.render(ROOT / "results/cpu/adaptive-smollm2-135m-3")
+    generated = adaptive_to_md.render(ROOT / "study/results/cpu/adaptive-smollm2-135m-3")
     assert third.split("\n\n</details>", 1)[0] == generated.rstrip("\n")
     assert "engine 0c1e570 cpu" in generated and "@adaptive | all |" in generated
 
 
 def test_session36_section_is_its_records_rendered() -> None:
     """The H200 run of session 36 (issues 30 and 32): the generated tables are exactly what
-    scripts/session36_to_md.py makes of results/h200/session36, and the prose quotes them."""
+    study/session36_to_md.py makes of study/results/h200/session36, and the prose quotes them."""
     session36 = script("session36_to_md")
     doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
-    body = doc.split("<summary>Generated tables (scripts/session36_to_md.py, unedited)</summary>\n\n", 1)[1]
+    body = doc.split("<summary>Generated tables (study/session36_to_md.py, unedited)</summary>\n\n", 1)[1]
     generated = session36.render()
     assert body.split("\n</details>", 1)[0] == generated
     stock = next(line for line in generated.splitlines() if line.startswith("| stock key | 1.403"))

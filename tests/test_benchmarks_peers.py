@@ -1,6 +1,6 @@
 """BENCHMARKS.md's "What a user would pick instead" CPU section quotes its committed records: each row's median
 tok/s, min-max over rounds, ratio to plain, drafted/accepted and identity are recomputed here from
-results/cpu/peers-qwen/bench.jsonl by bench.stats (issue 34)."""
+study/results/cpu/peers-qwen/bench.jsonl by bench.stats (issue 34)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dsparkcli.bench import stats
 from dsparkcli.bench.records import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORDS = ROOT / "results/cpu/peers-qwen/bench.jsonl"
+RECORDS = ROOT / "study/results/cpu/peers-qwen/bench.jsonl"
 
 
 def row_line(s: dict) -> str:

@@ -1,19 +1,19 @@
 """Patch 0008 (CUDA graph counters) on the CPU: its counting struct, cut out of the patched ggml-cuda/common.cuh
 and compiled here, counts a scripted life of a cached graph exactly (what the H200 counters mean rests on it),
-and the line the engine logs is the one scripts/step_switches.py --graph-stats reads."""
+and the line the engine logs is the one study/step_switches.py --graph-stats reads."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import patches
+from support.scripts import script
 
 HARNESS = Path(__file__).resolve().parent / "support" / "cuda_graph_counts" / "harness.cpp"
 CUDA = Path("ggml/src/ggml-cuda")
@@ -64,8 +64,7 @@ def test_the_logged_line_is_the_one_step_switches_reads(tmp_path: Path) -> None:
             ]
         )
     )
-    sys.path.insert(0, str(REPO / "scripts"))
-    import step_switches
+    step_switches = script("step_switches")
 
     assert step_switches.graph_counters([log]) == [
         {

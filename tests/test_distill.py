@@ -562,13 +562,15 @@ def test_parity_holds_after_steps_that_did_not_draft(engine, tiny: Path, tmp_pat
 
 
 def test_replay_of_a_bench_run_gives_the_engines_counts(engine, tiny: Path, tmp_path: Path) -> None:
-    """distill.replay: a run's recorded draft requests, fed back through the torch draft, give the drafted and
+    """study.replay: a run's recorded draft requests, fed back through the torch draft, give the drafted and
     accepted counts llama-server reported for each one (the check that told the shipped draft's kit gap
     from an engine bug); a synthetic arm's requests are not replayed. A request where the engine's logged
     proposals break a near-tie the other way (another CPU's rounding) may differ by a token; every
     request whose decisive proposals all agree must give exactly the engine's counts."""
     from dsparkcli.bench.records import PromptRecord, RequestRecord
-    from dsparkcli.distill import replay
+    from support.scripts import script
+
+    replay = script("replay")
 
     target, draft, out = _parity_pair(tiny, tmp_path)
     budget, n_predict = 4, 40
@@ -622,7 +624,7 @@ def test_replay_of_a_bench_run_gives_the_engines_counts(engine, tiny: Path, tmp_
 
 
 def test_transfer_check_asks_for_tasks_the_trainer_never_draws() -> None:
-    """scripts/draft_transfer.py's two sets differ only in the task: same template and language per pair,
+    """study/draft_transfer.py's two sets differ only in the task: same template and language per pair,
     the new tasks in no list the trainer draws from, and none of its prompts a kit look-alike."""
     from support.scripts import script
 

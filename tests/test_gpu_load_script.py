@@ -1,4 +1,4 @@
-"""scripts/gpu_load.sh, the H200 concurrency table's commands, run here on the CPU engine: the exact
+"""study/gpu_load.sh, the H200 concurrency table's commands, run here on the CPU engine: the exact
 `dspark bench --concurrency` the lead runs on the GPU (same flags, -ngl/-fa included), on small pairs."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _script(engine, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[
         "PYTHONPATH": str(REPO),
     }
     proc = subprocess.run(
-        ["bash", "scripts/gpu_load.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+        ["bash", "study/gpu_load.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
     )
     return proc, out
 

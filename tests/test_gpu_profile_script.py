@@ -1,4 +1,4 @@
-"""scripts/gpu_profile.sh, issue 19's H200 step profile, run here on the CPU engine: the smoke mode (server
+"""study/gpu_profile.sh, issue 19's H200 step profile, run here on the CPU engine: the smoke mode (server
 timings only, exact counters of the known-answer pair) and the ncu path with a stand-in for ncu (a
 wrapper that runs the real llama-server as its child and writes a CSV in ncu's layout when it exits)."""
 
@@ -17,7 +17,7 @@ from dsparkcli.synth import known_answer as synth
 from dsparkcli.synth.full_width import write_full_width
 from support.cli import REPO
 
-PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # scripts/gpu_profile.py's prompt
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # study/gpu_profile.py's prompt
 
 # A stand-in for ncu: it runs the target command as its child (so the script must stop the SERVER for the
 # report to be written, as with ncu), then writes two steps of three kernels in ncu's --csv layout.
@@ -56,7 +56,7 @@ def _run(engine, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str
         "PYTHONPATH": str(REPO),
     }
     proc = subprocess.run(
-        ["bash", "scripts/gpu_profile.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        ["bash", "study/gpu_profile.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     return proc, out
 

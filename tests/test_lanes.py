@@ -50,9 +50,10 @@ def test_lanes_follow_what_a_test_uses():
     assert "engine" in lanes["tests/test_engine.py::test_second_build_call_reuses_the_cache"]  # the engine fixture
     assert lanes["tests/test_engine.py::test_parse_version_line"] == set()  # the fast lane
     assert "study" in lanes["tests/test_benchmarks_doc.py::test_generated_section_is_the_records_rendered"]  # script()
-    assert "study" in lanes["tests/test_requant.py::test_standalone_type_map_script"]  # REPO / "scripts" / ...
-    # its docstring names scripts/run_overhead.py, it runs none; engine from the fixture, timing by hand
-    assert lanes["tests/test_run.py::test_dspark_adds_no_measurable_overhead"] == {"engine", "timing"}
+    assert "study" in lanes["tests/test_requant.py::test_standalone_type_map_script"]  # "study.gguf_tensor_type_map"
+    # study.overhead through script() (its docstring's study/run_overhead.py alone would not count); engine from
+    # the fixture, timing by hand
+    assert lanes["tests/test_run.py::test_dspark_adds_no_measurable_overhead"] == {"engine", "study", "timing"}
     assert lanes["tests/test_gguf_census.py::test_census_of_a_20_gb_sparse_file_under_one_second"] == {"timing"}
     distill = {k: v for k, v in lanes.items() if k.startswith("tests/test_distill.py::")}
     assert len(distill) > 20 and all("torch" in v for v in distill.values())  # the module imports torch

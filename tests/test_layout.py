@@ -127,12 +127,12 @@ def test_no_module_is_a_novel():
         assert n <= (600 if rel in LONG_BUT_ONE_JOB else 500), f"{rel}: {n} lines"
 
 
-@pytest.mark.study  # imports scripts/gpu_sweep.py in a child python
+@pytest.mark.study  # imports study/gpu_sweep.py in a child python
 def test_the_gpu_sweep_imports_without_dsparks_dependencies():
-    """scripts/gpu_sweep.py --phase hbm runs with the GPU machine's own python (torch, no carried wheels): its
+    """study/gpu_sweep.py --phase hbm runs with the GPU machine's own python (torch, no carried wheels): its
     imports must not need platformdirs (the H200 run of 2026-12-01 lost its HBM figure to that)."""
     code = (
-        "import sys; sys.modules['platformdirs'] = None; sys.path.insert(0, 'scripts'); import gpu_sweep; "
+        "import sys; sys.modules['platformdirs'] = None; import study.gpu_sweep; "
         "from dsparkcli import config; import os; os.environ.pop('DSPARK_CACHE_DIR', None); "
         "config.cache_dir()"
     )

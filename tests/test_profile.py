@@ -1,4 +1,4 @@
-"""dsparkcli.bench.profile: ncu's CSV -> kernel records -> "where a step's milliseconds go" (issue 19).
+"""study.kernel_profile: ncu's CSV -> kernel records -> "where a step's milliseconds go" (issue 19).
 
 The fixture is written here in ncu's documented --csv layout (details page: one row per kernel x metric)."""
 
@@ -9,7 +9,9 @@ import io
 
 import pytest
 
-from dsparkcli.bench import profile
+from support.scripts import script
+
+profile = script("kernel_profile")
 
 HEADER = [
     "ID",
@@ -202,8 +204,6 @@ def test_rows_from_records_pairs_timing_and_kernels_by_config():
 def test_a_step_that_differs_in_one_launch_needs_min_match():
     """Steps whose launches differ a little (the hybrid target's rollback after an accepted draft) are read
     as periodic only when asked, and the table says so."""
-    from support.scripts import script
-
     odd = "void k_get_rows_float<float, float>(const float *, const int *, float *)"
     names = [MMVQ, NORM, FATTN] * 3 + [MMVQ, NORM, odd] + [MMVQ, NORM, FATTN] * 2  # 6 steps, one odd launch
     rec = profile.kernels_record(profile.parse_ncu_csv(_csv([(n, "nsecond", "1000") for n in names])))

@@ -43,7 +43,8 @@ def test_kit_images_are_small_pngs_that_exist():
 
 def test_image_script_reproduces_the_committed_pngs(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_prompt_images.py"), "--out", str(tmp_path)],
+        [sys.executable, "-m", "study.make_prompt_images", "--out", str(tmp_path)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,

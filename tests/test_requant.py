@@ -314,7 +314,8 @@ def test_cli_dry_run_plan_errors_and_real_run(quantize, bf16_draft, work):
 
 def test_standalone_type_map_script(q8, bf16_draft, work):
     r = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gguf_tensor_type_map.py"), str(bf16_draft)],
+        [sys.executable, "-m", "study.gguf_tensor_type_map", str(bf16_draft)],
+        cwd=REPO,
         check=False,
         capture_output=True,
         text=True,

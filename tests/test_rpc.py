@@ -434,7 +434,7 @@ def test_worker_config_refuses_a_remote_host_in_the_api_too(engine):
 
 
 def test_the_gpu_check_script_runs_here_on_the_cpu_engine(engine, tmp_path, monkeypatch):
-    """scripts/rpc_check.py (the H200 check) on the CPU engine: direct and through a local worker, the
+    """study/rpc_check.py (the H200 check) on the CPU engine: direct and through a local worker, the
     same tokens and counts, both equal to the known-answer prediction, a tok/s ratio recorded."""
     from support.scripts import script
 

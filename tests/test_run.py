@@ -367,15 +367,17 @@ def test_dspark_adds_no_measurable_overhead(engine, vpair):
     """Same server, same request, interleaved: dspark's streaming path vs a bare HTTP client.
 
     The issue's bar is >= 0.99x decode tok/s and TTFT within 50 ms on medians of 10; the recorded runs
-    (scripts/run_overhead.py -> BENCHMARKS.md) report those medians. On a shared 2-core machine other
+    (study/run_overhead.py -> BENCHMARKS.md) report those medians. On a shared 2-core machine other
     processes slow single requests of a tiny model by up to 20x, which swamps medians; interference
     only ever slows a run, so this guard compares the fastest run of each side (>= 0.95x) and the
     quickest first token (within 50 ms).
     """
-    from dsparkcli.bench import overhead
+    from support.scripts import script
+
+    overhead = script("overhead")
 
     # -t 1 leaves a core for the client: with llama.cpp's threads on every core of a 2-core machine, any
-    # client's CPU time slows generation (measured: 0.95x at -t 2, 1.01x at -t 1; results/cpu/)
+    # client's CPU time slows generation (measured: 0.95x at -t 2, 1.01x at -t 1; study/results/cpu/)
     cfg = ServerConfig(model=vpair.target, draft=vpair.draft, n_max=BUDGET, threads=1, ctx=4096)
     with LlamaServer(engine, cfg) as srv:
         result = overhead.measure(srv.client, "count", reps=10, n_predict=1024)

@@ -354,7 +354,7 @@ def test_an_engine_abort_is_named_by_its_own_line(tmp_path: Path) -> None:
     abort's line; a SIGKILL with nothing telling in the log stays "killed by a signal"."""
     root = Path(__file__).resolve().parent.parent
     srv = LlamaServer.__new__(LlamaServer)
-    srv.log_path = root / "results/h200/load2/abort16.log"
+    srv.log_path = root / "study/results/h200/load2/abort16.log"
     e = srv._died(-6, during="generation (real16@1 x16)")
     assert e.message == (
         "llama-server failed during generation (real16@1 x16) (signal 6, SIGABRT): "

@@ -243,7 +243,7 @@ def test_a_hybrid_target_rolls_back_alike_on_a_shared_server(engine, hybrid, tmp
 
 
 def test_the_shared_step_cost_script_runs_here(engine, tmp_path):
-    """scripts/shared_step_cost.py, the H200 measurement of patch 0004 on and off, on the CPU engine."""
+    """study/shared_step_cost.py, the H200 measurement of patch 0004 on and off, on the CPU engine."""
     out = tmp_path / "ssc"
     proc = run_script(
         "shared_step_cost",
@@ -271,7 +271,7 @@ def test_the_shared_step_cost_script_runs_here(engine, tmp_path):
 
 
 def test_the_step_switches_script_runs_every_switch_set_here(engine, tmp_path):
-    """scripts/step_switches.py, the H200 measurement of patches 0006/0007 on and off, on the CPU engine:
+    """study/step_switches.py, the H200 measurement of patches 0006/0007 on and off, on the CPU engine:
     every switch set runs the same cost cells, the speedup leg runs patched and stock only, and each run's
     records carry its switch set in the run id."""
     out = tmp_path / "sw"

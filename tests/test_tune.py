@@ -307,14 +307,15 @@ def _write_prompts(tmp_path: Path) -> Path:
 
 
 def test_gpu_scripts_run_here(engine, right, tmp_path):
-    """scripts/tune_study.py (tune vs a full grid per acceptance length) and scripts/tune_real.sh (tune, then
+    """study/tune_study.py (tune vs a full grid per acceptance length) and study/tune_real.sh (tune, then
     --budget auto through run, serve and bench): the H200 commands, on the CPU engine with small settings."""
     env = {**os.environ, **_env(engine, tmp_path), "PYTHONPATH": str(REPO), "PYTHON": sys.executable}
     out = tmp_path / "study"
     proc = subprocess.run(
         [
             sys.executable,
-            "scripts/tune_study.py",
+            "-m",
+            "study.tune_study",
             "--target",
             str(right.target),
             "--draft",
@@ -366,7 +367,7 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
 
     real = tmp_path / "real"
     proc = subprocess.run(
-        ["bash", "scripts/tune_real.sh", str(right.target), str(right.draft), str(real)],
+        ["bash", "study/tune_real.sh", str(right.target), str(right.draft), str(real)],
         cwd=REPO,
         env={**env, "LIMIT": "1", "N": "16", "REPS": "1", "THREADS": "1", "SERVER_ARGS": ""},
         capture_output=True,

@@ -232,8 +232,8 @@ def test_parse_auto():
 
 
 def test_benchmarks_quotes_the_committed_tuning_record():
-    """BENCHMARKS.md's tune table is scripts/tune_to_md.py's rendering of the committed record, unedited."""
-    src = "results/cpu/tune-smollm2-135m.json"
+    """BENCHMARKS.md's tune table is study/tune_to_md.py's rendering of the committed record, unedited."""
+    src = "study/results/cpu/tune-smollm2-135m.json"
     rec = TuningRecord.from_record(json.loads((REPO / src).read_text()))
     assert rec.complete and rec.key.backend == "cpu" and rec.choice().candidate is None  # plain won there
     assert script("tune_to_md").record_md(rec, src).strip() in (REPO / "BENCHMARKS.md").read_text()
@@ -301,13 +301,13 @@ def replace_p(acc: Acceptance, p: float) -> Acceptance:
 
 
 def test_the_committed_h200_tuning_refitted():
-    """results/h200/real/tune: tune's cells of the real smollm2-135m pair on the H200 (an earlier draft; every
+    """study/results/h200/real/tune: tune's cells of the real smollm2-135m pair on the H200 (an earlier draft; every
     p 0.3 / 0.6 cell with the same counters as p 0 in math). Its version 1 fit put s at 0.50 ms over every cell;
     on the p 0 cells s is 0.32 ms, and the p-min terms are its cells' own (p 0.6: +0.069 ms a block position,
     +0.55 ms a round at k 7; p 0.3: none to speak of)."""
     from dsparkcli.bench import tuning
 
-    src = REPO / "results/h200/real/tune"
+    src = REPO / "study/results/h200/real/tune"
     rec = TuningRecord.from_record(json.loads((src / "tune.json").read_text()))
     assert rec.version == 1 and not rec.current and rec.cost.s_ms == pytest.approx(0.4992, abs=1e-4)
     cost = tuning.refit(rec, src / "tune.jsonl")
@@ -381,7 +381,7 @@ def test_a_second_categorys_tuning_keeps_the_first(tmp_path, monkeypatch):
 
 
 def test_a_tuning_of_another_acceptance_replaces_rather_than_joins(tmp_path, monkeypatch):
-    """A SYNTHETIC tuning (llama.cpp's emulated acceptance, e.g. scripts/tune_study.py) and a REAL one of the same
+    """A SYNTHETIC tuning (llama.cpp's emulated acceptance, e.g. study/tune_study.py) and a REAL one of the same
     key measure different workloads: the later replaces the earlier, categories and all."""
     from dataclasses import replace
 

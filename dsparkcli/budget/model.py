@@ -18,7 +18,7 @@ round, the ones it then cuts to nothing included, and a DSpark block at budget k
 (patch 0003). So ``p_min_ms`` holds, per threshold, ms per block position per round, fitted on that
 threshold's cells only, after s is fitted on the cells without p_min. Fitted together, that time was
 charged to accepted tokens and no budget looked worth drafting (the REAL smollm2-135m pair on the H200:
-s 1.56 ms where its p 0 cells say 0.39 in issue 30's run; 0.50 against 0.32 in results/h200/real/tune).
+s 1.56 ms where its p 0 cells say 0.39 in issue 30's run; 0.50 against 0.32 in study/results/h200/real/tune).
 
 Standard library only (scripts on a GPU machine import it with nothing else installed).
 """

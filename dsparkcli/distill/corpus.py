@@ -32,7 +32,7 @@ class TrainPrompt:
 
 # One-line templates draw a subject from a shared list (a code task, a concept, a general topic). A draft
 # learns the answers to those subjects: the same templates scored 2.69 on training tasks and 2.22 on new
-# ones (results/real3/transfer-code.json), so validation must hold subjects out too, not only templates.
+# ones (study/results/real3/transfer-code.json), so validation must hold subjects out too, not only templates.
 # The material-carrying families (families.py) also draw general topics but name no subject (their
 # material is random), so a held-out topic can still reach training through one of them.
 SUBJECT_KEYS = ("task", "sql", "concept", "topic")
@@ -447,7 +447,7 @@ META_FORMS = {
         "Write one request a developer might make to get {lang} code for a task involving {concept}. Reply with the request only.",
         "Write one coding exercise about {concept} in {lang}. Reply with the exercise only.",
         # tasks from any topic, not from CODE_TASKS: the draft transfers poorly to tasks it has not seen
-        # (results/real3/transfer-code.json), and the target can write far more of them than a list holds
+        # (study/results/real3/transfer-code.json), and the target can write far more of them than a list holds
         "Write one request a user might make for a small {lang} program about {topic}. Reply with the request only.",
         "Write one task for a {lang} function that works on data about {topic}; name its inputs and its output. "
         "Reply with the task only.",

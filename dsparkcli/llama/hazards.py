@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dsparkcli.llama.engine import Engine, describe_backend
 
-# Measured on the H200 (BENCHMARKS.md, REAL pair, results/h200/load2/): llama.cpp 0c1e570 with a DSpark
+# Measured on the H200 (BENCHMARKS.md, REAL pair, study/results/h200/load2/): llama.cpp 0c1e570 with a DSpark
 # draft aborts at 16 slots on CUDA (common.cpp:2158 get_sub_batch: a token id outside the vocabulary
 # reaches the verification batch); 8 slots ran clean, and 16 slots on the CPU engine too. Said, not refused:
 # only one GPU and one pair were measured.
