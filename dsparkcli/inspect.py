@@ -32,7 +32,8 @@ from dsparkcli.gguf.analysis import (
     role_of,
     summarize,
 )
-from dsparkcli.gguf.pairing import PairCheck, PairVerdict, check_loads, check_pair, mmproj_width
+from dsparkcli.gguf.loadable import PairCheck, check_loads
+from dsparkcli.gguf.pairing import PairVerdict, check_pair, mmproj_width
 from dsparkcli.gguf.reader import GGUFHeader, TensorInfo
 from dsparkcli.hub import registry
 from dsparkcli.hub.model_file import ModelFile

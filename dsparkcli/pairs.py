@@ -16,15 +16,8 @@ from pathlib import Path
 from dsparkcli.budget.limits import DraftLimit
 from dsparkcli.errors import PairingError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure, summarize
-from dsparkcli.gguf.pairing import (
-    PairCheck,
-    check_classic_pair,
-    check_file_loads,
-    check_loads,
-    check_pair,
-    open_header,
-    refuse_unloadable,
-)
+from dsparkcli.gguf.loadable import PairCheck, check_file_loads, check_loads, refuse_unloadable
+from dsparkcli.gguf.pairing import check_classic_pair, check_pair, open_header
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.download import OnProgress
 from dsparkcli.hub.fetch import Check, Confirm, PlannedFile

@@ -14,7 +14,8 @@ from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, TensorSplitOpt
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import EngineNotFoundError, PairingError, VerificationError
 from dsparkcli.gguf.analysis import TensorDiff, printable
-from dsparkcli.gguf.pairing import PairVerdict, refuse_unloadable
+from dsparkcli.gguf.loadable import refuse_unloadable
+from dsparkcli.gguf.pairing import PairVerdict
 from dsparkcli.llama.engine import resolve_engine
 from dsparkcli.llama.loads import engine_label, engine_tables
 from dsparkcli.llama.placement import DeviceShare, parse_tensor_split

@@ -24,7 +24,7 @@ from typing import Any
 
 from dsparkcli import config
 from dsparkcli.errors import ServerError, UsageError
-from dsparkcli.gguf.pairing import readable_load_checks, refuse_unloadable
+from dsparkcli.gguf.loadable import readable_load_checks, refuse_unloadable
 from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.flags import OWNED_FLAGS, check_extra_args, split_server_args  # noqa: F401 - re-exported
