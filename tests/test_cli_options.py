@@ -11,7 +11,31 @@ import typer
 from dsparkcli.cli import app as cli_app
 from support.cli import REPO
 
-SHARED = ("--seed", "--ctx", "--prompts", "--limit", "--reps", "--warmup", "--n-predict", "--ignore-eos")
+SHARED = (
+    "--seed",
+    "--ctx",
+    "--prompts",
+    "--limit",
+    "--reps",
+    "--warmup",
+    "--n-predict",
+    "--ignore-eos",
+    "--draft",
+    "--p-min",
+    "--category",
+    "--synth-len",
+    "--host",
+    "--port",
+    "--threads",
+    "--yes",
+    "--block-size",
+    "--model",
+    "--target",
+    "--mmproj",
+    "--json",
+    "--budget",
+    "--spec",
+)
 # the same name for another thing, declared where it is used
 OWN_MEANING = {("--prompts", "distill.py")}  # extra training text (a file of lines), not a bench prompt kit
 

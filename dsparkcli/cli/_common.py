@@ -25,6 +25,39 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document i
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Pair name from models.toml.")]
 TargetOpt = Annotated[Optional[str], typer.Option("--target", help="Target GGUF: path or hf://owner/repo/file.")]
 DraftOpt = Annotated[Optional[str], typer.Option("--draft", help="DSpark draft GGUF: path or hf://owner/repo/file.")]
+# bench compares drafts: the same --draft, repeatable, each optionally labelled
+DraftsOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--draft", help="Draft GGUF path or registry key, optionally LABEL=PATH (repeatable)."),
+]
+# bench and tune measure a subset of a kit's categories (run/serve's --category is CategoryOpt: one tuned pick)
+CategoriesOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision' name groups)."),
+]
+# tune's candidate thresholds (run/serve/bench take one --p-min, or auto: PMinOpt, AutoPMinOpt)
+PMinsOpt = Annotated[
+    Optional[list[float]],
+    typer.Option("--p-min", help="Candidate confidence thresholds (default 0, plus 0.3 0.6 with a confidence head)."),
+]
+SynthLenOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--synth-len",
+        help="SYNTHETIC acceptance length at the largest budget (--spec-synth-len); labels every output.",
+    ),
+]
+# the address a server or worker binds: loopback unless asked (each command sets its own default port)
+HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).")]
+PortOpt = Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="Port (0 = any free one).")]
+# the draft's dflash.block_size: the largest budget it proposes (synth and distill write it)
+BlockSizeOpt = Annotated[
+    int, typer.Option("--block-size", min=1, max=16, help="dflash.block_size: the largest budget.")
+]
+# fetch downloads one of a registry pair's drafts: --draft names it by its key
+FetchDraftOpt = Annotated[
+    Optional[str], typer.Option("--draft", help="Draft key (default: the pair's default draft).")
+]
 MmprojOpt = Annotated[Optional[str], typer.Option("--mmproj", help="Vision projector GGUF: path or hf://.")]
 DraftKeyOpt = Annotated[Optional[str], typer.Option("--draft-key", help="Which registry draft (e.g. q8_0).")]
 BudgetOpt = Annotated[
@@ -33,6 +66,15 @@ BudgetOpt = Annotated[
         "--budget",
         "-b",
         help="--spec-draft-n-max, or 'auto': the `dspark tune` choice, or 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (default: registry, 5).",
+    ),
+]
+# bench compares budgets: the same --budget, several values (one arm each)
+BudgetsOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--budget",
+        "-b",
+        help="Draft budgets (--spec-draft-n-max): --budget 5 15; 'auto': the `dspark tune` choice; 'adaptive': llama.cpp picks each step's budget from the tuning's cost table (an arm per draft).",
     ),
 ]
 NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculative draft.")]

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli.cli._common import SEED, JsonOpt, LlamaBinOpt, SeedOpt
+from dsparkcli.cli._common import SEED, BlockSizeOpt, JsonOpt, LlamaBinOpt, SeedOpt
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.config import cache_dir
 from dsparkcli.errors import UsageError
@@ -53,9 +53,7 @@ def distill(
         Optional[int], typer.Option("--steps", min=1, help="Training steps (with or instead of --minutes).")
     ] = None,
     layers: Annotated[int, typer.Option("--layers", min=1, max=8, help="Draft layers.")] = 2,
-    block_size: Annotated[
-        int, typer.Option("--block-size", min=1, max=16, help="dflash.block_size: the largest budget.")
-    ] = 8,
+    block_size: BlockSizeOpt = 8,
     taps: Annotated[
         Optional[str], typer.Option("--taps", help="Target layer inputs to tap, e.g. 2,15,28 (default: 3 spread).")
     ] = None,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
+from dsparkcli.cli._common import FetchDraftOpt, JsonOpt, LlamaBinOpt, YesOpt
 from dsparkcli.cli._download import ask_to_download, download_progress, show_plan
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import EngineNotFoundError, Interrupted, UsageError
@@ -44,16 +44,14 @@ def fetch(
             help="Pair name from `dspark models` (default: the registry's default), or one file: hf://owner/repo[@rev]/file.gguf."
         ),
     ] = None,
-    draft: Annotated[
-        Optional[str], typer.Option("--draft", help="Draft key (default: the pair's default draft).")
-    ] = None,
+    draft: FetchDraftOpt = None,
     local_dir: Annotated[
         Optional[Path], typer.Option("--dir", help="Download into this folder instead of the HF cache.")
     ] = None,
     revision: Annotated[
         Optional[str], typer.Option("--revision", help="Branch, tag or commit for every file of the pair.")
     ] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before large downloads.")] = False,
+    yes: YesOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Download even files the engine in use cannot load.")] = False,
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
+from dsparkcli.cli._common import HostOpt, JsonOpt, LlamaBinOpt, PortOpt, ThreadsOpt
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.placement import is_loopback
@@ -32,17 +32,13 @@ Examples:
 
 
 def rpc_worker(
-    host: Annotated[
-        str, typer.Option("--host", help="Address to bind (loopback unless --allow-remote).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="Port (0 = any free one).")] = 50052,
+    host: HostOpt = "127.0.0.1",  # another address needs --allow-remote too
+    port: PortOpt = 50052,
     device: Annotated[
         Optional[str],
         typer.Option("--device", "-d", help="Devices to lend, e.g. CUDA0 (default: all accelerators, else the CPU)."),
     ] = None,
-    threads: Annotated[
-        Optional[int], typer.Option("--threads", "-t", min=1, help="Threads of the CPU device.")
-    ] = None,
+    threads: ThreadsOpt = None,
     cache: Annotated[
         bool, typer.Option("--cache", help="Keep received tensors in a local file cache (faster reloads).")
     ] = False,

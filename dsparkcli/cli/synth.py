@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dsparkcli.cli._common import SEED, JsonOpt, NPredictOpt, SeedOpt
+from dsparkcli.cli._common import SEED, BlockSizeOpt, JsonOpt, NPredictOpt, PMinOpt, SeedOpt
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import UsageError
 from dsparkcli.synth import full_width
@@ -74,7 +74,7 @@ def synth(
     ] = False,
     vision: Annotated[bool, typer.Option("--vision", help="Also write a tiny mmproj (clip 'mlp') and a PNG.")] = False,
     seed: SeedOpt = SEED,  # g, the wrong rows and the confidences
-    block_size: Annotated[int, typer.Option("--block-size", help="dflash.block_size of the draft.")] = 8,
+    block_size: BlockSizeOpt = 8,
     shape: Annotated[
         Optional[str],
         typer.Option("--shape", help="Full-width random pair with a real model's shapes, e.g. minicpm-v-4.7-35b-a3b."),
@@ -129,7 +129,7 @@ def synth_predict(
     last_token: Annotated[Optional[int], typer.Option("--last-token", help="Only the prompt's last token id.")] = None,
     n_max: Annotated[int, typer.Option("--n-max", help="--spec-draft-n-max of the server.")] = 7,
     n_predict: NPredictOpt = 32,
-    p_min: Annotated[float, typer.Option("--p-min", help="--spec-draft-p-min of the server.")] = 0.0,
+    p_min: PMinOpt = None,
     n_min: Annotated[int, typer.Option("--n-min", help="--spec-draft-n-min of the server.")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
@@ -138,11 +138,13 @@ def synth_predict(
     man = core.load_manifest(manifest)
     if prompt_tokens is not None:
         pred = core.predict(
-            man, _parse_tokens(prompt_tokens), n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min
+            man, _parse_tokens(prompt_tokens), n_max=n_max, n_predict=n_predict, p_min=p_min or 0.0, n_min=n_min
         )
     else:
         assert last_token is not None
-        pred = core.predict_from_last(man, last_token, n_max=n_max, n_predict=n_predict, p_min=p_min, n_min=n_min)
+        pred = core.predict_from_last(
+            man, last_token, n_max=n_max, n_predict=n_predict, p_min=p_min or 0.0, n_min=n_min
+        )
     if json_out:
         print_json(pred)
         return

@@ -22,7 +22,9 @@ from dsparkcli.budget.choice import require_adaptive
 from dsparkcli.budget.record import TuningRecord
 from dsparkcli.cli._common import (
     SEED,
+    CategoriesOpt,
     CtxOpt,
+    DraftOpt,
     IgnoreEosOpt,
     JsonOpt,
     LimitOpt,
@@ -30,9 +32,11 @@ from dsparkcli.cli._common import (
     MmprojOpt,
     ModelOpt,
     NPredictOpt,
+    PMinsOpt,
     PromptsOpt,
     RepsOpt,
     SeedOpt,
+    SynthLenOpt,
     TargetOpt,
     ThreadsOpt,
     WarmupOpt,
@@ -150,32 +154,23 @@ def render(rec: TuningRecord) -> Table:
 def tune_cmd(
     model: ModelOpt = None,
     target: TargetOpt = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF path or registry key.")] = None,
+    draft: DraftOpt = None,
     mmproj: MmprojOpt = None,
     prompts: PromptsOpt = kit.DEFAULT_KIT,
-    category: Annotated[
-        Optional[list[str]], typer.Option("--category", help="Only these categories (repeatable; 'text', 'vision').")
-    ] = None,
+    category: CategoriesOpt = None,
     limit: LimitOpt = 3,
     budgets: Annotated[
         Optional[list[int]],
         typer.Option("--budgets", help="Candidate budgets (default 1 2 3 5 7 10 15, up to the draft's block)."),
     ] = None,
-    p_min: Annotated[
-        Optional[list[float]],
-        typer.Option(
-            "--p-min", help="Candidate confidence thresholds (default 0, plus 0.3 0.6 with a confidence head)."
-        ),
-    ] = None,
+    p_min: PMinsOpt = None,
     n_predict: NPredictOpt = 128,
     reps: RepsOpt = 1,
     warmup: WarmupOpt = 1,
     top: Annotated[int, typer.Option("--top", min=1, help="Best predicted candidates per category to measure.")] = 2,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
-    synth_len: Annotated[
-        Optional[float], typer.Option("--synth-len", help="SYNTHETIC acceptance length at the largest budget.")
-    ] = None,
+    synth_len: SynthLenOpt = None,
     synth_mode: Annotated[
         str,
         typer.Option(
