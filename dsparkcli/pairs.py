@@ -21,6 +21,7 @@ from dsparkcli.gguf.pairing import check_classic_pair, check_pair, open_header
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.download import OnProgress
 from dsparkcli.hub.fetch import Check, Confirm, PlannedFile
+from dsparkcli.hub.hfref import parse_hf_uri
 from dsparkcli.hub.range import read_gguf
 from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import placement as placement_mod
@@ -33,6 +34,7 @@ from dsparkcli.llama.speculation import Speculation
 from dsparkcli.units import format_size
 
 FORCE_HINT = "dspark fetch --force downloads them anyway"
+NO_MMPROJ = "images given but no --mmproj (the model's vision projector) is known"
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,30 @@ def _local_or_ref(value: str | Path | None, role: str, downloads: Downloads) -> 
             on_progress=downloads.on_progress,
             check=downloads.check,
         )
+    return _local_file(text, role)
+
+
+def _local_file(text: str, role: str) -> Path:
     path = Path(text).expanduser()
     if not path.is_file():
         raise UsageError(f"{role} model not found: {path}")
     return path
+
+
+def check_given(spec: PairSpec, *, need_vision: bool = False) -> None:
+    """The user's own words, checked before the engine is looked for and before anything is fetched: hub
+    addresses parse, local files exist, images come with a projector. A typo is said as the typo, also on a
+    machine with no engine built yet (where looking for the engine first would say "build one")."""
+    if spec.model is not None and spec.target is not None:
+        raise UsageError("give either --model or --target, not both")
+    given = (("target", spec.target), ("draft", None if spec.no_draft else spec.draft), ("mmproj", spec.mmproj))
+    for role, value in given:
+        if value is not None and str(value).startswith("hf://"):
+            parse_hf_uri(str(value))
+        elif value is not None:
+            _local_file(str(value), role)
+    if need_vision and spec.target is not None and spec.mmproj is None:  # a registry pair may name its mmproj
+        raise UsageError(NO_MMPROJ)
 
 
 def _announce_default(
@@ -332,7 +354,7 @@ def prepare_server(
         require_dspark(engine)
     files = resolve_files(spec, downloads)
     if need_vision and files.mmproj is None:
-        raise UsageError("images given but no --mmproj (the model's vision projector) is known")
+        raise UsageError(NO_MMPROJ)
     check_pairing(files, downloads.engine)
     if engine is not None:
         knobs = replace(knobs, placement=place_draft(knobs.placement, engine, files.draft))

@@ -26,7 +26,7 @@ from dsparkcli.llama import protocol
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.server import LlamaServer, ServerClient, metrics_or_none, stream_chat
-from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
+from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, prepare_server
 from dsparkcli.plaincheck import PlainComparison, compare_with_plain
 
 
@@ -283,6 +283,7 @@ def answer(
         finally:
             client.close()
 
+    check_given(pair, need_vision=bool(q.images))  # a typo is said before "no engine found"
     eng = engine or engine_mod.resolve_engine(llama_bin, rpc=bool(knobs.placement.rpc))
     cfg, files = prepare_server(pair, knobs, downloads, need_vision=bool(q.images), engine=eng)
     cfg, auto = chosen_server(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
+import tempfile
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +28,18 @@ def pytest_configure(config: pytest.Config) -> None:
             "(`make test` builds or reuses the engine under the default cache)",
             returncode=2,
         )
+    if "not engine" in (config.option.markexpr or ""):
+        hide_engine(config)
+
+
+def hide_engine(config: pytest.Config) -> None:
+    """A run that leaves the engine lane out (`make test-fast`) runs as a newcomer's machine before `make
+    engine`: no cached build (an empty DSPARK_CACHE_DIR), no config naming one, no DSPARK_LLAMA_BIN. A test that
+    needs the engine without being marked then fails there, instead of passing wherever one happens to be built."""
+    empty = Path(tempfile.mkdtemp(prefix="dspark-no-engine-"))
+    config.add_cleanup(lambda: shutil.rmtree(empty, ignore_errors=True))
+    os.environ.update(DSPARK_CACHE_DIR=str(empty / "cache"), DSPARK_CONFIG_DIR=str(empty / "config"))
+    os.environ.pop("DSPARK_LLAMA_BIN", None)
 
 
 @pytest.fixture(scope="session")
@@ -65,8 +79,8 @@ def user_models(tmp_path: Path) -> Callable[[str], Path]:
 # - torch: its module imports torch, or its code names torch;
 # - timing: never automatic (a wall-clock bound is not visible in the code's names): marked by hand.
 # What detection cannot see is marked by hand: @pytest.mark.engine on a test whose CLI call starts
-# llama-server without the fixture. `make test-fast` runs with an empty DSPARK_ENGINE_DIR, so such a test
-# fails there instead of silently running the engine in the fast lane.
+# llama-server without the fixture. A run with -m 'not engine ...' finds no engine (hide_engine), so such a
+# test fails there instead of silently running the engine in the fast lane.
 
 
 def _functions_used(fn: Callable, module: types.ModuleType | None, seen: set) -> Iterator[Callable]:

@@ -213,6 +213,7 @@ def test_pairs_refuse_the_same_before_the_server(engine, bad, good):
     assert cfg.draft == good.draft
 
 
+@pytest.mark.engine  # the built engine's tables refuse the file: `dspark run` finds that engine by itself
 def test_cli_run_refuses_in_one_line(bad, tmp_path):
     r = run_cli(
         "run", "--target", str(bad["arch"]), "--no-draft", "hello", env={"DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
@@ -277,6 +278,7 @@ def _serve_minicpm(hub: FakeHub, tmp_path: Path, projector: str) -> dict[str, by
     return files
 
 
+@pytest.mark.engine  # the built engine's projector table refuses the file: `dspark fetch` finds that engine
 def test_fetch_stops_after_the_headers_when_the_projector_is_unknown(hub, tmp_path):
     files = _serve_minicpm(hub, tmp_path, projector="minicpmv4_7")
     hub.advertise_size(TARGET_REPO, TARGET_FILE, 20 * 10**9)

@@ -3,6 +3,7 @@ uses, and the in-process `cli` gives what a `dspark` subprocess gives."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,29 +13,26 @@ from support.cli import REPO, run_cli, run_cli_in_process
 FAST = ("engine", "study", "torch", "timing")  # `make test-fast` deselects them all
 
 
-def _lanes(*files: str) -> dict[str, set[str]]:
-    """test id -> its lanes, as pytest collects them (one collection, through support.lane_dump)."""
+def _collect(*args: str, env: dict[str, str | None] | None = None) -> str:
+    """``pytest --collect-only ARGS`` through support.lane_dump: its LANE and ENGINE lines (``env``: None unsets)."""
+    full = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO / "tests")}
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "support.lane_dump",
-            *files,
-        ],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "support.lane_dump"]
+        + list(args),
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
+        env={k: v for k, v in full.items() if v is not None},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = [line[len("LANE ") :].rsplit(" ", 1) for line in proc.stdout.splitlines() if line.startswith("LANE ")]
+    return proc.stdout
+
+
+def _lanes(*files: str) -> dict[str, set[str]]:
+    """test id -> its lanes, as pytest collects them (one collection, through support.lane_dump)."""
+    out = _collect(*files)
+    rows = [line[len("LANE ") :].rsplit(" ", 1) for line in out.splitlines() if line.startswith("LANE ")]
     return {nodeid: set() if lanes == "-" else set(lanes.split(",")) for nodeid, lanes in rows}
 
 
@@ -104,3 +102,32 @@ def test_in_process_cli_gives_what_the_subprocess_gives(tmp_path):
     assert run_cli_in_process("--version", env={"COLUMNS": "200"}).args[0] == sys.executable
     assert run_cli_in_process("--version", env={"HF_HUB_OFFLINE": "1"}).args[0] == sys.executable
     assert run_cli_in_process("--version", env={"DSPARK_CONFIG_DIR": str(tmp_path)}).args[0] == "dspark"
+
+
+def test_a_run_without_the_engine_lane_finds_no_engine(tmp_path):
+    """`make test-fast` runs as a newcomer's machine before `make engine`, whatever engine this one has: so a
+    test that needs the engine without its mark fails in the fast lane instead of passing here."""
+    bin_dir = tmp_path / "cache" / "engine" / "0c1e570-cpu" / "build" / "bin"  # a cached build, as `make engine`
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "llama-server").write_text("#!/bin/sh\n")
+    (bin_dir / "llama-server").chmod(0o755)
+    record = {"commit": "0c1e570", "backend": "cpu", "cuda_arch": "", "source_dir": "", "bin_dir": str(bin_dir)}
+    (bin_dir.parent.parent / "engine.json").write_text(json.dumps(record))
+    (tmp_path / "cfg").mkdir()
+    config_file = tmp_path / "cfg" / "config.toml"
+    env: dict[str, str | None] = {
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+        "DSPARK_LLAMA_BIN": None,
+    }
+    probe = "tests/test_lanes.py::test_an_undeclared_marker_is_a_collection_error"  # a quick collection
+    assert "ENGINE cache" in _collect(probe, env=env).splitlines()
+    config_file.write_text(f'[engine]\nllama_bin = "{bin_dir}"\n')
+    assert f"ENGINE config {config_file}" in _collect(probe, env=env).splitlines()
+    env["DSPARK_LLAMA_BIN"] = str(bin_dir)
+    assert "ENGINE DSPARK_LLAMA_BIN" in _collect(probe, env=env).splitlines()
+    # the fast lane's run finds none of the three
+    assert "ENGINE none" in _collect(probe, "-m", FAST_LANE, env=env).splitlines()
+
+
+FAST_LANE = " and ".join(f"not {lane}" for lane in FAST)

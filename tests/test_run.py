@@ -150,7 +150,6 @@ def test_bad_image_is_one_line(cli, vpair, tmp_path):
     assert "not a readable image" in msg and str(bad) in msg
 
 
-@pytest.mark.engine  # asks the built llama-server (its --help/--version) through the CLI, without the fixture
 def test_missing_image_and_missing_model(cli, vpair, tmp_path):
     assert "image not found" in _one_line_error(
         cli("run", str(tmp_path / "x.png"), "hi", "--target", str(vpair.target)), 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -90,15 +91,16 @@ def requant(
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    quantize = resolve_engine(llama_bin).tool("llama-quantize")
+    # every input checked first (paths, types, the header): a typo is said before "no engine found"
     plan = core.build_plan(
-        src,
-        dst,
-        heads=heads,
-        overrides=tensor or (),
-        allow_requantize=allow_requantize,
-        force=force,
-        quantize=quantize,
+        src, dst, heads=heads, overrides=tensor or (), allow_requantize=allow_requantize, force=force
+    )
+    quantize = resolve_engine(llama_bin).tool("llama-quantize")
+    plan = replace(
+        plan,
+        command=core.quantize_command(
+            quantize, plan.src, plan.partial_path, plan.map_path, plan.positional, plan.allow_requantize
+        ),
     )
     if dry_run:
         if json_out:

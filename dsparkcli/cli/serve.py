@@ -51,7 +51,7 @@ from dsparkcli.llama import hazards, speculation
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.placement import is_loopback
 from dsparkcli.llama.supervise import DEFAULT_MAX_RESTARTS, Event, Supervisor
-from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, prepare_server
+from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, prepare_server
 
 HELP = """Serve a target + DSpark draft (+ vision projector) until Ctrl-C or SIGTERM.
 
@@ -177,25 +177,28 @@ def serve(
             out.print(cmd.shell_line(_key_word(api_key, api_key_file)), markup=False)
         return
     placement = placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device)
-    eng = engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc))
     kv = knob_values(budget, p_min)
+    pair = PairSpec(
+        model=name,
+        target=target,
+        draft=draft,
+        mmproj=mmproj,
+        draft_key=draft_key,
+        no_draft=no_draft,
+        speculation=speculation.parse(spec) if spec else None,
+    )
+    extra_args = passthrough_args()
+    check_given(pair)  # the user's input before the engine: a typo is said before "no engine found"
+    eng = engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc))
     with download_progress(disable=json_out) as on_progress:
         cfg, files = prepare_server(
-            PairSpec(
-                model=name,
-                target=target,
-                draft=draft,
-                mmproj=mmproj,
-                draft_key=draft_key,
-                no_draft=no_draft,
-                speculation=speculation.parse(spec) if spec else None,
-            ),
+            pair,
             ServerKnobs(
                 **kv,
                 ctx=ctx,
                 threads=threads,
                 ngl=ngl,
-                extra_args=passthrough_args(),
+                extra_args=extra_args,
                 parallel=parallel,
                 host=host,
                 port=port,
