@@ -15,7 +15,8 @@ import pytest
 from support.cli import REPO
 
 PACKAGE = REPO / "dsparkcli"
-SOURCES = sorted([*PACKAGE.rglob("*.py"), *(REPO / "scripts").glob("*.py")])
+STUDY = REPO / "study"  # the study kit beside the package (docs/DESIGN.md, "The product and the study kit")
+SOURCES = sorted([*PACKAGE.rglob("*.py"), *STUDY.glob("*.py")])
 # the modules DESIGN.md names as one job each, above ~500 lines
 LONG_BUT_ONE_JOB = {"gguf/analysis.py", "synth/known_answer.py", "synth/full_width.py"}
 
@@ -125,6 +126,128 @@ def test_no_module_is_a_novel():
         rel = str(path.relative_to(PACKAGE))
         n = len(path.read_text(encoding="utf-8").splitlines())
         assert n <= (600 if rel in LONG_BUT_ONE_JOB else 500), f"{rel}: {n} lines"
+
+
+# The seam between the product and the study kit (docs/DESIGN.md): the only dsparkcli modules study/ may import,
+# and of them only public names. A change to one of these modules' public names updates the kit in the same
+# commit; every other module of dsparkcli moves freely without a look at study/. The list is exactly what the
+# kit uses (a stale entry would hide a module that is free).
+STUDY_SEAM = frozenset(
+    {
+        "dsparkcli",  # __version__, in the records the kit writes
+        "dsparkcli.config",
+        "dsparkcli.errors",
+        # measuring: a plan, its run, its records and what they become
+        "dsparkcli.bench.plan",
+        "dsparkcli.bench.run",
+        "dsparkcli.bench.records",
+        "dsparkcli.bench.stats",
+        "dsparkcli.bench.report",
+        "dsparkcli.bench.prompts",
+        "dsparkcli.bench.provenance",
+        "dsparkcli.bench.tuning",
+        "dsparkcli.budget.model",
+        "dsparkcli.budget.record",
+        "dsparkcli.budget.rule",
+        # the engine and its servers
+        "dsparkcli.llama.engine",
+        "dsparkcli.llama.server",
+        "dsparkcli.llama.client",  # ServerClient, stream_chat (study.overhead)
+        "dsparkcli.llama.protocol",
+        "dsparkcli.llama.patches",
+        "dsparkcli.llama.rpc",
+        "dsparkcli.llama.placement",
+        # the pairs measured: synthetic, from the registry, inspected, requantised
+        "dsparkcli.synth.known_answer",
+        "dsparkcli.synth.full_width",
+        "dsparkcli.hub.registry",
+        "dsparkcli.gguf.reader",
+        "dsparkcli.gguf.analysis",
+        "dsparkcli.requant",
+        # the torch draft (study.replay, the transfer and divergence checks)
+        "dsparkcli.distill.target",
+        "dsparkcli.distill.model",
+        "dsparkcli.distill.parity",
+        "dsparkcli.distill.export",
+        "dsparkcli.distill.corpus",
+        "dsparkcli.distill.data",
+    }
+)
+
+
+def _is_module(dotted: str) -> bool:
+    path = REPO / dotted.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_the_product_imports_nothing_from_the_study_kit():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            study = [n for n in names if n.split(".")[0] == "study"]
+            assert not study, f"{path.relative_to(REPO)}:{node.lineno} imports {study}"
+
+
+def test_no_study_file_edits_sys_path():
+    """The kit runs as ``python -m study.<name>`` from the repo root and imports its neighbours as study.<name>:
+    no Python file of it touches sys.path, and no shell script of it runs a kit file by path (which would put
+    study/ itself on sys.path instead of the repo root)."""
+    assert (STUDY / "__init__.py").is_file()
+    for path in sorted(STUDY.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            touches = (
+                isinstance(node, ast.Attribute)
+                and node.attr == "path"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"
+            ) or (
+                isinstance(node, ast.ImportFrom) and node.module == "sys" and any(a.name == "path" for a in node.names)
+            )
+            assert not touches, f"{path.relative_to(REPO)}:{node.lineno} touches sys.path"
+    by_path = re.compile(r"(python3?|\$PY\b|\$\{?PY\}?\"?)\s+(-\w+\s+)*\S*\b(study|scripts)/\w+\.py")
+    shell = sorted(STUDY.glob("*.sh"))
+    assert shell
+    for path in shell:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            assert "sys.path" not in line, f"{path.relative_to(REPO)}:{n}"
+            assert not by_path.search(line), f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+
+
+def test_the_study_kit_uses_the_product_only_through_its_seam():
+    used = set()
+    for path in sorted(STUDY.glob("*.py")):
+        where = str(path.relative_to(REPO))
+        aliases = set()  # names bound to a seam module here, whose private attributes are off limits too
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == "dsparkcli":
+                        assert a.name in STUDY_SEAM, f"{where}:{node.lineno}: {a.name} is not in the seam"
+                        used.add(a.name)
+                        aliases.add(a.asname or a.name.split(".")[0])
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "dsparkcli":
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    module = full if _is_module(full) else node.module
+                    assert module in STUDY_SEAM, f"{where}:{node.lineno}: {module} is not in the seam"
+                    assert module == full or not _private(a.name), f"{where}:{node.lineno}: {full} is private"
+                    used.add(module)
+                    if module == full:
+                        aliases.add(a.asname or a.name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                assert not _private(node.attr), f"{where}:{node.lineno}: {node.value.id}.{node.attr} is private"
+    assert used == STUDY_SEAM, f"not used by the kit: {sorted(STUDY_SEAM - used)}"
 
 
 @pytest.mark.study  # imports study/gpu_sweep.py in a child python
