@@ -23,9 +23,10 @@ from dsparkcli.images import ImageInput, load_image
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import placement as placement_mod
 from dsparkcli.llama import protocol
+from dsparkcli.llama.client import ServerClient, metrics_or_none, stream_chat
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.placement import Placement
-from dsparkcli.llama.server import LlamaServer, ServerClient, metrics_or_none, stream_chat
+from dsparkcli.llama.server import LlamaServer
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, prepare_server
 from dsparkcli.plaincheck import PlainComparison, compare_with_plain
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from dsparkcli.llama import engine as eng_mod
 from dsparkcli.llama import protocol
+from dsparkcli.llama.client import ServerClient
 from dsparkcli.llama.engine import Engine
-from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
 
 SEED = 1

@@ -1,4 +1,4 @@
-"""dspark's own cost on one request: its streamed-chat client (`llama.server.stream_chat`, what `run` uses) vs a bare HTTP client, same server, same request.
+"""dspark's own cost on one request: its streamed-chat client (`llama.client.stream_chat`, what `run` uses) vs a bare HTTP client, same server, same request.
 
 Both sides send the identical streamed chat request, interleaved, ``reps`` times each. Compared:
 the decode tok/s llama-server reports in ``timings`` (does dspark slow generation down, e.g. by
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from dsparkcli.llama import protocol
-from dsparkcli.llama.server import ServerClient, stream_chat
+from dsparkcli.llama.client import ServerClient, stream_chat
 
 if TYPE_CHECKING:
     import httpx

@@ -23,7 +23,8 @@ from dsparkcli.budget import rule as budget
 from dsparkcli.errors import ServerError, UsageError
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import protocol
-from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.llama.client import ServerClient
+from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
 from support.cli import REPO, interrupt_when
 

@@ -31,7 +31,8 @@ from test_server import _children_named, _wait_for
 from dsparkcli.bench.load import stream_completion
 from dsparkcli.errors import ServerError
 from dsparkcli.llama import protocol
-from dsparkcli.llama.server import ServerClient, ServerConfig, stream_chat
+from dsparkcli.llama.client import ServerClient, stream_chat
+from dsparkcli.llama.server import ServerConfig
 from dsparkcli.llama.supervise import Event, Supervisor, backoff_delay
 from dsparkcli.synth import known_answer as synth
 from support.chat_oracle import expected_chat

@@ -322,7 +322,7 @@ def test_api_key_is_not_in_argv_or_log(engine, pair, tmp_path):
     with LlamaServer(engine, cfg, log_dir=tmp_path) as srv:
         assert "sk-secret-123" not in " ".join(srv.argv)
         assert srv.client.completion({"prompt": [1], "n_predict": 2})["timings"]["predicted_n"] == 2
-        from dsparkcli.llama.server import ServerClient
+        from dsparkcli.llama.client import ServerClient
 
         anon = ServerClient(srv.url)
         with pytest.raises(ServerError, match="HTTP 401"):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from dsparkcli.errors import UsageError
-from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.llama.client import ServerClient
+from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
 
 BLOCK = 8

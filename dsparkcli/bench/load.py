@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from dsparkcli.llama.server import ServerClient
+from dsparkcli.llama.client import ServerClient
 
 Job = TypeVar("Job")
 

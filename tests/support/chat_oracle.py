@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsparkcli.llama.server import ServerClient
+from dsparkcli.llama.client import ServerClient
 from dsparkcli.synth import known_answer as synth
 
 
