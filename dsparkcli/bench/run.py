@@ -65,8 +65,9 @@ from dsparkcli.bench.stats import (
 )
 from dsparkcli.errors import BenchError, ServerError
 from dsparkcli.llama.engine import Engine
+from dsparkcli.llama.client import ServerClient
 from dsparkcli.llama.protocol import COMPLETION_FIELDS, SPEC_N_MAX, SpecCounters, completion_payload, timings_drafts
-from dsparkcli.llama.server import LlamaServer, ServerClient, ServerConfig
+from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.outputs import check_output_dir, check_output_file
 
 # Pinned so the templated prompts rendered on the first server stay valid on every later one
