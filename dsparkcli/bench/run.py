@@ -64,8 +64,8 @@ from dsparkcli.bench.stats import (
     tokens_sha256,
 )
 from dsparkcli.errors import BenchError, ServerError
-from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.client import ServerClient
+from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import COMPLETION_FIELDS, SPEC_N_MAX, SpecCounters, completion_payload, timings_drafts
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.outputs import check_output_dir, check_output_file
