@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A `dspark bench` run of a REAL pair, replayed by the torch draft (a thin client of distill.replay):
+"""A `dspark bench` run of a REAL pair, replayed by the torch draft (a thin client of study.replay):
 per category and budget, the accepted and drafted counts llama-server reported next to the ones the
 torch draft gets on the same output tokens, and both mean acceptance lengths. CPU is enough (the target
 is dequantised into torch; a 36-prompt, 6-budget run takes ~10 minutes on 2 cores).
