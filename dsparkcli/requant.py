@@ -21,7 +21,6 @@ The recipe is seed 001's, made safe (llama.cpp 0c1e570, tools/quantize/quantize.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import re
 import subprocess
@@ -40,63 +39,28 @@ from dsparkcli.gguf.analysis import (
     diff_tensors,  # the same comparison rule as `dspark inspect --against`
     hash_file,
 )
-from dsparkcli.gguf.reader import GGUFHeader, TensorInfo, ggml_types
+from dsparkcli.gguf.reader import GGUFHeader, TensorInfo
 from dsparkcli.outputs import check_output_file
+from dsparkcli.quantize_rules import (
+    IGNORING_FTYPES,
+    QUANTISED_FTYPES,
+    block_of,
+    canonical_type,
+    fallback_type,
+    known_type,
+    map_pattern,
+    never_quantised_reason,
+    squeeze,
+    type_id,
+)
 
 HEAD_TENSORS = ("markov_w1.weight", "markov_w2.weight", "fc.weight")
 HEAD_TYPES = ("q8_0", "q6_K", "bf16")
-# Targets a user may ask for: the ones llama-quantize converts to without an importance matrix and that
-# every backend dspark cares about can run. Canonical spelling is gguf-py's (GGMLQuantizationType names).
-TARGET_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0")
-# Positional file types whose base type is quantised (llama_ftype_get_default_type): the map is honoured.
-QUANTISED_FTYPES = {"Q8_0": 7, "Q6_K": 18, "Q5_K": 17, "Q5_1": 9, "Q5_0": 8, "Q4_K": 15, "Q4_1": 3, "Q4_0": 2}
-IGNORING_FTYPES = ("COPY", "F32", "F16", "BF16")  # base type not quantised: --tensor-type-file is ignored
 DEFAULT_POSITIONAL = "Q8_0"
 # Keys llama-quantize sets on every output; any other metadata change is a verification failure.
 KV_SET_BY_QUANTIZE = ("general.file_type", "general.quantization_version")
 PARTIAL_SUFFIX = ".dspark-partial"
 MAP_SUFFIX = ".dspark-types.txt"
-
-# tensor_allows_quantization (llama-quant.cpp): name fragments llama-quantize never converts.
-_NEVER_QUANTISED = (
-    "_norm.weight",
-    "ffn_gate_inp.weight",
-    "ffn_gate_tid2eid.weight",
-    "altup",
-    "laurel",
-    "per_layer_model_proj",
-    "ssm_conv1d",
-    "shortconv.conv.weight",
-    "indexer.k_proj.weight",
-    "indexer.q_proj.weight",
-    "time_mix_first.weight",
-    "time_mix_w0.weight",
-    "time_mix_w1.weight",
-    "time_mix_w2.weight",
-    "time_mix_v0.weight",
-    "time_mix_v1.weight",
-    "time_mix_v2.weight",
-    "time_mix_a0.weight",
-    "time_mix_a1.weight",
-    "time_mix_a2.weight",
-    "time_mix_g1.weight",
-    "time_mix_g2.weight",
-    "time_mix_decay_w1.weight",
-    "time_mix_decay_w2.weight",
-    "time_mix_lerp_fused.weight",
-    "attn_rel_b.weight",
-    ".position_embd",
-    "sam.pos_embd",
-    "sam.neck.",
-    "sam.net_",
-    ".rel_pos",
-    ".patch_embd",
-    ".patch_merger",
-    "a.rvq.codebook",
-    "mm.a.code_embd",
-)
-_NEVER_QUANTISED_EXACT = ("position_embd.weight", "token_types.weight")
-_REGEX_SPECIAL = set("\\^$.|?*+()[]{}")
 
 
 class QuantizeError(DsparkError):
@@ -107,75 +71,6 @@ class QuantizeError(DsparkError):
     def __init__(self, message: str, *, hint: str | None = None, log_tail: str = "") -> None:
         super().__init__(message, hint=hint)
         self.log_tail = log_tail
-
-
-# ------------------------------------------------------------------ types
-
-
-@functools.cache
-def _by_lower() -> dict[str, tuple[int, str]]:
-    return {entry[0].lower(): (tid, entry[0]) for tid, entry in ggml_types().items()}
-
-
-def canonical_type(name: str) -> str:
-    """'q6_k' / 'Q6_K' / 'q6_K' -> 'Q6_K'; UsageError for anything not in TARGET_TYPES."""
-    found = _by_lower().get(name.strip().lower())
-    if found is None or found[1] not in TARGET_TYPES:
-        raise UsageError(
-            f"unsupported tensor type {name!r}; choose one of {', '.join(t.lower() for t in TARGET_TYPES)}"
-        )
-    return found[1]
-
-
-def _type_id(name: str) -> int:
-    return _by_lower()[name.lower()][0]
-
-
-def _block(name: str) -> tuple[int, int]:
-    _, block, size = ggml_types()[_type_id(name)]
-    return block, size
-
-
-def n_dims(shape: Sequence[int]) -> int:
-    """ggml_n_dims: trailing dimensions of 1 do not count ({2304, 1} is 1-D)."""
-    for i in range(len(shape) - 1, 0, -1):
-        if shape[i] > 1:
-            return i + 1
-    return 1
-
-
-def _squeeze(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(shape[: n_dims(shape)]) if shape else (1,)
-
-
-def never_quantised_reason(name: str, shape: Sequence[int]) -> str | None:
-    """Why llama-quantize keeps this tensor in its stored type whatever the map says (None: it converts it)."""
-    if n_dims(shape) < 2:
-        return "1-D tensors"
-    if not name.endswith("weight"):
-        return "tensors whose name does not end in 'weight'"
-    if "_norm.weight" in name:
-        return "norm weights (*_norm.weight)"
-    if name in _NEVER_QUANTISED_EXACT or any(frag in name for frag in _NEVER_QUANTISED):
-        return "this tensor (a name rule in llama-quant.cpp)"
-    return None
-
-
-def fallback_type(target: str, row: int) -> str | None:
-    """tensor_type_fallback: the type llama-quantize silently uses instead of ``target``, None if it fits."""
-    block, _ = _block(target)
-    if row % block == 0:
-        return None
-    if target == "Q6_K" and row % 32 == 0:
-        return "Q8_0"
-    if target in ("Q4_K", "Q5_K") and row % 32 == 0:
-        return {"Q4_K": "Q5_0", "Q5_K": "Q5_1"}[target]
-    return "F16"
-
-
-def map_pattern(name: str) -> str:
-    """An anchored regex matching exactly ``name`` (llama-quantize regex_search-es every pattern)."""
-    return "^" + "".join("\\" + c if c in _REGEX_SPECIAL else c for c in name) + "$"
 
 
 # ------------------------------------------------------------------ the plan
@@ -242,7 +137,7 @@ def parse_overrides(specs: Sequence[str]) -> dict[str, str]:
 
 
 def _pinnable(t: TensorInfo, src: str) -> None:
-    if t.n_bytes is None or t.type_name.lower() not in _by_lower():
+    if t.n_bytes is None or not known_type(t.type_name):
         raise UsageError(f"{src}: tensor {t.name!r} has type {t.type_name}, unknown to dspark; cannot pin it")
     if t.name != t.name.lower() or any(c.isspace() for c in t.name):
         # llama-quantize lowercases patterns and splits the map file on whitespace
@@ -263,7 +158,7 @@ def _check_change(t: TensorInfo, target: str, allow_requantize: bool, src: str) 
     if fallback is not None:
         raise UsageError(
             f"{t.name}: rows of {t.shape[0]} values are not a multiple of the {target} block "
-            f"({_block(target)[0]}); llama-quantize would silently write {fallback} instead"
+            f"({block_of(target)[0]}); llama-quantize would silently write {fallback} instead"
         )
     current_id = t.type_id
     if current_id not in (0, 1, 30) and not allow_requantize:  # F32, F16, BF16 are not quantised
@@ -320,7 +215,7 @@ def plan_tensors(
             target, why = t.type_name, "pinned"
         if target != t.type_name:
             _check_change(t, target, allow_requantize, src)
-            block, size = _block(target)
+            block, size = block_of(target)
             after = t.n_elements // block * size
         else:
             after = t.n_bytes or 0
@@ -362,7 +257,7 @@ def build_plan(
     predicted = dataclasses.replace(
         h,
         tensors=tuple(
-            dataclasses.replace(t, type_id=_type_id(p.target), type_name=p.target, n_bytes=p.bytes_after)
+            dataclasses.replace(t, type_id=type_id(p.target), type_name=p.target, n_bytes=p.bytes_after)
             for t, p in zip(h.tensors, plans)
         ),
     )
@@ -421,7 +316,7 @@ def verify(
         c = moved.get(p.name)
         if c is None:
             continue  # reported above as missing
-        if _squeeze(c.a_shape) != _squeeze(c.b_shape):
+        if squeeze(c.a_shape) != squeeze(c.b_shape):
             problems.append(f"{p.name} shape {list(c.a_shape)} became {list(c.b_shape)}")
         elif not p.changes:
             what = f"type {c.a_type} -> {c.b_type}" if c.a_type != c.b_type else "data"

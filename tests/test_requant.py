@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 import pytest
 
-from dsparkcli import requant
+from dsparkcli import quantize_rules, requant
 from dsparkcli.errors import UsageError, VerificationError
 from dsparkcli.gguf import reader
 from dsparkcli.llama.server import LlamaServer, ServerConfig
@@ -262,13 +262,13 @@ def test_q6_K_where_the_rows_allow_it(quantize, bf16_draft, work):
 
 
 def test_fallback_rules_match_llama_quant_cpp():
-    assert requant.fallback_type("Q6_K", 128) == "Q8_0"
-    assert requant.fallback_type("Q6_K", 48) == "F16"
-    assert requant.fallback_type("Q8_0", 48) == "F16"
-    assert requant.fallback_type("Q4_K", 96) == "Q5_0"
-    assert requant.fallback_type("Q8_0", 64) is None and requant.fallback_type("BF16", 7) is None
-    assert requant.n_dims((2304, 1)) == 1 and requant.n_dims((128, 1, 3)) == 3
-    assert requant.map_pattern("blk.1.attn_q.weight") == r"^blk\.1\.attn_q\.weight$"
+    assert quantize_rules.fallback_type("Q6_K", 128) == "Q8_0"
+    assert quantize_rules.fallback_type("Q6_K", 48) == "F16"
+    assert quantize_rules.fallback_type("Q8_0", 48) == "F16"
+    assert quantize_rules.fallback_type("Q4_K", 96) == "Q5_0"
+    assert quantize_rules.fallback_type("Q8_0", 64) is None and quantize_rules.fallback_type("BF16", 7) is None
+    assert quantize_rules.n_dims((2304, 1)) == 1 and quantize_rules.n_dims((128, 1, 3)) == 3
+    assert quantize_rules.map_pattern("blk.1.attn_q.weight") == r"^blk\.1\.attn_q\.weight$"
 
 
 def test_cli_dry_run_plan_errors_and_real_run(quantize, bf16_draft, work):
