@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""How far a trained draft transfers to code tasks it never saw (a thin client of distill.corpus and
-distill.parity): the target answers the same one-line code templates (corpus.CODE_FORMS, the same form
-and language per pair) once with a task from the training task list (corpus.CODE_TASKS) and once with a
+"""How far a trained draft transfers to code tasks it never saw (a thin client of distill.templates and
+distill.parity): the target answers the same one-line code templates (templates.CODE_FORMS, the same form
+and language per pair) once with a task from the training task list (templates.CODE_TASKS) and once with a
 task that is in no list the trainer draws from (NEW_TASKS below, none a kit task), plus the kit's own
 code prompts; the torch draft is replayed on each greedy answer in llama-server's loop, and the mean
 acceptance length per set is reported. The torch replay gives llama.cpp's counts (study/kit_replay.py).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dsparkcli.bench import prompts as kit
 from dsparkcli.bench import stats
-from dsparkcli.distill import corpus, parity
+from dsparkcli.distill import parity, templates
 from dsparkcli.distill.data import write_json
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.protocol import mean_acceptance_length
@@ -60,8 +60,8 @@ def prompt_sets(pairs: int, seed: int) -> dict[str, list[str]]:
     rng = random.Random(seed)
     seen, new = [], []
     for i in range(pairs):
-        form, lang = rng.choice(corpus.CODE_FORMS), rng.choice(corpus.LANGS)
-        seen.append(form.format(lang=lang, task=rng.choice(corpus.CODE_TASKS)))
+        form, lang = rng.choice(templates.CODE_FORMS), rng.choice(templates.LANGS)
+        seen.append(form.format(lang=lang, task=rng.choice(templates.CODE_TASKS)))
         new.append(form.format(lang=lang, task=NEW_TASKS[i % len(NEW_TASKS)]))
     return {
         "training tasks": seen,
@@ -81,7 +81,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    assert not set(NEW_TASKS) & set(corpus.CODE_TASKS)
+    assert not set(NEW_TASKS) & set(templates.CODE_TASKS)
     target, draft = replay.load_pair(args.target, args.draft, args.threads)
     engine = engine_mod.describe(engine_mod.resolve_engine())
     sets = prompt_sets(args.pairs, args.seed)

@@ -21,7 +21,7 @@ import pytest
 import torch  # the training extra: `make install` installs it, so a missing torch fails here, not skips
 
 from dsparkcli.bench.prompts import load_prompts
-from dsparkcli.distill import corpus, export, parity
+from dsparkcli.distill import corpus, export, parity, templates
 from dsparkcli.distill.data import Dataset
 from dsparkcli.distill.model import DraftConfig, DSparkDraft
 from dsparkcli.distill.target import load_target
@@ -435,9 +435,9 @@ def test_templated_prompts_name_their_subject() -> None:
         c: {corpus.split_group(p.group)[1] for p in prompts if p.category == c} for c in ("code", "math", "general")
     }
     assert subjects["math"] == {""}  # numbers, not a shared list
-    assert len(subjects["general"] - {""}) > 50 and subjects["general"] <= set(corpus.GENERAL_TOPICS)
+    assert len(subjects["general"] - {""}) > 50 and subjects["general"] <= set(templates.GENERAL_TOPICS)
     assert len(subjects["code"]) > 60 and subjects["code"] <= set(
-        corpus.CODE_TASKS + corpus.SQL_TASKS + corpus.CONCEPTS
+        templates.CODE_TASKS + templates.SQL_TASKS + templates.CONCEPTS
     )
     for p in prompts:
         _, subject = corpus.split_group(p.group)
@@ -631,10 +631,10 @@ def test_transfer_check_asks_for_tasks_the_trainer_never_draws() -> None:
     transfer = script("draft_transfer")
     sets = transfer.prompt_sets(24, seed=7)
     assert [len(sets[k]) for k in ("training tasks", "new tasks", "kit code")] == [24, 24, 12]
-    assert not set(transfer.NEW_TASKS) & set(corpus.CODE_TASKS + corpus.SQL_TASKS + corpus.CONCEPTS)
+    assert not set(transfer.NEW_TASKS) & set(templates.CODE_TASKS + templates.SQL_TASKS + templates.CONCEPTS)
     for seen, new, task in zip(sets["training tasks"], sets["new tasks"], transfer.NEW_TASKS):
         assert task in new and new.replace(task, "") != new
-        assert not any(t in new for t in corpus.CODE_TASKS)
+        assert not any(t in new for t in templates.CODE_TASKS)
         assert new.split(task)[0] == seen[: len(new.split(task)[0])]  # the same template and language before it
     kit = [p.text for p in load_prompts()]
     prompts = [corpus.TrainPrompt("code", t) for t in sets["training tasks"] + sets["new tasks"]]
@@ -646,7 +646,7 @@ def test_the_target_is_asked_for_code_tasks_on_any_topic() -> None:
     list in the corpus holds (the transfer check: unseen tasks are where the draft loses)."""
     code = [p for p in corpus.meta_prompts(600, seed=1) if p.category == "code"]
     on_topics = [
-        p for p in code if any(f"about {t}." in p.text or f"about {t};" in p.text for t in corpus.GENERAL_TOPICS)
+        p for p in code if any(f"about {t}." in p.text or f"about {t};" in p.text for t in templates.GENERAL_TOPICS)
     ]
     assert len({p.group for p in code}) == 5 and len(on_topics) > 40
     assert len({p.text for p in on_topics}) == len(on_topics)  # all different: topic x language
