@@ -23,12 +23,11 @@ import torch  # the training extra: `make install` installs it, so a missing tor
 from dsparkcli.bench.prompts import load_prompts
 from dsparkcli.distill import corpus, export, parity, templates
 from dsparkcli.distill.data import Dataset
+from dsparkcli.distill.features import compute_features, draw_batch
 from dsparkcli.distill.model import DraftConfig, DSparkDraft
 from dsparkcli.distill.target import load_target
 from dsparkcli.distill.train import (
     TrainOptions,
-    _batch,
-    compute_features,
     default_taps,
     draft_config,
     loss_fn,
@@ -197,7 +196,7 @@ def _loss_of(draft: DSparkDraft, target, ds: Dataset, opt: TrainOptions) -> floa
         draft.norm.weight.copy_(target.w["output_norm.weight"])
     rng = np.random.default_rng(0)
     idx = list(range(len(ds)))[:16]
-    tokens, feats, anc = _batch(fs, idx, opt.anchors, draft.cfg.block_size, rng, torch.device("cpu"))
+    tokens, feats, anc = draw_batch(fs, idx, opt.anchors, draft.cfg.block_size, rng, torch.device("cpu"))
     lens = torch.tensor([fs.lens[i] for i in idx])
     with torch.no_grad():
         return float(
@@ -473,9 +472,11 @@ def test_soft_labels_are_the_targets_top_k(tiny: Path) -> None:
             context_length=512,
         )
     )
-    from dsparkcli.distill.train import _batch_soft
+    from dsparkcli.distill.features import draw_batch_soft
 
-    tokens, feats, anc, ids, p = _batch_soft(fs, list(range(6)), 8, 4, np.random.default_rng(0), torch.device("cpu"))
+    tokens, feats, anc, ids, p = draw_batch_soft(
+        fs, list(range(6)), 8, 4, np.random.default_rng(0), torch.device("cpu")
+    )
     lens = torch.tensor([fs.lens[i] for i in range(6)])
     with torch.no_grad():
         args = (draft, tokens, feats, anc, lens, target.tok_embd, target.head, 4.0, 0.1)
