@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli import config
-from dsparkcli.gguf.analysis import hash_file
+from dsparkcli.gguf.hashes import hash_file
 from dsparkcli.llama.engine import Engine
 
 HASH_CACHE_NAME = "hashes.json"

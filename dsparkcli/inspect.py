@@ -14,25 +14,19 @@ from typing import Any
 
 from dsparkcli.errors import DsparkError, UsageError
 from dsparkcli.gguf.analysis import (
-    KV_TYPE_BYTES,
     Census,
     DSparkStructure,
-    FileHashes,
-    MemoryEstimate,
     MetadataSummary,
-    TensorDiff,
     census,
-    diff_tensors,
     dspark_structure,
-    hash_file,
-    layer_bytes,
-    memory_estimate,
     metadata_json,
     printable,
     role_of,
     summarize,
 )
+from dsparkcli.gguf.hashes import FileHashes, TensorDiff, diff_tensors, hash_file
 from dsparkcli.gguf.loadable import PairCheck, check_loads
+from dsparkcli.gguf.memory import KV_TYPE_BYTES, MemoryEstimate, layer_bytes, memory_estimate
 from dsparkcli.gguf.pairing import PairVerdict, check_pair, mmproj_width
 from dsparkcli.gguf.reader import GGUFHeader, TensorInfo
 from dsparkcli.hub import registry

@@ -32,10 +32,9 @@ from typing import Any
 
 from dsparkcli.errors import DsparkError, UsageError, VerificationError
 from dsparkcli.gguf import reader
-from dsparkcli.gguf.analysis import (
-    Census,
+from dsparkcli.gguf.analysis import Census, census
+from dsparkcli.gguf.hashes import (
     FileHashes,
-    census,
     diff_tensors,  # the same comparison rule as `dspark inspect --against`
     hash_file,
 )

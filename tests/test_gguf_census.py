@@ -16,9 +16,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from dsparkcli.errors import GGUFError
-from dsparkcli.gguf import analysis
+from dsparkcli.gguf import analysis, hashes
 from dsparkcli.gguf import reader as gc
-from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama import sources
 from support.gguf_fixtures import (
     HEAD_DIM,
     N_BLOCKS,
@@ -112,7 +112,7 @@ def _tokens_by_hand(data: bytes) -> list[bytes]:
 @pytest.mark.timing  # a wall-clock bound
 def test_real_262k_vocab_file_within_time_and_memory_bounds() -> None:
     """llama.cpp's own ggml-vocab-gemma-4.gguf: 262 144 tokens + scores + 514 906 merges, header only."""
-    path = engine_mod.vendored_source() / "models" / "ggml-vocab-gemma-4.gguf"
+    path = sources.sdist_tree(sources.LLAMA_CPP_PYTHON) / "models" / "ggml-vocab-gemma-4.gguf"
     t0 = time.perf_counter()
     h = gc.read_header(path)
     elapsed = time.perf_counter() - t0
@@ -192,7 +192,7 @@ def test_file_object_source_works(draft: Path) -> None:
 
 def test_hash_file_matches_independent_hashes(tmp_path: Path, draft: Path) -> None:
     h = gc.read_header(draft)
-    fh = analysis.hash_file(draft, h)
+    fh = hashes.hash_file(draft, h)
     data = draft.read_bytes()
     assert fh.file_sha256 == hashlib.sha256(data).hexdigest() and fh.n_bytes == len(data)
     assert len(fh.tensors) == 97
@@ -201,10 +201,10 @@ def test_hash_file_matches_independent_hashes(tmp_path: Path, draft: Path) -> No
 
 
 def test_hash_file_regions_crossing_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, draft: Path) -> None:
-    monkeypatch.setattr(analysis, "HASH_CHUNK", 4099)  # odd chunk size: every tensor straddles reads
+    monkeypatch.setattr(hashes, "HASH_CHUNK", 4099)  # odd chunk size: every tensor straddles reads
     h = gc.read_header(draft)
     data = draft.read_bytes()
-    fh = analysis.hash_file(draft, h)
+    fh = hashes.hash_file(draft, h)
     assert fh.file_sha256 == hashlib.sha256(data).hexdigest()
     assert all(
         fh.tensors[t.name] == hashlib.sha256(data[t.offset : t.offset + t.n_bytes]).hexdigest() for t in h.tensors

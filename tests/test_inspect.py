@@ -16,7 +16,7 @@ from gguf import GGUFWriter
 
 from dsparkcli import inspect as ins
 from dsparkcli.errors import ServerError, UsageError
-from dsparkcli.gguf import analysis, pairing
+from dsparkcli.gguf import analysis, hashes, memory, pairing
 from dsparkcli.gguf import reader as gc
 from dsparkcli.hub.range import read_gguf
 from dsparkcli.llama.server import LlamaServer, ServerConfig
@@ -108,7 +108,7 @@ def test_kv_bytes_per_token_of_the_real_draft_dimensions(tmp_path: Path) -> None
     w.close()
     h = gc.read_header(tmp_path / "real-dims.gguf")
     assert analysis.dspark_structure(h).kv_bytes_per_token == 10_240
-    m = analysis.memory_estimate(h, 8192)
+    m = memory.memory_estimate(h, 8192)
     assert m.kv.bytes_per_token == 10_240 and m.kv_bytes == 10_240 * 8192
     assert m.kv.formula == "5 layers x 2 x 2 kv heads x 256 head dim x 2 B = 10240 B"
 
@@ -231,7 +231,7 @@ def test_census_of_the_synthetic_pair_matches_gguf_py(tmp_path: Path) -> None:
 
 def test_heads_requantised_pair_is_94_of_97_identical(files: dict[str, Path]) -> None:
     a, b = gc.read_header(files["bf16heads"]), gc.read_header(files["draft"])
-    d = analysis.diff_tensors(a, analysis.hash_file(files["bf16heads"], a), b, analysis.hash_file(files["draft"], b))
+    d = hashes.diff_tensors(a, hashes.hash_file(files["bf16heads"], a), b, hashes.hash_file(files["draft"], b))
     assert len(d.identical) == 94 and (d.n_a, d.n_b) == (97, 97)
     assert d.summary == "94/97 identical, 3 changed, 0 only in A, 0 only in B"
     assert {c.name: (c.a_type, c.b_type) for c in d.changed} == {
@@ -248,7 +248,7 @@ def test_heads_requantised_pair_is_94_of_97_identical(files: dict[str, Path]) ->
 def test_diff_reports_tensors_only_in_one_file(tmp_path: Path, files: dict[str, Path]) -> None:
     c = write_draft(tmp_path / "noconf.gguf", DraftSpec(with_conf_proj=False, has_confidence_head=False))
     a, b = gc.read_header(files["draft"]), gc.read_header(c)
-    d = analysis.diff_tensors(a, analysis.hash_file(files["draft"], a), b, analysis.hash_file(c, b))
+    d = hashes.diff_tensors(a, hashes.hash_file(files["draft"], a), b, hashes.hash_file(c, b))
     assert set(d.only_a) == {"conf_proj.weight", "conf_proj.bias"} and d.only_b == ()
     assert len(d.identical) == 95 and d.changed == ()
 
@@ -258,7 +258,7 @@ def test_diff_reports_tensors_only_in_one_file(tmp_path: Path, files: dict[str, 
 
 def test_memory_estimate_of_a_hybrid_target(files: dict[str, Path]) -> None:
     h = gc.read_header(files["target"])
-    m = analysis.memory_estimate(h, 4096)
+    m = memory.memory_estimate(h, 4096)
     # 40 blocks, full attention every 4th -> 10 KV layers x 2 x 2 heads x 64 x 2 bytes
     assert m.kv.n_kv_layers == 10 and m.kv.bytes_per_token == 10 * 2 * 2 * 64 * 2
     assert m.kv_bytes == 5120 * 4096
@@ -268,10 +268,10 @@ def test_memory_estimate_of_a_hybrid_target(files: dict[str, Path]) -> None:
     draft_m = both.files[1].memory
     assert draft_m.kv_bytes == 5 * 2 * N_HEAD_KV * HEAD_DIM * 2 * 4096  # the draft's context is the target's
     assert both.memory_total == m.total_bytes + draft_m.weights_bytes + draft_m.kv_bytes
-    q8 = analysis.memory_estimate(h, 4096, kv_type="q8_0")
+    q8 = memory.memory_estimate(h, 4096, kv_type="q8_0")
     assert q8.kv.bytes_per_token == int(10 * 2 * 2 * 64 * 34 / 32)
     with pytest.raises(UsageError):
-        analysis.memory_estimate(h, 0)
+        memory.memory_estimate(h, 0)
 
 
 # ------------------------------------------------------------------ models.toml expectations
@@ -280,7 +280,7 @@ def test_memory_estimate_of_a_hybrid_target(files: dict[str, Path]) -> None:
 @pytest.fixture
 def user_registry(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, user_models) -> Path:
     draft = files["draft"]
-    sha = analysis.hash_file(draft).file_sha256
+    sha = hashes.hash_file(draft).file_sha256
     conf = user_models(f"""
 [pairs.testpair]
 description = "fixture pair"

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsparkcli.errors import GGUFError
-from dsparkcli.gguf import analysis, pairing
+from dsparkcli.gguf import analysis, memory, pairing
 from dsparkcli.gguf import reader as gc
 
 N_EXAMPLES = int(__import__("os").environ.get("DSPARK_FUZZ_EXAMPLES", "10000"))
@@ -141,7 +141,7 @@ def exercise(data: bytes) -> str:
     analysis.dspark_structure(h)
     analysis.metadata_json(h)
     pairing.mmproj_width(h)
-    analysis.memory_estimate(h, 4096)
+    memory.memory_estimate(h, 4096)
     pairing.check_pair(h, h, h)
     return "ok"
 

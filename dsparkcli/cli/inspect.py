@@ -13,7 +13,8 @@ from dsparkcli import inspect as core
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt, TensorSplitOpt
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.errors import EngineNotFoundError, PairingError, VerificationError
-from dsparkcli.gguf.analysis import TensorDiff, printable
+from dsparkcli.gguf.analysis import printable
+from dsparkcli.gguf.hashes import TensorDiff
 from dsparkcli.gguf.loadable import refuse_unloadable
 from dsparkcli.gguf.pairing import PairVerdict
 from dsparkcli.llama.engine import resolve_engine

@@ -1,49 +1,17 @@
-"""What a GGUF header says: per-type census, data-region hashes, metadata summary, DSpark/DFlash
-structure, per-tensor diff and a memory (KV cache) estimate; plus the sanitising of untrusted text.
-
-Pure functions of a ``GGUFHeader`` (``gguf.reader``), except ``hash_file``, which reads the data.
+"""What a GGUF header says: per-type census, metadata summary and DSpark/DFlash structure; plus the sanitising
+of untrusted text. Pure functions of a ``GGUFHeader`` (``gguf.reader``). The data-region hashes and the
+per-tensor diff are ``gguf.hashes``'; the memory estimate ``gguf.memory``'s.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
-import queue
-import re
-import threading
-import time
 import unicodedata
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dsparkcli.errors import UsageError
 from dsparkcli.gguf.reader import GGUFArray, GGUFHeader, TensorInfo, ggml_type_name
-
-RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
-HYBRID_ARCHS = frozenset(
-    {
-        "jamba",
-        "falcon-h1",
-        "plamo2",
-        "granitehybrid",
-        "lfm2",
-        "lfm2moe",
-        "nemotron_h",
-        "nemotron_h_moe",
-        "qwen3next",
-        "kimi-linear",
-        "bailingmoe3",
-        "kimi-k3",
-        "glm5-next",
-        "qwen35",
-        "qwen35moe",
-        "qwen4exp",
-        "deepseek4",
-        "minimax-01",
-    }
-)
 
 # Required tensors of a plain (Qwen3-backbone) DFlash/DSpark draft: src/models/dflash.cpp:108-260.
 DRAFT_GLOBAL_TENSORS = ("fc.weight", "enc.output_norm.weight", "output_norm.weight")
@@ -61,19 +29,6 @@ DRAFT_LAYER_TENSORS = (
 )
 DSPARK_TENSORS = ("markov_w1.weight", "markov_w2.weight")
 HEAD_TENSORS = ("fc.weight", "markov_w1.weight", "markov_w2.weight", "conf_proj.weight")
-
-KV_TYPE_BYTES = {
-    "f32": 4.0,
-    "f16": 2.0,
-    "bf16": 2.0,
-    "q8_0": 34 / 32,
-    "q5_1": 24 / 32,
-    "q5_0": 22 / 32,
-    "q4_1": 20 / 32,
-    "q4_0": 18 / 32,
-    "iq4_nl": 18 / 32,
-}
-
 
 # ------------------------------------------------------------------ text safety
 
@@ -158,81 +113,6 @@ def census(header: GGUFHeader) -> Census:
         file_size=header.file_size,
         file_bits_per_weight=(header.file_size * 8 / n_params) if n_params else None,
         unknown_types=tuple(sorted({r.type_name for r in rows if r.n_bytes is None})),
-    )
-
-
-# ------------------------------------------------------------------ hashing
-
-
-HASH_CHUNK = 8 << 20
-
-
-@dataclass(frozen=True)
-class FileHashes:
-    file_sha256: str
-    tensors: dict[str, str]  # tensor name -> sha256 of its data region
-    n_bytes: int
-    seconds: float
-
-
-def hash_file(
-    path: str | os.PathLike[str], header: GGUFHeader | None = None, progress: Callable[[int], None] | None = None
-) -> FileHashes:
-    """sha256 of the whole file and of every tensor data region, in one pass of 8 MiB reads.
-
-    The whole-file digest runs on a worker thread (hashlib releases the GIL), the per-tensor digests on
-    this one, so hashing both costs about as much wall time as one ``sha256sum``.
-    """
-    regions = sorted(
-        (
-            (t.offset, t.offset + t.n_bytes, t.name)
-            for t in (header.tensors if header else ())
-            if t.n_bytes is not None
-        ),
-        key=lambda r: r[0],
-    )
-    file_hasher = hashlib.sha256()
-    tensor_hashers = {name: hashlib.sha256() for _, _, name in regions}
-    chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)  # bounded: at most ~32 MiB in flight
-
-    def file_worker() -> None:
-        while (chunk := chunks.get()) is not None:
-            file_hasher.update(chunk)
-
-    worker = threading.Thread(target=file_worker, name="dspark-sha256", daemon=True)
-    started = time.perf_counter()
-    worker.start()
-    pos = 0
-    ri = 0
-    try:
-        with open(path, "rb", buffering=0) as f:
-            while True:
-                chunk = f.read(HASH_CHUNK)
-                if not chunk:
-                    break
-                chunks.put(chunk)
-                end = pos + len(chunk)
-                view = memoryview(chunk)
-                while ri < len(regions) and regions[ri][0] < end:
-                    start, stop, name = regions[ri]
-                    lo, hi = max(start, pos), min(stop, end)
-                    if hi > lo:
-                        tensor_hashers[name].update(view[lo - pos : hi - pos])
-                    if stop <= end:
-                        ri += 1
-                    else:
-                        break
-                pos = end
-                if progress is not None:
-                    progress(len(chunk))
-    finally:
-        chunks.put(None)
-        worker.join()
-    return FileHashes(
-        file_hasher.hexdigest(),
-        {name: h.hexdigest() for name, h in tensor_hashers.items()},
-        pos,
-        time.perf_counter() - started,
     )
 
 
@@ -379,7 +259,8 @@ class DSparkStructure:
     problems: tuple[str, ...]
 
 
-def _head_dim(h: GGUFHeader) -> int | None:
+def head_dim_of(h: GGUFHeader) -> int | None:
+    """The attention head size: key_length, else embedding_length / head_count."""
     key_len = int_of(h.arch_key("attention.key_length"))
     if key_len:
         return key_len
@@ -448,7 +329,7 @@ def dspark_structure(h: GGUFHeader) -> DSparkStructure | None:
     else:
         max_n = block_size if (kind == "dspark" and anchor) else block_size - 1
     n_head_kv = int_of(h.arch_key("attention.head_count_kv")) or int_of(h.arch_key("attention.head_count"))
-    head_dim = _head_dim(h)
+    head_dim = head_dim_of(h)
     kv = n_layer * 2 * n_head_kv * head_dim * 2 if n_layer and n_head_kv and head_dim else None
     return DSparkStructure(
         kind=kind,
@@ -469,224 +350,3 @@ def dspark_structure(h: GGUFHeader) -> DSparkStructure | None:
         kv_bytes_per_token=kv,
         problems=tuple(problems),
     )
-
-
-# ------------------------------------------------------------------ per-tensor diff
-
-
-@dataclass(frozen=True)
-class TensorChange:
-    name: str
-    a_type: str
-    b_type: str
-    a_shape: tuple[int, ...]
-    b_shape: tuple[int, ...]
-    a_bytes: int | None
-    b_bytes: int | None
-
-
-@dataclass(frozen=True)
-class TensorDiff:
-    a: str
-    b: str
-    n_a: int
-    n_b: int
-    identical: tuple[str, ...]  # same type, same element count, same data sha256
-    respelled: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # identical but shape written differently
-    changed: tuple[TensorChange, ...]
-    only_a: tuple[str, ...]
-    only_b: tuple[str, ...]
-
-    @property
-    def summary(self) -> str:
-        return (
-            f"{len(self.identical)}/{max(self.n_a, self.n_b)} identical, {len(self.changed)} changed, "
-            f"{len(self.only_a)} only in A, {len(self.only_b)} only in B"
-        )
-
-
-def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(x for x in shape if x != 1) or (1,)
-
-
-def diff_tensors(a: GGUFHeader, a_hashes: FileHashes, b: GGUFHeader, b_hashes: FileHashes) -> TensorDiff:
-    """Every tensor's data region compared by sha256; (2304, 1) and (2304) count as the same shape."""
-    ta, tb = a.tensor_map(), b.tensor_map()
-    identical, respelled, changed = [], [], []
-    for name, x in ta.items():
-        y = tb.get(name)
-        if y is None:
-            continue
-        same = (
-            x.type_id == y.type_id
-            and x.n_elements == y.n_elements
-            and _squeeze(x.shape) == _squeeze(y.shape)
-            and a_hashes.tensors.get(name) is not None
-            and a_hashes.tensors.get(name) == b_hashes.tensors.get(name)
-        )
-        if same:
-            identical.append(name)
-            if x.shape != y.shape:
-                respelled.append((name, x.shape, y.shape))
-        else:
-            changed.append(TensorChange(name, x.type_name, y.type_name, x.shape, y.shape, x.n_bytes, y.n_bytes))
-    return TensorDiff(
-        a=a.name,
-        b=b.name,
-        n_a=len(ta),
-        n_b=len(tb),
-        identical=tuple(identical),
-        respelled=tuple(respelled),
-        changed=tuple(changed),
-        only_a=tuple(n for n in ta if n not in tb),
-        only_b=tuple(n for n in tb if n not in ta),
-    )
-
-
-# ------------------------------------------------------------------ memory estimate
-
-
-@dataclass(frozen=True)
-class KVCacheEstimate:
-    n_layer: int
-    n_kv_layers: int  # layers that keep K/V per token (hybrid archs: only the attention layers)
-    n_head_kv: int
-    key_length: int
-    value_length: int
-    bytes_per_element: float
-    bytes_per_token: int
-    formula: str
-    notes: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    name: str
-    role: str
-    weights_by_type: dict[str, int]
-    weights_bytes: int
-    ctx: int
-    kv: KVCacheEstimate | None
-    kv_bytes: int
-    total_bytes: int
-
-
-def kv_cache_estimate(h: GGUFHeader, kv_type: str = "f16") -> KVCacheEstimate | None:
-    """llama-style K/V bytes per context token: n_kv_layers x n_head_kv x (k_len + v_len) x bytes."""
-    if role_of(h) == "mmproj":
-        return None
-    arch = h.arch
-    n_layer = int_of(h.arch_key("block_count"))
-    if not n_layer:
-        return None
-    per_elem = KV_TYPE_BYTES[kv_type]
-    notes: list[str] = []
-    if arch in RECURRENT_ARCHS:
-        return KVCacheEstimate(
-            n_layer,
-            0,
-            0,
-            0,
-            0,
-            per_elem,
-            0,
-            "0 (recurrent: a fixed state per sequence)",
-            ("recurrent arch: the state does not grow with context",),
-        )
-    heads_kv_raw = h.arch_key("attention.head_count_kv")
-    n_head = int_of(h.arch_key("attention.head_count")) or 0
-    head_dim = _head_dim(h) or 0
-    k_len = int_of(h.arch_key("attention.key_length")) or head_dim
-    v_len = int_of(h.arch_key("attention.value_length")) or head_dim
-    if isinstance(heads_kv_raw, GGUFArray) and heads_kv_raw.items:
-        per_layer = list(ints_of(heads_kv_raw))[:n_layer]
-        kv_layers = [x for x in per_layer if x > 0]
-        n_kv_layers, n_head_kv = len(kv_layers), max(kv_layers, default=0)
-        total_heads = sum(kv_layers)
-        if n_kv_layers < n_layer:
-            notes.append(f"hybrid: {n_kv_layers} of {n_layer} layers are attention layers (per-layer head_count_kv)")
-    else:
-        n_head_kv = int_of(heads_kv_raw) or n_head
-        interval = int_of(h.arch_key("full_attention_interval"))
-        n_kv_layers = n_layer // interval if interval else n_layer
-        if interval:
-            notes.append(f"hybrid: every {interval}th layer is full attention ({n_kv_layers} of {n_layer})")
-        total_heads = n_kv_layers * n_head_kv
-    if arch in HYBRID_ARCHS or arch in RECURRENT_ARCHS:
-        notes.append("recurrent layers add a fixed per-sequence state, not counted here")
-    if h.arch_key("attention.sliding_window") is not None:
-        notes.append(
-            f"sliding-window layers keep at most {int_of(h.arch_key('attention.sliding_window'))} tokens; "
-            "this counts every layer at full context"
-        )
-    per_token = int(total_heads * (k_len + v_len) * per_elem)
-    if k_len == v_len:
-        formula = (
-            f"{n_kv_layers} layers x 2 x {n_head_kv} kv heads x {k_len} head dim x {per_elem:g} B = {per_token} B"
-        )
-    else:
-        formula = f"{n_kv_layers} layers x {n_head_kv} kv heads x ({k_len} + {v_len}) x {per_elem:g} B = {per_token} B"
-    return KVCacheEstimate(n_layer, n_kv_layers, n_head_kv, k_len, v_len, per_elem, per_token, formula, tuple(notes))
-
-
-def memory_estimate(h: GGUFHeader, ctx: int, kv_type: str = "f16") -> MemoryEstimate:
-    if ctx <= 0:
-        raise UsageError(f"-c must be a positive context size, got {ctx}")
-    c = census(h)
-    weights = {r.type_name: r.n_bytes for r in c.rows if r.n_bytes is not None}
-    kv = kv_cache_estimate(h, kv_type)
-    kv_bytes = kv.bytes_per_token * ctx if kv else 0
-    return MemoryEstimate(
-        name=h.name,
-        role=role_of(h),
-        weights_by_type=weights,
-        weights_bytes=c.tensor_bytes,
-        ctx=ctx,
-        kv=kv,
-        kv_bytes=kv_bytes,
-        total_bytes=c.tensor_bytes + kv_bytes,
-    )
-
-
-@dataclass(frozen=True)
-class LayerBytes:
-    """Weights by llama.cpp layer: ``blk.N.*`` per repeating layer, the input embedding, the rest (output
-    head and norm; a draft's own extras) counted with the output layer, as load_tensors places them."""
-
-    layers: tuple[int, ...]
-    input_bytes: int
-    output_bytes: int
-    kv_per_token: tuple[int, ...]  # K/V bytes per context token, per repeating layer
-
-
-_BLK = re.compile(r"^blk\.(\d+)\.")
-
-
-def layer_bytes(h: GGUFHeader, kv_type: str = "f16") -> LayerBytes:
-    n_layer = int_of(h.arch_key("block_count")) or 0
-    layers = [0] * n_layer
-    input_bytes = output_bytes = 0
-    for t in h.tensors:
-        size = t.n_bytes or 0
-        m = _BLK.match(t.name)
-        if m and int(m.group(1)) < n_layer:
-            layers[int(m.group(1))] += size
-        elif t.name.startswith("token_embd."):
-            input_bytes += size
-        else:
-            output_bytes += size
-    kv = kv_cache_estimate(h, kv_type)
-    per_layer = [0] * n_layer
-    if kv is not None and kv.bytes_per_token and n_layer:
-        heads_kv = h.arch_key("attention.head_count_kv")
-        per_head = (kv.key_length + kv.value_length) * kv.bytes_per_element
-        if isinstance(heads_kv, GGUFArray) and heads_kv.items:
-            per_layer = [int(x * per_head) for x in list(ints_of(heads_kv))[:n_layer]]
-        else:
-            interval = int_of(h.arch_key("full_attention_interval"))
-            # llama.cpp's hybrids keep K/V in every interval-th layer (il + 1) % interval == 0
-            per_layer = [
-                int(kv.n_head_kv * per_head) if not interval or (il + 1) % interval == 0 else 0
-                for il in range(n_layer)
-            ]
-    return LayerBytes(tuple(layers), input_bytes, output_bytes, tuple(per_layer))

@@ -35,7 +35,7 @@ from typing import Any
 
 from dsparkcli.budget import rule as budget_mod
 from dsparkcli.errors import UsageError, VerificationError
-from dsparkcli.gguf.analysis import hash_file
+from dsparkcli.gguf.hashes import hash_file
 from dsparkcli.outputs import check_output_dir, check_output_file
 
 MANIFEST_NAME = "manifest.json"
