@@ -73,7 +73,8 @@ def user_models(tmp_path: Path) -> Callable[[str], Path]:
 
 # Test lanes (issue 29; `make test-fast` runs none of these, `make test` runs all). Marked here from what a
 # test can be seen to use, so a new test lands in its lane without anyone remembering to mark it:
-# - engine: uses the `engine` fixture, or a fixture that depends on it (fixturenames is the closure);
+# - engine: uses the `engine` fixture, or a fixture that depends on it (fixturenames is the closure), or the
+#   pinned llama.cpp source that `make engine` downloads and unpacks (SOURCE_TREE: 290 MB a newcomer lacks);
 # - study: runs or imports the study kit in study/ (support.scripts.script or run_script, a "study/..." path or
 #   "study.<name>" module, a module-level study module);
 # - torch: its module imports torch, or its code names torch;
@@ -81,6 +82,9 @@ def user_models(tmp_path: Path) -> Callable[[str], Path]:
 # What detection cannot see is marked by hand: @pytest.mark.engine on a test whose CLI call starts
 # llama-server without the fixture. A run with -m 'not engine ...' finds no engine (hide_engine), so such a
 # test fails there instead of silently running the engine in the fast lane.
+
+
+SOURCE_TREE = {"vendored_source", "vendored_source_dir", "sdist_tree", "sdist_tree_dir"}  # llama.sources' names
 
 
 def _functions_used(fn: Callable, module: types.ModuleType | None, seen: set) -> Iterator[Callable]:
@@ -145,6 +149,8 @@ def _lanes(item: pytest.Item) -> set[str]:
                 lanes.add("study")
             if "torch" in _code_names(fn.__code__):
                 lanes.add("torch")
+            if SOURCE_TREE & _code_names(fn.__code__):
+                lanes.add("engine")
     return lanes
 
 

@@ -44,8 +44,12 @@ def test_lanes_follow_what_a_test_uses():
         "tests/test_run.py",
         "tests/test_gguf_census.py",
         "tests/test_distill.py",
+        "tests/test_patches.py",
     )
     assert "engine" in lanes["tests/test_engine.py::test_second_build_call_reuses_the_cache"]  # the engine fixture
+    # the pinned llama.cpp tree (through test_patches.pinned_tree): `make engine` downloads it, a newcomer lacks it
+    assert lanes["tests/test_patches.py::test_the_shipped_series_applies_to_the_pinned_tree_in_order"] == {"engine"}
+    assert lanes["tests/test_patches.py::test_apply_is_strict_finds_moved_code_and_creates_files"] == set()
     assert lanes["tests/test_engine.py::test_parse_version_line"] == set()  # the fast lane
     assert "study" in lanes["tests/test_benchmarks_doc.py::test_generated_section_is_the_records_rendered"]  # script()
     assert "study" in lanes["tests/test_requant.py::test_standalone_type_map_script"]  # "study.gguf_tensor_type_map"
