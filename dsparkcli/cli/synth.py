@@ -12,7 +12,7 @@ from rich.table import Table
 from dsparkcli.cli._common import SEED, BlockSizeOpt, JsonOpt, NPredictOpt, PMinOpt, SeedOpt
 from dsparkcli.cli._output import out, print_json
 from dsparkcli.errors import UsageError
-from dsparkcli.synth import full_width
+from dsparkcli.synth import full_width, minicpmv47
 from dsparkcli.synth import known_answer as core
 
 SYNTH_HELP = """Write a synthetic target/draft pair whose every draft outcome is known in advance.
@@ -20,7 +20,9 @@ SYNTH_HELP = """Write a synthetic target/draft pair whose every draft outcome is
 The target (arch llama) always answers g(last token); the DSpark draft's Markov head proposes g too,
 except on a chosen fraction of rows, so llama-server's draft_n / draft_n_accepted can be predicted
 exactly (see `dspark synth-predict`). --shape writes a random-weight pair with a real model's shapes
-for throughput work instead (acceptance emulated with --spec-synth-len).
+for throughput work instead (acceptance emulated with --spec-synth-len). --shape minicpm-v-4.7 writes a
+MiniCPM-V 4.7-shaped stand-in: qwen35moe target with rope.section_order, a minicpmv4_7 mmproj with
+v.tok_embd_sep, and the DSpark draft (--width small for CPU tests, full for the real widths).
 
 \b
 Examples:
@@ -28,6 +30,8 @@ Examples:
   dspark synth /tmp/pair --accept-rate 0.7 --seed 1
   dspark synth /tmp/pair --confidence --vision    # + confidence head, mmproj and a PNG
   dspark synth /tmp/big --shape minicpm-v-4.7-35b-a3b --qtype Q8_0
+  dspark synth /tmp/v47 --shape minicpm-v-4.7                     # small, loads on CPU in a second
+  dspark synth /tmp/v47 --shape minicpm-v-4.7 --width full --rope-section-order tyxz
 """
 
 PREDICT_HELP = """Predict the tokens and draft counters llama-server reports on a synthetic pair.
@@ -53,8 +57,11 @@ def _parse_tokens(text: str) -> list[int]:
     return tokens
 
 
-def _write_shape(outdir: Path, shape: str, qtype: str, seed: int, json_out: bool) -> None:
-    result = full_width.write_full_width(outdir, shape=shape, qtype=qtype, seed=seed)
+def _write_shape(outdir: Path, shape: str, qtype: str, seed: int, json_out: bool, width: str, order: str) -> None:
+    if shape == minicpmv47.SHAPE:
+        result = minicpmv47.write_standin(outdir, scale=width, section_order=order, qtype=qtype, seed=seed)
+    else:
+        result = full_width.write_full_width(outdir, shape=shape, qtype=qtype, seed=seed)
     if json_out:
         print_json(result)
         return
@@ -77,13 +84,23 @@ def synth(
     block_size: BlockSizeOpt = 8,
     shape: Annotated[
         Optional[str],
-        typer.Option("--shape", help="Full-width random pair with a real model's shapes, e.g. minicpm-v-4.7-35b-a3b."),
+        typer.Option(
+            "--shape",
+            help="Random pair with a real model's shapes: minicpm-v-4.7-35b-a3b (full width, no mmproj) or "
+            "minicpm-v-4.7 (the 4.7 format: target, minicpmv4_7 mmproj, draft).",
+        ),
     ] = None,
     qtype: Annotated[str, typer.Option("--qtype", help="Tensor type for --shape (Q8_0, Q4_K).")] = "Q8_0",
+    width: Annotated[
+        str, typer.Option("--width", help="--shape minicpm-v-4.7: small (CPU tests) or full (the real widths).")
+    ] = "small",
+    rope_section_order: Annotated[
+        str, typer.Option("--rope-section-order", help="--shape minicpm-v-4.7: zyxt or tyxz (M-RoPE stream order).")
+    ] = "zyxt",
     json_out: JsonOpt = False,
 ) -> None:
     if shape is not None:
-        _write_shape(outdir, shape, qtype, seed, json_out)
+        _write_shape(outdir, shape, qtype, seed, json_out, width, rope_section_order)
         return
     pair = core.write_pair(
         outdir,
