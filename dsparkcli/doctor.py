@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dsparkcli.llama import engine as eng_mod
 from dsparkcli.llama import patches as patches_mod
+from dsparkcli.llama import sources
 from dsparkcli.llama.engine import Capabilities, Engine
 from dsparkcli.llama.loads import build_record, engine_tables
 from dsparkcli.llama.tables import EngineTables
@@ -27,6 +28,7 @@ class DoctorReport:
     # dspark's patch series in this build (file names; None: not a dspark build, so unknown) and its hash
     patches: tuple[str, ...] | None = None
     patch_hash: str = ""
+    release: str = ""  # upstream's release of the tree it was built from ("" = unknown)
 
 
 def diagnose(llama_bin: str | None = None) -> DoctorReport:
@@ -65,7 +67,17 @@ def diagnose(llama_bin: str | None = None) -> DoctorReport:
         loads=loads,
         patches=tuple(found[1].patches) if found else None,
         patch_hash=found[1].patch_hash if found else "",
+        release=(found[1].release if found else "")
+        or sources.release_of(engine.commit or (found[1].commit if found else "")),
     )
+
+
+def upstream_line(report: DoctorReport) -> str:
+    """Which upstream llama.cpp the engine is: its release and commit ("llama.cpp b11312 (0c1e570)")."""
+    commit = report.commit or next((s.commit for s in sources.SDISTS if s.release == report.release), "")
+    if not report.release:
+        return f"llama.cpp {commit or '?'} (release unknown)"
+    return f"llama.cpp {report.release} ({commit or 'commit unknown'})"
 
 
 def patch_line(report: DoctorReport) -> str:
@@ -75,6 +87,9 @@ def patch_line(report: DoctorReport) -> str:
         return "unknown (not a dspark build): capabilities below are read from --help"
     if not report.patches:
         return "none (stock llama.cpp)"
+    if report.release and report.release != patches_mod.DEFAULT_BASE:
+        series = patches_mod.series_for(report.release)
+        current = patches_mod.series_hash(series) if series else current
     note = "" if report.patch_hash == current else f" (this dspark ships {current}: dspark engine build to update)"
     off = patches_mod.switches_off(report.patches)
     if off:

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsparkcli.llama import engine as engine_mod
-from dsparkcli.llama import patches
+from dsparkcli.llama import patches, sources
 from support.scripts import script
 
 HARNESS = Path(__file__).resolve().parent / "support" / "cuda_graph_counts" / "harness.cpp"
@@ -20,20 +19,27 @@ CUDA = Path("ggml/src/ggml-cuda")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _patched(tmp_path: Path) -> Path:
-    source = engine_mod.vendored_source()
+# every base dspark has a series for: the rebased 0008 must count the same
+BASES = [pytest.param(s, id=s.release) for s in sources.SDISTS]
+
+
+def _patched(tmp_path: Path, sdist: sources.SdistSource) -> Path:
+    source = sources.sdist_tree(sdist)
     tree = tmp_path / "tree"
     (tree / CUDA).mkdir(parents=True)
     for name in ("ggml-cuda.cu", "common.cuh"):
         shutil.copy(source / CUDA / name, tree / CUDA / name)
-    patches.apply(tree, next(p for p in patches.shipped() if p.number == "0008"))
+    series = patches.series_for(sdist.release)
+    assert series, sdist.release
+    patches.apply(tree, next(p for p in series if p.number == "0008"))
     return tree
 
 
-def test_the_counts_of_a_scripted_graph_life_are_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sdist", BASES)
+def test_the_counts_of_a_scripted_graph_life_are_exact(tmp_path: Path, sdist: sources.SdistSource) -> None:
     if shutil.which("g++") is None:
         pytest.fail("g++ is needed (the engine build needs it too)")
-    text = (_patched(tmp_path) / CUDA / "common.cuh").read_text()
+    text = (_patched(tmp_path, sdist) / CUDA / "common.cuh").read_text()
     start = text.index("struct ggml_cuda_graph_counts {")
     (tmp_path / "COUNTS.inc").write_text(text[start : text.index("// dspark: end of ggml_cuda_graph_counts", start)])
     shutil.copy(HARNESS, tmp_path / "harness.cpp")
@@ -49,8 +55,9 @@ def test_the_counts_of_a_scripted_graph_life_are_exact(tmp_path: Path) -> None:
     assert out.strip() == "computes 896 launched 384 captured 256 resets 128 direct 256 lines 3"
 
 
-def test_the_logged_line_is_the_one_step_switches_reads(tmp_path: Path) -> None:
-    cu = (_patched(tmp_path) / CUDA / "ggml-cuda.cu").read_text()
+@pytest.mark.parametrize("sdist", BASES)
+def test_the_logged_line_is_the_one_step_switches_reads(tmp_path: Path, sdist: sources.SdistSource) -> None:
+    cu = (_patched(tmp_path, sdist) / CUDA / "ggml-cuda.cu").read_text()
     fmt = re.search(r'GGML_LOG_WARN\("(dspark-cuda-graphs:[^"]+)\\n"', cu).group(1)
     line = fmt.replace("%p", "{}").replace("%llu", "{}").replace("%zu", "{}")
     log = tmp_path / "llama-server-1-x.log"

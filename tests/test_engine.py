@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dsparkcli.errors import EngineNotFoundError
+from dsparkcli.llama import building, patches, sources
 from dsparkcli.llama import engine as engine_mod
-from dsparkcli.llama import patches
 
 HELP_WITHOUT_DSPARK = """----- common params -----
 -h,    --help, --usage                  print usage and exit
@@ -31,7 +31,7 @@ def test_capabilities_of_the_real_binary(engine):
 
 
 def test_version_and_commit_read_from_the_binary(engine):
-    assert engine.commit == engine_mod.PINNED_COMMIT
+    assert engine.commit == sources.DEFAULT_SDIST.commit
     assert engine.version.startswith("0.5.0")
     assert engine.backend == "cpu"
 
@@ -82,7 +82,7 @@ def test_resolution_falls_back_to_path(engine, tmp_path, monkeypatch):
 
 def test_second_build_call_reuses_the_cache(engine):
     # make test already built it: a second call must not compile (it returns within seconds)
-    eng, record, reused = engine_mod.build_engine(backend="cpu")
+    eng, record, reused = building.build_engine(backend="cpu")
     assert reused
     assert eng.server == engine.server
     assert record.commit == "0c1e570" and record.backend == "cpu"
@@ -183,9 +183,9 @@ def test_source_commit_ignores_an_enclosing_repository(tmp_path):
     ).stdout.strip()
     nested = repo / "cache" / "llama.cpp"
     nested.mkdir(parents=True)
-    assert engine_mod.source_commit(repo) == head  # a checkout: its own commit
-    assert engine_mod.source_commit(nested) != head  # a tree inside someone else's checkout: not theirs
-    assert engine_mod.source_commit(nested).startswith("src")
+    assert sources.source_commit(repo) == head  # a checkout: its own commit
+    assert sources.source_commit(nested) != head  # a tree inside someone else's checkout: not theirs
+    assert sources.source_commit(nested).startswith("src")
 
 
 def test_the_default_build_has_the_rpc_backend_in_its_cache_key(engine):
@@ -193,11 +193,11 @@ def test_the_default_build_has_the_rpc_backend_in_its_cache_key(engine):
     assert engine_mod.build_key("0c1e570", "cpu", rpc=True) == "0c1e570-cpu-x86-64-v3-rpc"
     assert engine_mod.build_key("0c1e570", "cuda", "90", rpc=True) == "0c1e570-cuda-x86-64-v3-sm90-rpc"
     assert engine_mod.build_key("0c1e570", "cpu") == "0c1e570-cpu-x86-64-v3"  # --no-rpc: the older entry
-    args = engine_mod.cmake_configure_args(Path("/src"), Path("/b"), "cpu", "", rpc=True)
+    args = building.cmake_configure_args(Path("/src"), Path("/b"), "cpu", "", rpc=True)
     assert "-DGGML_RPC=ON" in args
-    assert "-DGGML_RPC=ON" not in engine_mod.cmake_configure_args(Path("/src"), Path("/b"), "cpu", "")
-    assert engine_mod.build_targets(True)[-1] == engine_mod.RPC_SERVER
-    eng, record, reused = engine_mod.build_engine(backend="cpu")
+    assert "-DGGML_RPC=ON" not in building.cmake_configure_args(Path("/src"), Path("/b"), "cpu", "")
+    assert building.build_targets(True)[-1] == engine_mod.RPC_SERVER
+    eng, record, reused = building.build_engine(backend="cpu")
     assert reused and record.rpc and engine_mod.RPC_SERVER in record.targets
     assert (eng.bin_dir / engine_mod.RPC_SERVER).is_file() and engine_mod.supports_rpc(eng)
 

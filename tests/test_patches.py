@@ -18,12 +18,12 @@ import pytest
 from dsparkcli.budget import rule as budget
 from dsparkcli.budget.model import CostModel, cost_table
 from dsparkcli.errors import EngineBuildError
+from dsparkcli.llama import building, patches, sources
 from dsparkcli.llama import engine as engine_mod
-from dsparkcli.llama import patches
 
 
 def pinned_tree() -> Path:
-    tree = engine_mod.vendored_source_dir()
+    tree = sources.sdist_tree_dir(sources.LLAMA_CPP_PYTHON)
     assert (tree / "CMakeLists.txt").is_file(), "the pinned llama.cpp tree is missing: run `dspark engine build`"
     return tree
 
@@ -128,7 +128,7 @@ def _fake_build(root: Path, key: str, source: Path, **record) -> Path:
         "cuda_arch": "",
         "source_dir": str(source),
         "bin_dir": str(bin_dir),
-        "targets": list(engine_mod.build_targets(True)),
+        "targets": list(building.build_targets(True)),
         "cpu_arch": "x86-64-v3",
         "rpc": True,
         **record,
@@ -152,7 +152,7 @@ def test_stock_and_patched_builds_live_side_by_side(tmp_path, monkeypatch):
         and engine_mod.build_key("0c1e570", "cpu", rpc=True, patch_hash=h) == f"0c1e570-cpu-x86-64-v3-rpc-p{h}"
     )
     stock_bin = _fake_build(tmp_path, stock_key, source)
-    eng, rec, reused = engine_mod.build_engine(source=source, patches=False)
+    eng, rec, reused = building.build_engine(source=source, patches=False)
     assert reused and eng.bin_dir == stock_bin and rec.patch_hash == "" and rec.compiled_source == str(source)
     assert engine_mod.resolve_engine().bin_dir == stock_bin  # the only one
     old_bin = _fake_build(
@@ -168,15 +168,15 @@ def test_stock_and_patched_builds_live_side_by_side(tmp_path, monkeypatch):
         build_source=str(tmp_path / "engine" / f"{stock_key}-p{h}" / "src"),
     )
     assert engine_mod.resolve_engine().bin_dir == new_bin  # the shipped series beats an older one
-    eng, rec, reused = engine_mod.build_engine(source=source, patches=True)
+    eng, rec, reused = building.build_engine(source=source, patches=True)
     assert reused and eng.bin_dir == new_bin and rec.compiled_source.endswith("/src")
     # a user's --source gets the series only when asked: without --patches it is the stock key
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "CMakeLists.txt").write_text("")
-    commit = engine_mod.source_commit(mine)
+    commit = sources.source_commit(mine)
     _fake_build(tmp_path, engine_mod.build_key(commit, "cpu", rpc=True), mine.resolve())
-    eng, rec, reused = engine_mod.build_engine(source=mine)
+    eng, rec, reused = building.build_engine(source=mine)
     assert reused and rec.patch_hash == "" and not rec.patches
 
 
@@ -229,19 +229,19 @@ def test_the_pinned_tree_unpacked_elsewhere_is_patched_by_default(tmp_path, monk
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DSPARK_CONFIG_DIR", str(tmp_path / "cfg"))
     monkeypatch.delenv("DSPARK_LLAMA_BIN", raising=False)
-    bundle = tmp_path / "gpu" / f"llama_cpp_python-{engine_mod.SDIST_VERSION}" / "vendor" / "llama.cpp"
+    bundle = tmp_path / "gpu" / f"llama_cpp_python-{sources.LLAMA_CPP_PYTHON.version}" / "vendor" / "llama.cpp"
     bundle.mkdir(parents=True)
     (bundle / "CMakeLists.txt").write_text("")
-    assert engine_mod.source_commit(bundle) == engine_mod.PINNED_COMMIT
+    assert sources.source_commit(bundle) == sources.LLAMA_CPP_PYTHON.commit
     h = patches.series_hash(patches.shipped())
     _fake_build(
         tmp_path / "cache",
-        engine_mod.build_key(engine_mod.PINNED_COMMIT, "cpu", rpc=True, patch_hash=h),
+        engine_mod.build_key(sources.LLAMA_CPP_PYTHON.commit, "cpu", rpc=True, patch_hash=h),
         bundle.resolve(),
         patches=[p.name for p in patches.shipped()],
         patch_hash=h,
     )
-    eng, rec, reused = engine_mod.build_engine(source=bundle)
+    eng, rec, reused = building.build_engine(source=bundle)
     assert reused and rec.patch_hash == h
 
 
@@ -249,7 +249,12 @@ def test_each_off_switch_is_the_variable_its_code_reads(tmp_path):
     """A patch that says ``DSPARK_X=1`` turns it off must read exactly that variable in what it adds, and
     doctor names a switch set in the environment: a renamed variable would make a measurement of the
     patch "off" silently measure it on."""
-    series = patches.shipped()
+    for series in (patches.shipped(), patches.series_for("b11549")):
+        assert series is not None
+        _check_off_switches(series)
+
+
+def _check_off_switches(series: tuple[patches.Patch, ...]) -> None:
     assert {p.number: p.off_switch for p in series} == {
         "0001": None,
         "0002": None,
@@ -285,7 +290,11 @@ def test_doctor_names_the_patches_the_environment_turns_off(monkeypatch):
     from dsparkcli.doctor import patch_line
 
     series = patches.shipped()
-    report = type("R", (), {"patches": tuple(p.name for p in series), "patch_hash": patches.series_hash(series)})()
+    report = type(
+        "R",
+        (),
+        {"patches": tuple(p.name for p in series), "patch_hash": patches.series_hash(series), "release": "b11312"},
+    )()
     monkeypatch.delenv("DSPARK_STOCK_ARGMAX", raising=False)
     monkeypatch.delenv("DSPARK_STOCK_MMVF", raising=False)
     assert "turned off" not in patch_line(report)

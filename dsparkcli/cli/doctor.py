@@ -91,6 +91,7 @@ def doctor(
         table.add_row("llama-server", report.server)
         table.add_row("found via", report.found_via)
         table.add_row("version", f"{report.version or '?'} (commit {report.commit or '?'})")
+        table.add_row("upstream", core.upstream_line(report))
         table.add_row("backend", report.backend)
         table.add_row("devices", "\n".join(report.devices) or "CPU only")
         caps = report.capabilities

@@ -9,9 +9,12 @@ import typer
 
 from dsparkcli.cli._common import JsonOpt, LlamaBinOpt
 from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.errors import UsageError
+from dsparkcli.llama import building, sources
 from dsparkcli.llama import engine as core
 
-BUILD_EXAMPLES = """Build llama.cpp (commit 0c1e570 from the llama-cpp-python 0.3.36 sdist) into the dspark cache.
+BUILD_EXAMPLES = f"""Build llama.cpp ({sources.DEFAULT_SDIST.describe()} from the {sources.DEFAULT_SDIST.package} \
+{sources.DEFAULT_SDIST.version} sdist) into the dspark cache.
 
 \b
 Examples:
@@ -19,8 +22,11 @@ Examples:
   dspark engine build --no-rpc                 # without GGML_RPC (no --rpc, no rpc-worker)
   dspark engine build --backend cuda --cuda-arch 90 --jobs 16
   dspark engine build --no-patches             # stock llama.cpp, without dspark's patch series
+  dspark engine build --sdist xllamacpp        # llama.cpp b11549 from PyPI, with the series rebased onto it
+  dspark engine build --ref b11600 --sha256 HEX  # upstream's source archive of a release (or a commit)
   dspark engine build --source ~/src/llama.cpp # your own checkout (stock; add --patches for the series)
 """
+SDIST_NAMES = ", ".join(f"{s.package} ({s.release})" for s in sources.SDISTS)
 
 
 def build(
@@ -37,6 +43,22 @@ def build(
         ),
     ] = True,
     source: Annotated[Optional[Path], typer.Option("--source", help="Build this llama.cpp checkout instead.")] = None,
+    ref: Annotated[
+        Optional[str],
+        typer.Option(
+            "--ref",
+            help=f"Build upstream's source archive of this release (b11549) or commit, verified by sha256 "
+            f"(base URL: ${sources.ARCHIVE_URL_ENV}, default {sources.ARCHIVE_URL}).",
+        ),
+    ] = None,
+    sha256: Annotated[
+        Optional[str],
+        typer.Option("--sha256", help="The sha256 of --ref's archive, for a release dspark does not know."),
+    ] = None,
+    sdist: Annotated[
+        Optional[str],
+        typer.Option("--sdist", help=f"Build the llama.cpp tree a pinned PyPI sdist vendors: {SDIST_NAMES}."),
+    ] = None,
     patches: Annotated[
         Optional[bool],
         typer.Option(
@@ -73,12 +95,15 @@ def build(
             else:
                 progress.update(task, **fields)
 
-        eng, record, reused = core.build_engine(
+        eng, record, reused = building.build_engine(
             backend=backend,
             cuda_arch=cuda_arch,
             cpu_arch=cpu_arch,
             rpc=rpc,
             source=source,
+            ref=ref,
+            sha256=sha256,
+            sdist=_sdist(sdist, source, ref),
             patches=patches,
             jobs=jobs,
             force=force,
@@ -90,13 +115,28 @@ def build(
     what = "reused cached build" if reused else f"built in {record.build_seconds:.0f} s"
     out.print(f"{what}: {eng.server}")
     out.print(
-        f"commit {record.commit}, backend {record.backend}"
+        (f"llama.cpp {record.release}, " if record.release and record.release != record.commit else "")
+        + f"commit {record.commit}, backend {record.backend}"
         + (f", sm{record.cuda_arch}" if record.cuda_arch else "")
         + (", rpc" if record.rpc else "")
         + (f", patches {record.patch_hash}" if record.patch_hash else ", stock")
     )
     for name in record.patches:
         out.print(f"  patch {name}")
+    if ref is not None and patches is None and not record.patches:
+        out.print(building.series_note(record.release))
+
+
+def _sdist(name: str | None, source: Path | None, ref: str | None) -> sources.SdistSource | None:
+    """--sdist's pinned source; one line for a name dspark does not pin or a second tree named."""
+    if name is None:
+        return None
+    if source is not None or ref is not None:
+        raise UsageError("--sdist, --source and --ref each name a tree: pass one")
+    found = next((s for s in sources.SDISTS if name in (s.package, f"{s.package}=={s.version}")), None)
+    if found is None:
+        raise UsageError(f"--sdist {name!r} is not one dspark pins; choose one of {SDIST_NAMES}")
+    return found
 
 
 def path(llama_bin: LlamaBinOpt = None) -> None:

@@ -1,4 +1,5 @@
-"""Running a llama.cpp build: its cmake steps into one log with progress, under a lock per build folder.
+"""Building llama.cpp: ``build_engine`` (which tree, which patch series, the cache key, reuse), cmake's
+arguments, and the steps run into one log with progress, under a lock per build folder.
 
 Two ``dspark engine build`` runs of the same engine (a second terminal, ``make demo`` beside ``make test``)
 wrote into one build folder and one log at once: the second reconfigured the tree under the first one's
@@ -9,13 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import platform
 import re
+import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
-from dsparkcli.errors import EngineBuildError
+from dsparkcli.errors import EngineBuildError, UsageError
+from dsparkcli.llama import patches as patches_mod
+from dsparkcli.llama import sources
+from dsparkcli.llama.engine import BUILD_TARGETS, RPC_SERVER, BuildRecord, Engine, build_key, engine_root
 
 ProgressFn = Callable[[float, str], None]
 _PCT_RE = re.compile(r"^\[\s*(\d+)%\]")
@@ -92,3 +101,232 @@ def _percent(line: str) -> float:
         return 100.0 * int(m.group(1)) / max(1, int(m.group(2)))
     m = _PCT_RE.match(line)
     return float(m.group(1)) if m else -1.0
+
+
+# ------------------------------------------------------------------ the build
+
+BACKENDS = ("cpu", "cuda")
+CPU_ARCHES = ("x86-64-v3", "native")
+
+# Why not -march=native by default: on CPUs that advertise AMX, ggml's AMX Q8_0 kernel dies with SIGILL
+# where the kernel or a sandbox withholds the AMX tile state (seen on this project's CI machines), and a
+# native build is not portable to another machine sharing the cache. x86-64-v3 (AVX2, FMA, F16C, BMI2)
+# runs everywhere dspark is likely to, and the GPU does the heavy lifting in CUDA builds anyway.
+_CPU_ARCH_FLAGS = {
+    "x86-64-v3": [
+        "-DGGML_NATIVE=OFF",
+        "-DGGML_AVX=ON",
+        "-DGGML_AVX2=ON",
+        "-DGGML_FMA=ON",
+        "-DGGML_F16C=ON",
+        "-DGGML_BMI2=ON",
+    ],
+    "native": ["-DGGML_NATIVE=ON"],
+}
+
+
+def build_targets(rpc: bool) -> tuple[str, ...]:
+    return BUILD_TARGETS + ((RPC_SERVER,) if rpc else ())
+
+
+def cmake_configure_args(
+    source: Path,
+    build_dir: Path,
+    backend: str,
+    cuda_arch: str,
+    cpu_arch: str = "x86-64-v3",
+    rpc: bool = False,
+    commit: str = "",
+) -> list[str]:
+    """``commit``: stamped into the binaries (``--version``) when the tree cannot tell it itself: a
+    patched copy has no git metadata, and its binaries are still that commit's llama.cpp."""
+    args = [
+        "cmake",
+        "-S",
+        str(source),
+        "-B",
+        str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_TOOLS=ON",
+        "-DLLAMA_BUILD_SERVER=ON",
+    ]
+    if commit:
+        args += [f"-DLLAMA_BUILD_COMMIT={commit}"]
+    # a generator is fixed at the first configure; naming another one later fails, so only pick it then
+    if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").is_file():
+        args += ["-G", "Ninja"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        args += _CPU_ARCH_FLAGS[cpu_arch]
+    if backend == "cuda":
+        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+    if rpc:
+        args += ["-DGGML_RPC=ON"]
+    return args
+
+
+def series_note(release: str) -> str:
+    """The one line said when a tree builds stock because dspark has no series for its base."""
+    bases = ", ".join(patches_mod.SERIES_DIRS)
+    return f"stock llama.cpp{f' {release}' if release else ''}: dspark's patch series are for {bases} only"
+
+
+def _complete(root: Path, rpc: bool) -> bool:
+    bin_dir = root / "build" / "bin"
+    return (root / "engine.json").is_file() and all(
+        (bin_dir / t).is_file() for t in ("llama-server", *build_targets(rpc)[len(BUILD_TARGETS) :])
+    )
+
+
+def _reuse_sdist(
+    sdist: sources.SdistSource, backend: str, cuda_arch: str, cpu_arch: str, rpc: bool
+) -> tuple[Engine, BuildRecord, bool] | None:
+    """A complete cached build of a pinned sdist with its series, found by its key alone (no sources needed:
+    a machine whose engine dir was set apart, DSPARK_ENGINE_DIR, may have its sources elsewhere or none)."""
+    patch_hash = patches_mod.series_hash(patches_mod.series_for(sdist.release) or ())
+    root = engine_root() / build_key(sdist.label, backend, cuda_arch, cpu_arch, rpc, patch_hash)
+    if not _complete(root, rpc):
+        return None
+    try:
+        record = BuildRecord(**json.loads((root / "engine.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if sources.sdist_of_tree(Path(record.source_dir)) != sdist or record.patch_hash != patch_hash:
+        return None
+    bin_dir = root / "build" / "bin"
+    return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=sdist.label, backend=backend), record, True
+
+
+def build_engine(
+    *,
+    backend: str = "cpu",
+    cuda_arch: str = "90",
+    cpu_arch: str = "x86-64-v3",
+    rpc: bool = True,
+    source: Path | None = None,
+    ref: str | None = None,
+    sha256: str | None = None,
+    sdist: sources.SdistSource | None = None,
+    patches: bool | None = None,
+    jobs: int | None = None,
+    force: bool = False,
+    on_progress: ProgressFn | None = None,
+) -> tuple[Engine, BuildRecord, bool]:
+    """Build (or reuse) llama.cpp. Returns (engine, record, reused).
+
+    The tree: a user's ``source`` (only read), upstream's archive of ``ref`` (a release or a commit, checked
+    against ``sha256`` or the one dspark knows), or a pinned ``sdist`` (default: the default engine's).
+
+    ``patches``: apply dspark's series for the tree's base (``llama.patches``) to a copy of the tree first.
+    None = yes for a pinned sdist (wherever its layout was unpacked) and for an archive of a base dspark
+    has a series for, no for a user's ``--source`` (their tree gets the default base's series only when
+    asked). The series hash is in the cache key: stock and patched builds live side by side.
+
+    ``rpc`` (on by default): GGML_RPC=ON and the ggml-rpc-server target. It adds ``--rpc`` to llama-server
+    and one small binary and changes nothing else (same devices, same flags otherwise), so the default
+    build, and CI's single build, serve both ``dspark rpc-worker`` and everything else.
+    """
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if cpu_arch not in CPU_ARCHES:
+        raise UsageError(f"unknown CPU target {cpu_arch!r}; choose one of {', '.join(CPU_ARCHES)}")
+    if source is not None and ref is not None:
+        raise UsageError("--source and --ref name two trees: pass one")
+    if sha256 is not None and ref is None:
+        raise UsageError("--sha256 checks the archive of a --ref: pass --ref too")
+    archive = sources.archive_ref(ref, sha256) if ref is not None else None  # refused before any download
+    if shutil.which("cmake") is None:
+        raise EngineBuildError(
+            "cmake not found on PATH", hint="install cmake (apt-get install cmake or pip install cmake)"
+        )
+    if source is None and archive is None:
+        sdist = sdist or sources.DEFAULT_SDIST
+        if not force and patches is not False:
+            reused = _reuse_sdist(sdist, backend, cuda_arch, cpu_arch, rpc)
+            if reused is not None:
+                return reused
+        source = sources.sdist_tree(sdist, on_line=on_progress)
+    elif archive is not None:
+        release = archive.ref if archive.is_release else sources.release_of(archive.ref)
+        if patches and patches_mod.series_for(release) is None:
+            raise UsageError(f"{series_note(release).replace('stock ', '', 1)}: build {archive.ref} without --patches")
+        source = sources.archive_tree(archive, on_line=on_progress)
+    else:
+        source = source.expanduser().resolve()
+        if not (source / "CMakeLists.txt").is_file():
+            raise UsageError(f"--source {source} is not a llama.cpp tree (no CMakeLists.txt)")
+        sdist = sources.sdist_of_tree(source)  # a pinned tree unpacked elsewhere (a GPU bundle) is that sdist
+    if archive is not None:
+        commit, release = archive.label, (archive.ref if archive.is_release else sources.release_of(archive.ref))
+    elif sdist is not None:
+        commit, release = sdist.label, sdist.release
+    else:
+        commit = sources.source_commit(source)
+        release = sources.release_of(commit)
+    available = patches_mod.series_for(release) if release else None
+    if patches is None:
+        patches = sdist is not None or (archive is not None and available is not None)
+    series = (available if available is not None else patches_mod.shipped()) if patches else ()
+    patch_hash = patches_mod.series_hash(series)
+    from_sha256 = archive.sha256 if archive else (sdist.sha256 if sdist else "")
+    key = build_key(commit, backend, cuda_arch, cpu_arch, rpc, patch_hash)
+    root = engine_root() / key
+    marker = root / "engine.json"
+    bin_dir = root / "build" / "bin"
+    targets = build_targets(rpc)
+    with build_lock(root, on_progress):  # another build of this engine: wait for it, then reuse it
+        if _complete(root, rpc) and not force:
+            record = BuildRecord(**json.loads(marker.read_text()))
+            if (
+                record.source_dir == str(source)
+                and record.patch_hash == patch_hash
+                and (archive is None or record.source_sha256 == archive.sha256)
+            ):
+                return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
+        marker.unlink(missing_ok=True)
+        build_source = source
+        if series:
+            if on_progress:
+                on_progress(-1.0, f"applying {len(series)} dspark patches to a copy of {source}")
+            build_source = patches_mod.patched_copy(source, root / "src", series)
+        # a tree without git metadata (a patched copy, an archive) cannot tell its binaries their commit
+        stamp = commit if (series or archive) and re.fullmatch(r"[0-9a-f]{7,40}", commit) else ""
+        started = time.monotonic()
+        run_steps(
+            [
+                cmake_configure_args(build_source, root / "build", backend, cuda_arch, cpu_arch, rpc, commit=stamp),
+                [
+                    "cmake",
+                    "--build",
+                    str(root / "build"),
+                    "--config",
+                    "Release",
+                    "-j",
+                    str(jobs or os.cpu_count() or 2),
+                ]
+                + ["--target", *targets],
+            ],
+            root / "build.log",
+            on_progress,
+        )
+        record = BuildRecord(
+            commit=commit,
+            backend=backend,
+            cuda_arch=cuda_arch if backend == "cuda" else "",
+            source_dir=str(source),
+            bin_dir=str(bin_dir),
+            targets=list(targets),
+            build_seconds=round(time.monotonic() - started, 1),
+            built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            cpu_arch=cpu_arch,
+            rpc=rpc,
+            patches=[p.name for p in series],
+            patch_hash=patch_hash,
+            build_source=str(build_source) if series else "",
+            release=release,
+            source_sha256=from_sha256,
+        )
+        marker.write_text(json.dumps(asdict(record), indent=2))
+        return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False

@@ -1,38 +1,28 @@
-"""Locate or build llama.cpp, and ask the binary what it can do.
+"""Locate llama.cpp, and ask the binary what it can do.
 
-The engine is the llama.cpp tree vendored in the PyPI sdist of llama-cpp-python (pinned below), or a
-user's checkout. Builds live under ``<cache>/engine/<commit>-<backend>[-sm<arch>]`` and carry an
-``engine.json`` marker written only after a successful build, so an interrupted build is redone.
+Builds live under ``<cache>/engine/<label>-<backend>-<cpu arch>[-sm<arch>][-rpc][-p<series>]`` (the label
+names the tree: a commit, an upstream release, ``src<hash>`` for a tree without either) and carry an
+``engine.json`` marker written only after a successful build, so an interrupted build is redone. Making
+them is ``llama.building``'s; where their trees come from is ``llama.sources``'.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
-import sys
-import tarfile
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparkcli import config
-from dsparkcli.errors import EngineBuildError, EngineCapabilityError, EngineNotFoundError, UsageError
+from dsparkcli.errors import EngineCapabilityError, EngineNotFoundError
 from dsparkcli.llama import patches as patches_mod
-from dsparkcli.llama.building import build_lock, run_steps
 
-SDIST_PACKAGE = "llama-cpp-python"
-SDIST_VERSION = "0.3.36"
-PINNED_COMMIT = "0c1e570"
 BUILD_TARGETS = ("llama-server", "llama-cli", "llama-quantize", "llama-gguf-split")
 # tools/rpc's target (GGML_RPC=ON only): the worker that `dspark rpc-worker` supervises
 RPC_SERVER = "ggml-rpc-server"
-BACKENDS = ("cpu", "cuda")
 
 BUILD_HINT = "build one with: dspark engine build (add --backend cuda on a GPU machine)"
 
@@ -82,6 +72,8 @@ class BuildRecord:
     patches: list[str] = field(default_factory=list)  # the series applied (file names, in order)
     patch_hash: str = ""  # llama.patches.series_hash of them ("" = stock)
     build_source: str = ""  # the patched copy it was compiled from ("" = source_dir itself)
+    release: str = ""  # upstream's release of the tree ("" = unknown: a user's tree, or a record before it)
+    source_sha256: str = ""  # of the sdist or archive the tree was unpacked from ("" = a user's tree)
 
     @property
     def compiled_source(self) -> str:  # the tree the binaries were compiled from
@@ -243,25 +235,6 @@ def engine_root() -> Path:
     return config.engine_dir()
 
 
-CPU_ARCHES = ("x86-64-v3", "native")
-
-# Why not -march=native by default: on CPUs that advertise AMX, ggml's AMX Q8_0 kernel dies with SIGILL
-# where the kernel or a sandbox withholds the AMX tile state (seen on this project's CI machines), and a
-# native build is not portable to another machine sharing the cache. x86-64-v3 (AVX2, FMA, F16C, BMI2)
-# runs everywhere dspark is likely to, and the GPU does the heavy lifting in CUDA builds anyway.
-_CPU_ARCH_FLAGS = {
-    "x86-64-v3": [
-        "-DGGML_NATIVE=OFF",
-        "-DGGML_AVX=ON",
-        "-DGGML_AVX2=ON",
-        "-DGGML_FMA=ON",
-        "-DGGML_F16C=ON",
-        "-DGGML_BMI2=ON",
-    ],
-    "native": ["-DGGML_NATIVE=ON"],
-}
-
-
 def build_key(
     commit: str,
     backend: str,
@@ -345,250 +318,3 @@ def _find_engine(llama_bin: str | None, *, backend: str | None, rpc: bool) -> En
     raise EngineNotFoundError(
         "no llama.cpp engine found (no --llama-bin, DSPARK_LLAMA_BIN, config, cache or PATH)", hint=BUILD_HINT
     )
-
-
-# ------------------------------------------------------------------ building
-
-ProgressFn = Callable[[float, str], None]
-
-
-def _sdist_dir() -> Path:
-    return config.engine_source_dir()
-
-
-def vendored_source_dir() -> Path:
-    """Where the pinned tree lives in the cache (whether or not it is there yet)."""
-    return _sdist_dir() / f"llama_cpp_python-{SDIST_VERSION}" / "vendor" / "llama.cpp"
-
-
-def vendored_source(*, on_line: ProgressFn | None = None) -> Path:
-    """The llama.cpp tree from the pinned sdist, downloaded with pip once and kept in the cache."""
-    src_root = _sdist_dir()
-    tree = vendored_source_dir()
-    if (tree / "CMakeLists.txt").is_file():
-        return tree
-    src_root.mkdir(parents=True, exist_ok=True)
-    archive = next(src_root.glob(f"llama_cpp_python-{SDIST_VERSION}.tar.gz"), None)
-    if archive is None:
-        if on_line:
-            on_line(0.0, f"downloading {SDIST_PACKAGE}=={SDIST_VERSION} sdist with pip")
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            f"{SDIST_PACKAGE}=={SDIST_VERSION}",
-            "-d",
-            str(src_root),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        archive = next(src_root.glob(f"llama_cpp_python-{SDIST_VERSION}.tar.gz"), None)
-        if proc.returncode != 0 or archive is None:
-            last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise EngineBuildError(
-                f"pip could not download {SDIST_PACKAGE}=={SDIST_VERSION}: {last[0]}",
-                hint="check network access to PyPI, or pass --source DIR",
-            )
-    if on_line:
-        on_line(0.0, f"extracting {archive.name}")
-    staging = src_root / ".extract"
-    shutil.rmtree(staging, ignore_errors=True)
-    with tarfile.open(archive) as tf:
-        tf.extractall(staging, filter="data")
-    shutil.rmtree(src_root / f"llama_cpp_python-{SDIST_VERSION}", ignore_errors=True)
-    (staging / f"llama_cpp_python-{SDIST_VERSION}").rename(src_root / f"llama_cpp_python-{SDIST_VERSION}")
-    shutil.rmtree(staging, ignore_errors=True)
-    return tree
-
-
-def source_commit(source: Path) -> str:
-    """Short commit of a llama.cpp tree: git if it is a checkout, else the pinned one for the sdist."""
-    try:
-        # only a checkout whose top is this very tree: a source dir that merely sits inside some other
-        # repository (a dotfiles home, a project folder) must not take that repository's commit
-        proc = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "--show-toplevel", "--short=7", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        lines = proc.stdout.split()
-        if proc.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == source.resolve():
-            return lines[1]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    if f"llama_cpp_python-{SDIST_VERSION}" in str(source):
-        return PINNED_COMMIT
-    return "src" + hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
-
-
-def build_targets(rpc: bool) -> tuple[str, ...]:
-    return BUILD_TARGETS + ((RPC_SERVER,) if rpc else ())
-
-
-def cmake_configure_args(
-    source: Path,
-    build_dir: Path,
-    backend: str,
-    cuda_arch: str,
-    cpu_arch: str = "x86-64-v3",
-    rpc: bool = False,
-    commit: str = "",
-) -> list[str]:
-    """``commit``: stamped into the binaries (``--version``) when the tree cannot tell it itself: a
-    patched copy has no git metadata, and its binaries are still that commit's llama.cpp."""
-    args = [
-        "cmake",
-        "-S",
-        str(source),
-        "-B",
-        str(build_dir),
-        "-DCMAKE_BUILD_TYPE=Release",
-        "-DLLAMA_CURL=OFF",
-        "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
-        "-DLLAMA_BUILD_TOOLS=ON",
-        "-DLLAMA_BUILD_SERVER=ON",
-    ]
-    if commit:
-        args += [f"-DLLAMA_BUILD_COMMIT={commit}"]
-    # a generator is fixed at the first configure; naming another one later fails, so only pick it then
-    if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").is_file():
-        args += ["-G", "Ninja"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        args += _CPU_ARCH_FLAGS[cpu_arch]
-    if backend == "cuda":
-        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
-    if rpc:
-        args += ["-DGGML_RPC=ON"]
-    return args
-
-
-def _reuse_pinned(backend: str, cuda_arch: str, cpu_arch: str, rpc: bool) -> tuple[Engine, BuildRecord, bool] | None:
-    """A complete cached build of the pinned sdist with the shipped series, if there is one."""
-    patch_hash = patches_mod.series_hash(patches_mod.shipped())
-    root = engine_root() / build_key(PINNED_COMMIT, backend, cuda_arch, cpu_arch, rpc, patch_hash)
-    marker, bin_dir = root / "engine.json", root / "build" / "bin"
-    if not marker.is_file() or not all(
-        (bin_dir / t).is_file() for t in ("llama-server", *build_targets(rpc)[len(BUILD_TARGETS) :])
-    ):
-        return None
-    try:
-        record = BuildRecord(**json.loads(marker.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-    pinned = Path(record.source_dir).parts[-3:] == vendored_source_dir().parts[-3:]
-    if not pinned or record.patch_hash != patch_hash:
-        return None
-    return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=PINNED_COMMIT, backend=backend), record, True
-
-
-def build_engine(
-    *,
-    backend: str = "cpu",
-    cuda_arch: str = "90",
-    cpu_arch: str = "x86-64-v3",
-    rpc: bool = True,
-    source: Path | None = None,
-    patches: bool | None = None,
-    jobs: int | None = None,
-    force: bool = False,
-    on_progress: ProgressFn | None = None,
-) -> tuple[Engine, BuildRecord, bool]:
-    """Build (or reuse) llama.cpp. Returns (engine, record, reused).
-
-    ``patches``: apply dspark's series (``llama.patches``) to a copy of the tree first. None = yes for the
-    pinned tree (wherever its sdist layout was unpacked), no for a user's ``--source`` (their tree gets
-    them only when asked). The series hash is in the cache key: stock and patched builds live side by side.
-
-    ``rpc`` (on by default): GGML_RPC=ON and the ggml-rpc-server target. It adds ``--rpc`` to llama-server
-    and one small binary and changes nothing else (same devices, same flags otherwise), so the default
-    build, and CI's single build, serve both ``dspark rpc-worker`` and everything else.
-    """
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if cpu_arch not in CPU_ARCHES:
-        raise UsageError(f"unknown CPU target {cpu_arch!r}; choose one of {', '.join(CPU_ARCHES)}")
-    if shutil.which("cmake") is None:
-        raise EngineBuildError(
-            "cmake not found on PATH", hint="install cmake (apt-get install cmake or pip install cmake)"
-        )
-    user_tree = source is not None
-    if not user_tree and not force and patches is not False:
-        # the pinned tree's build is found by its key alone: no sources needed to reuse it (a machine whose
-        # engine dir was set apart, DSPARK_ENGINE_DIR, may have its sources elsewhere or none)
-        reused = _reuse_pinned(backend, cuda_arch, cpu_arch, rpc)
-        if reused is not None:
-            return reused
-    if source is not None:
-        source = source.expanduser().resolve()
-        if not (source / "CMakeLists.txt").is_file():
-            raise UsageError(f"--source {source} is not a llama.cpp tree (no CMakeLists.txt)")
-    else:
-        source = vendored_source(on_line=on_progress)
-    if patches is None:  # the pinned tree, also where a GPU bundle unpacks it (its sdist layout), gets them
-        patches = not user_tree or source.parts[-3:] == vendored_source_dir().parts[-3:]
-    series = patches_mod.shipped() if patches else ()
-    patch_hash = patches_mod.series_hash(series)
-    commit = source_commit(source)
-    key = build_key(commit, backend, cuda_arch, cpu_arch, rpc, patch_hash)
-    root = engine_root() / key
-    marker = root / "engine.json"
-    bin_dir = root / "build" / "bin"
-    targets = build_targets(rpc)
-    with build_lock(root, on_progress):  # another build of this engine: wait for it, then reuse it
-        if (
-            marker.is_file()
-            and not force
-            and all((bin_dir / t).is_file() for t in ("llama-server", *targets[len(BUILD_TARGETS) :]))
-        ):
-            record = BuildRecord(**json.loads(marker.read_text()))
-            if record.source_dir == str(source) and record.patch_hash == patch_hash:
-                return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
-        marker.unlink(missing_ok=True)
-        build_source = source
-        if series:
-            if on_progress:
-                on_progress(-1.0, f"applying {len(series)} dspark patches to a copy of {source}")
-            build_source = patches_mod.patched_copy(source, root / "src", series)
-        started = time.monotonic()
-        run_steps(
-            [
-                cmake_configure_args(
-                    build_source, root / "build", backend, cuda_arch, cpu_arch, rpc, commit=commit if series else ""
-                ),
-                [
-                    "cmake",
-                    "--build",
-                    str(root / "build"),
-                    "--config",
-                    "Release",
-                    "-j",
-                    str(jobs or os.cpu_count() or 2),
-                    "--target",
-                    *targets,
-                ],
-            ],
-            root / "build.log",
-            on_progress,
-        )
-        record = BuildRecord(
-            commit=commit,
-            backend=backend,
-            cuda_arch=cuda_arch if backend == "cuda" else "",
-            source_dir=str(source),
-            bin_dir=str(bin_dir),
-            targets=list(targets),
-            build_seconds=round(time.monotonic() - started, 1),
-            built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            cpu_arch=cpu_arch,
-            rpc=rpc,
-            patches=[p.name for p in series],
-            patch_hash=patch_hash,
-            build_source=str(build_source) if series else "",
-        )
-        marker.write_text(json.dumps(asdict(record), indent=2))
-        return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, False

@@ -21,6 +21,12 @@ from pathlib import Path
 from dsparkcli.errors import EngineBuildError
 
 PATCH_DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
+# each llama.cpp base the series was made for, and its folder: b11312's at the top (its file names are in
+# engine records), a later base's in a folder of its own with a BASE file (the release and tree it was
+# rebased onto, from ``git format-patch --base``). The same patch keeps its file name in every folder.
+SERIES_DIRS = {"b11312": PATCH_DIR, "b11549": PATCH_DIR / "b11549"}
+# the release the default engine is built from (llama.sources.SDISTS holds the sdist that vendors it)
+DEFAULT_BASE = "b11312"
 MARKER = ".dspark-patches"  # in a patched copy: the series hash it was made with (written last)
 
 _SWITCH_RE = re.compile(r"\b(DSPARK_[A-Z0-9_]+)=1\b")
@@ -78,11 +84,50 @@ class FileDiff:
 
 
 def shipped(directory: Path | None = None) -> tuple[Patch, ...]:
-    """The series shipped with dspark, in the order it is applied (by file name)."""
-    directory = directory or PATCH_DIR
+    """The series shipped with dspark for the default base (or the one in ``directory``), in the order it
+    is applied (by file name)."""
+    directory = directory or SERIES_DIRS[DEFAULT_BASE]
     if not directory.is_dir():
         return ()
     return tuple(Patch(p.name, p.read_text(encoding="utf-8")) for p in sorted(directory.glob("*.patch")))
+
+
+def series_for(release: str) -> tuple[Patch, ...] | None:
+    """dspark's series for a llama.cpp release; None: it has none for that base (the tree builds stock)."""
+    directory = SERIES_DIRS.get(release)
+    return shipped(directory) if directory is not None else None
+
+
+@dataclass(frozen=True)
+class Base:
+    """A series' BASE file: the upstream release, its commit ("" unknown), the sdist it was taken from, the
+    git tree hash of the pristine tree (``git write-tree`` of it, every file, as unpacked), and the base
+    commit the series was generated on."""
+
+    release: str
+    commit: str
+    source: str
+    tree: str
+    base_commit: str = ""  # the commit of that tree the series was generated from (``format-patch --base``)
+    message: str = ""  # that commit's message (with its fixed author and date, the commit is reproducible)
+
+
+def base_of(directory: Path) -> Base | None:
+    """The BASE file beside a series (``key: value`` lines); None where there is none."""
+    path = directory / "BASE"
+    if not path.is_file():
+        return None
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in path.read_text().splitlines()) if v
+    )
+    return Base(
+        fields.get("release", ""),
+        fields.get("commit", ""),
+        fields.get("source", ""),
+        fields.get("tree", ""),
+        fields.get("base-commit", ""),
+        fields.get("message", ""),
+    )
 
 
 def switches_off(patch_names: tuple[str, ...] | list[str], environ: dict[str, str] | None = None) -> list[str]:
