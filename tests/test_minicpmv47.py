@@ -1,0 +1,131 @@
+"""MiniCPM-V 4.7 (issue 31): the stand-in's format, upstream's b11739 libraries on it (the oracle), and an
+engine carrying dspark's minicpmv4_7 patch against that oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsparkcli.synth import minicpmv47
+from support.scripts import script
+
+IMAGE_TOKEN, SEP_ROWS = "<image>", ("</image>", "<slice>", "</slice>", "\n")
+# Agreement with the oracle: same chunk layout and positions exactly; image embeddings and first-token
+# logits within these absolute bounds (both run F32 CPU kernels; the wheel's ggml-cpu and ours may pick
+# different SIMD paths, so sums may round differently). Measured on this stand-in: see the test's output.
+EMBD_TOL, LOGITS_TOL = 1e-3, 1e-3
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> minicpmv47.Stand47:
+    return minicpmv47.write_standin(tmp_path_factory.mktemp("v47"), scale="small", section_order="zyxt")
+
+
+def _kv(reader, key: str):  # type: ignore[no-untyped-def]
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def test_standin_carries_the_47_facts(standin: minicpmv47.Stand47) -> None:
+    import gguf
+
+    target, mmproj = gguf.GGUFReader(standin.target), gguf.GGUFReader(standin.mmproj)
+    assert _kv(target, "general.architecture") == "qwen35moe"
+    assert _kv(target, "qwen35moe.rope.section_order") == "zyxt"
+    assert _kv(mmproj, "clip.projector_type") == "minicpmv4_7"
+    assert _kv(mmproj, "clip.minicpmv_version") is None
+    for key in ("clip.vision.projector.scale_factor", "clip.vision.max_slice_nums", "clip.vision.wa_layer_indexes"):
+        assert _kv(mmproj, key) is not None, key
+    (sep,) = [t for t in mmproj.tensors if t.name == "v.tok_embd_sep"]
+    (embd,) = [t for t in target.tensors if t.name == "token_embd.weight"]
+    tokens = _kv(target, "tokenizer.ggml.tokens")
+    vocab = minicpmv47.byte_vocab(len(tokens))
+    ids = [vocab.id_of(s) for s in SEP_ROWS]
+    assert [tokens[i] for i in ids] == ["</image>", "<slice>", "</slice>", "Ċ"]  # "\n" as its byte-level piece
+    rows = gguf.quants.dequantize(embd.data[ids], embd.tensor_type)
+    assert np.array_equal(np.asarray(sep.data).reshape(4, -1), rows)  # the converter's copy, bit for bit
+    man = json.loads(standin.manifest.read_text())
+    assert man["projector"] == "minicpmv4_7" and man["sep_token_ids"] == ids
+
+
+def test_synth_refuses_an_unknown_section_order(cli, tmp_path: Path) -> None:
+    r = cli("synth", str(tmp_path / "o"), "--shape", "minicpm-v-4.7", "--rope-section-order", "xyzt")
+    assert r.returncode != 0 and "unknown rope section order 'xyzt'" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
+def _probe(standin: minicpmv47.Stand47, image: str, lib_dir: Path | None = None) -> dict:
+    oracle = script("minicpmv47_oracle")
+    return oracle.probe_in_subprocess(lib_dir, standin.manifest, image)
+
+
+def test_oracle_loads_the_standin_and_lays_out_an_image_as_upstream(standin: minicpmv47.Stand47) -> None:
+    """b11739 (llama-cpp-py-sync 0.11739) on the stand-in: the layout dspark's patch reproduces."""
+    import gguf
+
+    vocab = minicpmv47.byte_vocab(512)
+    (sep_t,) = [t for t in gguf.GGUFReader(standin.mmproj).tensors if t.name == "v.tok_embd_sep"]
+    sep = np.asarray(sep_t.data).reshape(4, -1)
+    small = _probe(standin, "112x112:0")  # one 2x2-token overview, no slices
+    text0, image, _ = small["chunks"]
+    assert small["use_mrope"] and text0["tokens"][-1] == vocab.id_of(IMAGE_TOKEN)
+    assert image["n_tokens"] == 5 and image["n_pos"] == 2  # 4 image rows + </image>
+    p0 = text0["n_pos"]
+    base = p0 - 1
+    assert image["decoder_pos"] == [
+        [p0, base, base, base],
+        [p0, base, base + 1, base],
+        [p0, base + 1, base, base],
+        [p0, base + 1, base + 1, base],
+        [p0 + 1] * 4,
+    ]
+    assert all(len(r) == 256 for r in image["embd"])
+    assert np.array_equal(np.asarray(image["embd"][4], dtype=np.float32), sep[0])  # </image> is a row, not a token
+    sliced = _probe(standin, "224x224:0")  # overview + 2x2 slices of 2x2 tokens, one chunk
+    (img,) = [c for c in sliced["chunks"] if c["type"] == "image"]
+    # 5 blocks of 4 rows; separators: </image><slice>, </slice><slice>, </slice>\n<slice>, </slice><slice>, </slice>
+    assert img["n_tokens"] == 5 * 4 + 2 + 2 + 3 + 2 + 1 and img["n_pos"] == 5 + 10
+    rows = np.asarray(img["embd"], dtype=np.float32)
+    for i, s in ((4, 0), (5, 1), (10, 2), (11, 1), (16, 2), (17, 3), (18, 1), (29, 2)):
+        assert np.array_equal(rows[i], sep[s]), (i, s)
+    assert len(small["logits"]) == 512 and np.isfinite(small["logits"]).all()
+
+
+def _patched_lib_dir() -> tuple[Path | None, str]:
+    """A build with dspark's minicpmv4_7 patch: DSPARK_V47_LIB_DIR, else the default engine when it has it."""
+    if os.environ.get("DSPARK_V47_LIB_DIR"):
+        return Path(os.environ["DSPARK_V47_LIB_DIR"]), "DSPARK_V47_LIB_DIR"
+    from dsparkcli.llama import engine as engine_mod
+
+    try:
+        eng = engine_mod.describe(engine_mod.resolve_engine())
+    except Exception as exc:  # noqa: BLE001 - any way of not having an engine reads the same here
+        return None, f"no engine ({exc})"
+    mtmd = eng.bin_dir / "libmtmd.so"
+    if mtmd.is_file() and b"minicpmv4_7" in mtmd.read_bytes():
+        return eng.bin_dir, f"default engine {eng.version or eng.commit}"
+    return None, f"default engine {eng.version or eng.commit} has no minicpmv4_7 in {mtmd.name}"
+
+
+@pytest.mark.parametrize("order", ["zyxt", "tyxz"])
+@pytest.mark.parametrize("image", ["112x112:0", "300x200:1", "336x112:4"])
+def test_patched_engine_matches_upstream(tmp_path: Path, order: str, image: str) -> None:
+    """dspark's patch (dsparkcli/data/patches-4.7/) against b11739: same layout, embeddings, logits."""
+    lib_dir, why = _patched_lib_dir()
+    if lib_dir is None:
+        pytest.skip(
+            f"needs an engine with dspark's minicpmv4_7 patch ({why}): the lead moves it into the b11549 series "
+            "(issue 31); meanwhile set DSPARK_V47_LIB_DIR to a build of b11549 + that patch"
+        )
+    files = minicpmv47.write_standin(tmp_path, scale="small", section_order=order)
+    oracle = script("minicpmv47_oracle")
+    diff = oracle.differences(oracle.probe_in_subprocess(None, files.manifest, image), _probe(files, image, lib_dir))
+    print(json.dumps(diff))
+    assert diff["same_layout"], diff
+    assert max(diff["embd_max_abs"]) <= EMBD_TOL, diff
+    assert diff["logits_max_abs"] <= LOGITS_TOL, diff
+    assert diff["argmax"][0] == diff["argmax"][1]
