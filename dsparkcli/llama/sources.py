@@ -11,6 +11,7 @@ leaves nothing that a later build would take for a tree.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
 import shutil
@@ -260,9 +261,9 @@ def download(url: str, dest: Path, sha256: str, *, what: str, on_line: ProgressF
     partial = dest.with_name(dest.name + ".partial")
     h = hashlib.sha256()
     try:
+        total = done = 0
         with urllib.request.urlopen(url, timeout=60) as resp, open(partial, "wb") as f:
             total = int(resp.headers.get("Content-Length") or 0)
-            done = 0
             while block := resp.read(CHUNK):
                 f.write(block)
                 h.update(block)
@@ -273,7 +274,7 @@ def download(url: str, dest: Path, sha256: str, *, what: str, on_line: ProgressF
     except urllib.error.HTTPError as e:
         partial.unlink(missing_ok=True)
         raise EngineBuildError(f"cannot download {what}: HTTP {e.code} from {url}") from e
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # a cut body: IncompleteRead
         partial.unlink(missing_ok=True)
         reason = getattr(e, "reason", None) or e
         raise EngineBuildError(
@@ -283,6 +284,11 @@ def download(url: str, dest: Path, sha256: str, *, what: str, on_line: ProgressF
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+    if total and done != total:  # the connection dropped: urllib ends such a body without an error
+        partial.unlink(missing_ok=True)
+        raise EngineBuildError(
+            f"the download of {what} from {url} stopped at {done / 1e6:.1f} of {total / 1e6:.1f} MB; nothing was kept"
+        )
     got = h.hexdigest()
     if got != sha256:
         partial.unlink(missing_ok=True)
