@@ -102,7 +102,11 @@ class Downloads:
 
 
 def engine_check(
-    engine: Engine, *, after: str = FORCE_HINT, on_advice: Callable[[PairCheck], None] | None = None
+    engine: Engine,
+    *,
+    after: str = FORCE_HINT,
+    on_advice: Callable[[PairCheck], None] | None = None,
+    build: str = "",
 ) -> Check:
     """A ``hub.fetch`` check: read the headers of the files to be downloaded (hub files by HTTP range
     requests, header bytes only; a PyPI wheel's member from its verified bytes before they enter the cache)
@@ -117,7 +121,7 @@ def engine_check(
         for p in planned:  # the bytes where they are: here (a verified PyPI member), else the hub's header
             h = read_gguf(str(p.path) if p.present else f"hf://{p.repo}@{p.commit or p.revision}/{p.filename}")
             checks.extend(check_loads(h, tables))
-        refuse_unloadable(checks, tables, engine_label(engine), after=after)
+        refuse_unloadable(checks, tables, engine_label(engine), after=after, build=build)
         for c in checks:
             if c.ok is None and on_advice is not None:
                 on_advice(c)

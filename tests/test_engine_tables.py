@@ -291,8 +291,8 @@ def test_fetch_stops_after_the_headers_when_the_projector_is_unknown(hub, tmp_pa
         f"the engine llama.cpp 0c1e570 cannot load {MMPROJ_FILE}: projector type 'minicpmv4_7' is not in "
         "the engine's projector table (63 names)"
     ) in line
-    assert "dspark engine build --source <llama.cpp checkout that has it>" in line
-    assert "--force downloads them anyway" in line
+    # the registry's [pairs."minicpm-v-4.7".engine] names the one command that builds a fitting engine
+    assert "(build one that can: dspark engine build; --force downloads them anyway)" in line
     assert "20.0 GB" in r.stderr  # the plan was shown first
     # header bytes only: every file GET was a range request, and far fewer bytes than the files hold
     gets = [q for q in hub.requests if q.method == "GET" and "/resolve/" in q.path]

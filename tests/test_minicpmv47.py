@@ -129,3 +129,18 @@ def test_patched_engine_matches_upstream(tmp_path: Path, order: str, image: str)
     assert max(diff["embd_max_abs"]) <= EMBD_TOL, diff
     assert diff["logits_max_abs"] <= LOGITS_TOL, diff
     assert diff["argmax"][0] == diff["argmax"][1]
+
+
+def test_registry_pair_states_the_engine_it_needs(user_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsparkcli.errors import UsageError
+    from dsparkcli.hub.registry import load_registry
+
+    pair = load_registry().get("minicpm-v-4.7")
+    assert pair.engine_build == "dspark engine build"
+    assert "minicpmv4_7" in pair.engine_needs and "rope.section_order" in pair.engine_needs
+    user = user_models(
+        '[pairs.tiny.target]\nrepo = "o/t"\nfilename = "t.gguf"\n[pairs.tiny.engine]\nbuild = "make engine"\n'
+    ) / "models.toml"  # fmt: skip
+    monkeypatch.setenv("DSPARK_CONFIG_DIR", str(user.parent))
+    with pytest.raises(UsageError, match=rf"^{user}: pairs.tiny.engine.build: must be a `dspark engine build"):
+        load_registry()

@@ -86,7 +86,9 @@ def fetch(
                 if json_out
                 else (lambda c: err.print(f"warning: {printable(c.file, 80)}: {c.detail}", markup=False))
             )
-            check = engine_check(engine, after="--force downloads them anyway", on_advice=advice)
+            check = engine_check(
+                engine, after="--force downloads them anyway", on_advice=advice, build=pair.engine_build
+            )
             hub.check_before_download(planned, check)
     hub.confirm_large(
         planned, pair.name, yes=yes, confirm=lambda p: ask_to_download(p, show=False)

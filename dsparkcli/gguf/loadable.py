@@ -164,13 +164,18 @@ def readable_load_checks(paths: Sequence[str | os.PathLike[str]], tables: Engine
     return checks
 
 
-def refuse_unloadable(checks: Sequence[PairCheck], tables: EngineTables, engine: str, *, after: str = "") -> None:
-    """One line naming what the engine cannot load and how to get one that can (``after``: one more way on)."""
+def refuse_unloadable(
+    checks: Sequence[PairCheck], tables: EngineTables, engine: str, *, after: str = "", build: str = ""
+) -> None:
+    """One line naming what the engine cannot load and how to get one that can (``build``: the command the
+    pair's registry entry names for it; ``after``: one more way on)."""
     failed = [c for c in checks if c.name.startswith(ENGINE_CHECK) and c.ok is False]
     if not failed:
         return
     what = "; ".join(f"{printable(c.file, 80)}: {c.detail}" for c in failed)
-    if tables.origin == "source":
+    if build:
+        how = f"build one that can: {build}"
+    elif tables.origin == "source":
         how = "build a newer one: dspark engine build --source <llama.cpp checkout that has it>"
     else:
         how = (

@@ -35,6 +35,7 @@ _PAIR_KEYS = {
     "drafts",
     "vllm",
     "classic_draft",
+    "engine",
 }
 _OVERRIDE_KEYS = {"budget", "p_min"}  # a table of only these tunes an earlier file's pair
 _VLLM_KEYS = {
@@ -78,6 +79,10 @@ class ModelPair:
     # the pair whose target is this target's classic draft model (llama.cpp's draft-simple: the same
     # tokenizer, no DSpark training); checked to name a pair when the registry is loaded
     classic_draft: str | None = None
+    # [pairs.<name>.engine]: what llama.cpp the pair needs, and the one command that builds such an engine
+    # (named by the refusal when the engine in use cannot load one of its files)
+    engine_needs: str = ""
+    engine_build: str = ""
 
     def draft(self, key: str | None = None) -> ModelFile:
         """The draft named ``key`` (the default draft when None); UsageError with close matches if unknown."""
@@ -272,7 +277,19 @@ def _pair(v: Validator, name: str, table: dict) -> ModelPair:
         source=v.path,
         vllm=vllm,
         classic_draft=v.string(table, "classic_draft", where),
+        **_engine(v, table.get("engine", {}), f"{where}.engine"),
     )
+
+
+def _engine(v: Validator, raw: object, where: str) -> dict[str, str]:
+    table = v.table(raw, where)
+    extra = set(table) - {"needs", "build"}
+    if extra:
+        v.fail(f"{where}.{sorted(extra)[0]}", "unknown key (expected build, needs)")
+    build = v.string(table, "build", where) or ""
+    if build and not build.startswith("dspark engine build"):
+        v.fail(f"{where}.build", "must be a `dspark engine build ...` command")
+    return {"engine_needs": v.string(table, "needs", where) or "", "engine_build": build}
 
 
 def _vllm(v: Validator, raw: Any, where: str) -> VllmRecipe:
