@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import shutil
 import tempfile
 import types
@@ -158,3 +159,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for lane in sorted(_lanes(item) - {m.name for m in item.iter_markers()}):
             item.add_marker(getattr(pytest.mark, lane))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A run without the torch lane does not import a module that imports torch (~1.2 s CPU) only to deselect
+    all of it: such a module is in the torch lane whole (_lanes)."""
+    if collection_path.suffix != ".py" or "not torch" not in (config.option.markexpr or ""):
+        return None
+    return True if re.search(r"^(import torch|from torch[ .])", collection_path.read_text(), re.M) else None

@@ -22,7 +22,6 @@ from dsparkcli.bench.records import measured, read_jsonl
 from dsparkcli.bench.run import new_pool, run_bench
 from dsparkcli.bench.servers import can_serve, effective_rates, plan_hosts, request_fields
 from dsparkcli.budget.model import synth_rates
-from dsparkcli.distill.parity import logged_proposals
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
@@ -167,6 +166,8 @@ def test_a_request_budget_drafts_the_block_its_own_server_drafts(engine, pair, t
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
 
     def proposals(n_max: int, fields: dict) -> list[list[int]]:
+        from dsparkcli.distill.parity import logged_proposals  # deferred: torch (~1.2 s) only when it runs
+
         cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=n_max, ctx=1024, threads=1, extra_args=("-v",))
         with LlamaServer(engine, cfg) as srv:
             assert srv.client is not None and srv.log_path is not None
