@@ -23,7 +23,7 @@ from dsparkcli.llama import engine as engine_mod
 
 
 def pinned_tree() -> Path:
-    tree = sources.sdist_tree_dir(sources.LLAMA_CPP_PYTHON)
+    tree = sources.sdist_tree_dir(sources.DEFAULT_SDIST)
     assert (tree / "CMakeLists.txt").is_file(), "the pinned llama.cpp tree is missing: run `dspark engine build`"
     return tree
 
