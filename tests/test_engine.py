@@ -103,8 +103,23 @@ def test_doctor_json_reports_dspark(cli, engine):
     shipped = patches.shipped()
     assert report["patches"] == [p.name for p in shipped] and report["patch_hash"] == patches.series_hash(shipped)
     assert report["capabilities"]["adaptive_budget"] is True
+    assert report["release"] == sources.DEFAULT_SDIST.release
     proc = cli("doctor", "--llama-bin", str(engine.server))
     assert re.search(rf"dspark patches\s+{patches.series_hash(shipped)}: 0001-", proc.stdout), proc.stdout
+    assert re.search(rf"upstream\s+{re.escape(sources.DEFAULT_SDIST.describe())} *\n", proc.stdout), proc.stdout
+
+
+def test_doctor_names_the_upstream_release_from_the_record_or_the_commit():
+    from dsparkcli.doctor import upstream_line
+
+    def line(**fields) -> str:
+        return upstream_line(type("R", (), {"commit": "", "release": "", **fields})())
+
+    assert line(commit="0c1e570", release="b11312") == "llama.cpp b11312 (0c1e570)"
+    assert line(release="b11312") == "llama.cpp b11312 (0c1e570)"  # a binary that does not say its commit
+    assert line(release="b11549") == "llama.cpp b11549 (commit unknown)" == sources.XLLAMACPP.describe()
+    assert line(commit="deadbee") == "llama.cpp deadbee (release unknown)"
+    assert sources.release_of("0c1e570") == "b11312" and sources.release_of("b11600") == "b11600"
 
 
 def test_doctor_missing_binary_is_one_line(cli, tmp_path):

@@ -53,7 +53,7 @@ class SdistSource:
         return self.commit or self.release
 
     def describe(self) -> str:
-        return f"llama.cpp {self.release}" + (f" ({self.commit})" if self.commit else "")
+        return f"llama.cpp {self.release} ({self.commit or 'commit unknown'})"
 
 
 # llama-cpp-python 0.3.36 vendors llama.cpp 0c1e570, release b11312 (2026-10-01): the engine dspark was
