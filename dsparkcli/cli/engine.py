@@ -13,8 +13,8 @@ from dsparkcli.errors import UsageError
 from dsparkcli.llama import building, sources
 from dsparkcli.llama import engine as core
 
-BUILD_EXAMPLES = f"""Build llama.cpp ({sources.DEFAULT_SDIST.describe()} from the {sources.DEFAULT_SDIST.package} \
-{sources.DEFAULT_SDIST.version} sdist) into the dspark cache.
+BUILD_EXAMPLES = f"""Build {sources.DEFAULT_SDIST.describe()} from the {sources.DEFAULT_SDIST.package} \
+{sources.DEFAULT_SDIST.version} sdist into the dspark cache (or another tree: --sdist, --ref, --source).
 
 \b
 Examples:
@@ -63,7 +63,7 @@ def build(
         Optional[bool],
         typer.Option(
             "--patches/--no-patches",
-            help="Apply dspark's patch series (per-request draft settings, --spec-draft-n-max auto) to a copy of the tree first (default: yes for the pinned tree, no for --source). Part of the cache key.",
+            help="Apply dspark's patch series (per-request draft settings, --spec-draft-n-max auto) to a copy of the tree first (default: yes for a pinned sdist and a --ref release dspark has a series for, no for --source). Part of the cache key.",
             show_default=False,
         ),
     ] = None,
