@@ -292,29 +292,13 @@ def test_a_key_with_a_comma_is_one_key_to_llama_server(engine, pair):
     assert printed.stderr.strip().splitlines()[-1].startswith("dspark: error: the API key holds a comma")
 
 
-def test_the_vllm_line_takes_the_key_from_where_it_came_from(tmp_path):
+def test_the_vllm_line_takes_the_key_from_where_it_came_from(cli, tmp_path):
     """The vLLM line with --api-key-file referred to $DSPARK_API_KEY, which was not set: evaluated in a
     shell without it, the line's assignment gives vLLM the file's key."""
     key_file = tmp_path / "key"
     key_file.write_text(SECRET + "\n")
-    printed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dsparkcli.cli.app",
-            "serve",
-            "minicpm-v-4.7",
-            "--engine",
-            "vllm",
-            "--host",
-            "0.0.0.0",
-            "--api-key-file",
-            str(key_file),
-            "--print",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    printed = cli(
+        "serve", "minicpm-v-4.7", "--engine", "vllm", "--host", "0.0.0.0", "--api-key-file", str(key_file), "--print"
     )
     assert printed.returncode == 0, printed.stderr
     line = printed.stdout.strip()
@@ -327,23 +311,7 @@ def test_the_vllm_line_takes_the_key_from_where_it_came_from(tmp_path):
     assert shown.stdout == SECRET + "\n"
     messy = tmp_path / "messy"
     messy.write_text(f"  {SECRET}\r\n")  # dspark strips the blanks; `head -n 1` would not
-    printed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dsparkcli.cli.app",
-            "serve",
-            "minicpm-v-4.7",
-            "--engine",
-            "vllm",
-            "--api-key-file",
-            str(messy),
-            "--print",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    printed = cli("serve", "minicpm-v-4.7", "--engine", "vllm", "--api-key-file", str(messy), "--print")
     assert printed.returncode == 2 and "blanks or a CR around the key" in printed.stderr
     assert SECRET not in printed.stderr + printed.stdout
 
