@@ -15,6 +15,7 @@ import pytest
 
 from dsparkcli.errors import UsageError
 from dsparkcli.synth import known_answer as synth
+from dsparkcli.synth.known_answer_files import MMPROJ_HIDDEN
 
 V = 16
 SUCC = tuple((t + 1) % V for t in range(V))  # g(t) = t + 1: the chain after token 0 is 1, 2, 3, ...
@@ -252,7 +253,7 @@ def test_vision_pair_has_an_mlp_projector_of_the_target_width_and_a_png(tmp_path
     assert man.n_embd == 256  # one-hot embeddings need n_embd >= vocab, in multiples of the head size
     fields, mm = read_gguf(pair.mmproj)
     assert fields["clip.projector_type"] == "mlp"
-    assert mm["mm.2.weight"].shape == (256, synth.MMPROJ_HIDDEN)
+    assert mm["mm.2.weight"].shape == (256, MMPROJ_HIDDEN)
     with Image.open(pair.image) as img:
         assert img.format == "PNG" and img.size == (48, 40)
 
