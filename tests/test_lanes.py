@@ -106,6 +106,14 @@ def test_in_process_cli_gives_what_the_subprocess_gives(tmp_path):
     assert run_cli_in_process("--version", env={"COLUMNS": "200"}).args[0] == sys.executable
     assert run_cli_in_process("--version", env={"HF_HUB_OFFLINE": "1"}).args[0] == sys.executable
     assert run_cli_in_process("--version", env={"DSPARK_CONFIG_DIR": str(tmp_path)}).args[0] == "dspark"
+    # HF_ENDPOINT is dspark's own per-call reading (hub.cache.hf_endpoint): in this process, the same answer
+    dead = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # the discard port: nobody listens
+    inside, child = (
+        run_cli_in_process("inspect", "hf://o/r/x.gguf", env=dead),
+        run_cli("inspect", "hf://o/r/x.gguf", env=dead),
+    )
+    assert inside.args[0] == "dspark" and inside.returncode == child.returncode == 5
+    assert inside.stderr == child.stderr and "cannot reach http://127.0.0.1:9" in inside.stderr
 
 
 def test_a_run_without_the_engine_lane_finds_no_engine(tmp_path):

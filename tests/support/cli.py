@@ -44,9 +44,10 @@ def run_cli(
 
 
 # Environment that dspark reads when a command runs (so setting it around an in-process call is the same as a
-# child's environment). Anything else (HF_* is read when huggingface_hub is imported, COLUMNS and TERM when
-# the consoles are made) is read once per process: a call that sets it runs in a subprocess.
-PER_CALL_ENV = ("DSPARK_", "PIP_", "LLAMA_", "PATH", "PYTHONPATH", "HOME", "XDG_")
+# child's environment); HF_ENDPOINT too: dspark reads it per call and hands it to every hub call
+# (hub.cache.hf_endpoint). Anything else (the rest of HF_* is read when huggingface_hub is imported, COLUMNS and
+# TERM when the consoles are made) is read once per process: a call that sets it runs in a subprocess.
+PER_CALL_ENV = ("DSPARK_", "PIP_", "LLAMA_", "PATH", "PYTHONPATH", "HOME", "XDG_", "HF_ENDPOINT")
 
 
 def in_process_is_same(env: dict[str, str] | None) -> bool:
