@@ -37,7 +37,8 @@ test: install engine
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # the editing lane: no engine, no study kit, no torch, no wall-clock bounds (< 60 s on 2 cores); the lanes are
-# marked in tests/conftest.py. The GGUF fuzz runs 1,000 examples here (10,000 in `make test`);
+# marked in tests/conftest.py. It needs no `make engine` and finds none if there is one (conftest.hide_engine:
+# it runs as a newcomer's machine). The GGUF fuzz runs 1,000 examples here (10,000 in `make test`);
 # DSPARK_TEST_CLI=subprocess runs every `cli` call as a new `dspark` process.
 FAST := not engine and not study and not torch and not timing
 test-fast: install
