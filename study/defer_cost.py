@@ -21,8 +21,8 @@ from pathlib import Path
 from dsparkcli.bench import prompts as kit
 from dsparkcli.bench import stats
 from dsparkcli.bench.plan import Arm, BenchPlan, Draft
-from dsparkcli.bench.records import ALL
 from dsparkcli.bench.run import run_bench
+from dsparkcli.bench.summaries import ALL
 from dsparkcli.budget import rule as budget
 from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import patches
@@ -75,7 +75,7 @@ def main() -> int:
             defer = setting == "defer"
             with patches.switched_off(() if defer else ("0005",)):  # 0005 off: a draft decode per step
                 res = run_bench(engine, plan, out=jsonl, run_id=setting if args.rounds == 1 else f"{setting}-r{rnd}")
-            for s in res.summaries:
+            for s in (row.to_record() for row in res.summaries):  # the rows as JSON: what this file keeps
                 if s["category"] == ALL:
                     rows.append(
                         {

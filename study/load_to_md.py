@@ -22,7 +22,7 @@ def section(path: Path) -> str:
     if not records:
         raise SystemExit(f"load_to_md: no records in {path}")
     prov = records[0].get("provenance") or {}
-    rows = [{**r, "provenance": prov} for r in stats.summarize(records)]
+    rows = stats.summarize(records)
     if not report.is_load(rows):
         raise SystemExit(f"load_to_md: {path} is not a --concurrency run")
     engine = prov.get("engine") or {}
@@ -37,7 +37,7 @@ def section(path: Path) -> str:
         f"({engine.get('backend', '?')}); {names}; {prov.get('n_predict')} new tokens, {prov.get('reps')} passes "
         f"per cell, clients {prov.get('concurrency')}. Records: `{path}`."
     )
-    return f"{head}\n\n{report.to_markdown(rows)}"
+    return f"{head}\n\n{report.to_markdown(rows, prov)}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,7 +97,7 @@ def step_costs(recs: list[dict[str, Any]]) -> list[str]:
         "| config | category | t1 plain (ms/token) | t_step (ms) | break-even τ | measured τ | bound τ·t1/t_step | measured speedup |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    summaries = {(s["config"], s["category"]): s for s in stats.summarize(recs)}
+    summaries = {(s.config, s.category): s.to_record() for s in stats.summarize(recs)}
     for (config, cat), (ms, _n) in sorted(gen.items(), key=lambda kv: (budget.get(kv[0][0], 0), kv[0][1])):
         if config == "plain" or not steps[(config, cat)]:
             continue

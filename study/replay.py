@@ -22,7 +22,8 @@ import torch
 
 from dsparkcli import __version__
 from dsparkcli.bench.provenance import file_facts
-from dsparkcli.bench.records import PromptRecord, RequestRecord, SummaryRecord
+from dsparkcli.bench.records import PromptRecord, RequestRecord
+from dsparkcli.bench.summaries import SummaryRecord
 from dsparkcli.distill import export, parity
 from dsparkcli.distill.model import DSparkDraft
 from dsparkcli.distill.target import Target, load_target

@@ -25,10 +25,6 @@ DEFAULT = Path(__file__).resolve().parent / "results" / "h200" / "session36"
 SET_NAMES = {"patched": "per-shape key (the first 0008)", "stock": "stock key", "no graphs": "no CUDA graphs"}
 
 
-def _get(summary, key: str):  # a summary as a dict or a typed record
-    return summary[key] if isinstance(summary, dict) else getattr(summary, key)
-
-
 def step_costs(doc: dict) -> list[str]:
     """Median over rounds of each cell's median ms per token; t_step(k) / t1 per switch set."""
     cells: dict[tuple[str, str], list[float]] = {}
@@ -66,9 +62,9 @@ def budgets_table(rows: list) -> list[str]:
     """Per category: plain tok/s, then each configuration's speedup and mean acceptance length."""
     configs = []
     for s in rows:
-        if _get(s, "config") not in configs:
-            configs.append(_get(s, "config"))
-    cats = [c for c in dict.fromkeys(_get(s, "category") for s in rows)]
+        if s["config"] not in configs:
+            configs.append(s["config"])
+    cats = [c for c in dict.fromkeys(s["category"] for s in rows)]
     short = {c: c.split("@")[1] if "@" in c else c for c in configs}
     out = [
         "| category | plain tok/s (min-max) | "
@@ -77,17 +73,17 @@ def budgets_table(rows: list) -> list[str]:
         "|---|---|" + "---|" * (len(configs) - 1) + "---|",
     ]
     for cat in cats:
-        by = {_get(s, "config"): s for s in rows if _get(s, "category") == cat}
-        p = _get(by["plain"], "tok_s")
+        by = {s["config"]: s for s in rows if s["category"] == cat}
+        p = by["plain"]["tok_s"]
         cells, best = [], ("plain", 1.0)
         for c in configs:
             if c == "plain" or c not in by:
                 continue
             s = by[c]
-            L = _get(s, "mean_length")
-            cells.append(f"{_get(s, 'speedup'):.2f}×" + (f" ({L:.2f})" if L else " (no draft)"))
-            if short[c].isdigit() and _get(s, "speedup") > best[1]:
-                best = (short[c], _get(s, "speedup"))
+            L = s["mean_length"]
+            cells.append(f"{s['speedup']:.2f}×" + (f" ({L:.2f})" if L else " (no draft)"))
+            if short[c].isdigit() and s["speedup"] > best[1]:
+                best = (short[c], s["speedup"])
         out.append(
             f"| {cat} | {p['median']:.0f} ({p['min']:.0f}-{p['max']:.0f}) | "
             + " | ".join(cells)
@@ -143,7 +139,7 @@ def render(root: Path = DEFAULT) -> str:
         f"{stand['n_predict']} tokens)"
     )
     w += ["", *step_costs(stand), ""]
-    kit = stats.summarize(read_jsonl(root / "real-kit/bench.jsonl"))
+    kit = [s.to_record() for s in stats.summarize(read_jsonl(root / "real-kit/bench.jsonl"))]
     w.append(
         "#### The kit's text prompts, budgets 1-6 vs plain (REAL acceptance; speedup (mean acceptance length); "
         "2 rounds)"
@@ -153,7 +149,7 @@ def render(root: Path = DEFAULT) -> str:
         w.append(f"#### `dspark tune` on {title} (REAL acceptance)")
         w += ["", *tune_table(json.loads((root / f"tune/{name}.json").read_text())), ""]
     for name, title in (("bench-kit", "the kit's text prompts"), ("bench-mt", "MT-bench's first turns")):
-        rows = stats.summarize(read_jsonl(root / f"choice/{name}.jsonl"))
+        rows = [s.to_record() for s in stats.summarize(read_jsonl(root / f"choice/{name}.jsonl"))]
         w.append(f"#### After tune: plain, fixed budgets, auto and adaptive on {title} (REAL acceptance; 2 rounds)")
         w += ["", *budgets_table(rows), ""]
     return "\n".join(w).rstrip("\n") + "\n"

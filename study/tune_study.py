@@ -37,8 +37,9 @@ from pathlib import Path
 from dsparkcli.bench import tuning
 from dsparkcli.bench.plan import ADAPTIVE_LABEL, BenchPlan, Draft
 from dsparkcli.bench.prompts import FIXED_SYNTHETIC
-from dsparkcli.bench.records import ALL, PLAIN
+from dsparkcli.bench.records import PLAIN
 from dsparkcli.bench.run import new_pool, run_bench
+from dsparkcli.bench.summaries import ALL
 from dsparkcli.budget import model as tune
 from dsparkcli.budget.model import Candidate
 from dsparkcli.hub.registry import upstream_acceptance
@@ -92,9 +93,9 @@ def _grid(
     wall = (last[0] if table is not None else time.monotonic()) - t0
     by_name: dict[str, int | str] = {a.name: ("adaptive" if a.adaptive else a.budget) for a in arms}  # type: ignore[misc]
     return {
-        by_name[s["config"]]: s["speedup"]
+        by_name[s.config]: s.speedup
         for s in res.summaries
-        if s["category"] == ALL and s["config"] != PLAIN and s["speedup"] is not None
+        if s.category == ALL and s.config != PLAIN and s.speedup is not None
     }, wall
 
 

@@ -188,7 +188,7 @@ def test_records_carry_provenance(bench_run, engine, vpair):
     # the summaries in the JSONL are the ones printed, and summarize() rebuilds them from the raw records
     printed = [{k: v for k, v in s.items() if k != "load_s"} for s in doc["summaries"]]
     rebuilt = stats.summarize(read_jsonl(out))
-    assert [{k: v for k, v in s.items()} for s in rebuilt] == printed
+    assert [s.to_record() for s in rebuilt] == printed
 
 
 def test_every_record_round_trips_through_its_type(bench_run):

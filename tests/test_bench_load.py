@@ -19,6 +19,7 @@ from PIL import Image
 from dsparkcli.bench import prompts, report, stats
 from dsparkcli.bench.plan import BenchPlan, Draft
 from dsparkcli.bench.records import from_record, read_jsonl
+from dsparkcli.bench.summaries import written_summaries
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
@@ -177,12 +178,12 @@ def test_every_line_round_trips_and_rebuilds_the_summaries(run):
         assert from_record(r).to_record() == plain, r["record"]
         assert r["provenance"]["concurrency"] == list(LEVELS)
     printed = [{k: v for k, v in s.items() if k != "load_s"} for s in doc["summaries"]]
-    assert stats.summarize(read_jsonl(out)) == printed
+    assert [s.to_record() for s in stats.summarize(read_jsonl(out))] == printed
 
 
 def test_every_format_shows_the_load_columns(run, engine, pair, tmp_path):
     doc, _, _, plot = run
-    summaries = doc["summaries"]
+    summaries = written_summaries(doc["summaries"])
     csv = report.to_csv(summaries).splitlines()
     assert csv[0].split(",") == list(report.LOAD_CSV_FIELDS) and len(csv) == 1 + len(summaries)
     md = report.to_markdown(summaries)
@@ -245,7 +246,7 @@ def test_a_dropped_connection_is_sent_again_and_a_dead_server_named(engine, pair
     import os
     import signal
 
-    from dsparkcli.bench.run import _surviving
+    from dsparkcli.bench.requests import surviving
     from dsparkcli.errors import ServerError
 
     with LlamaServer(engine, ServerConfig(model=pair.target, threads=1, ctx=512)) as srv:
@@ -262,19 +263,19 @@ def test_a_dropped_connection_is_sent_again_and_a_dead_server_named(engine, pair
 
             return send
 
-        r = _surviving(srv, "plain x16", flaky(1))
+        r = surviving(srv, "plain x16", flaky(1))
         assert len(calls) == 2 and r["tokens_predicted"] == 4  # asked again on a live server, answered
         calls.clear()
         with pytest.raises(ServerError, match=r"^llama-server dropped a plain x16 request twice"):
-            _surviving(srv, "plain x16", flaky(2))
+            surviving(srv, "plain x16", flaky(2))
         assert len(calls) == 2
         calls.clear()
         with pytest.raises(ServerError, match="exit") as http_err:  # an HTTP error is not retried
-            _surviving(srv, "x", lambda: (calls.append(1), (_ for _ in ()).throw(ServerError("exit", kind="http")))[1])
+            surviving(srv, "x", lambda: (calls.append(1), (_ for _ in ()).throw(ServerError("exit", kind="http")))[1])
         assert len(calls) == 1 and http_err.value.kind == "http"
         os.kill(srv.pid, signal.SIGKILL)
         calls.clear()
         with pytest.raises(ServerError) as died:
-            _surviving(srv, "draft@3 x16", flaky(5))
+            surviving(srv, "draft@3 x16", flaky(5))
         assert len(calls) == 1  # a dead server is not asked again
         assert str(died.value).startswith("llama-server failed during generation (draft@3 x16) (signal 9, SIGKILL)")

@@ -141,7 +141,7 @@ def records():
 
 
 def test_summarize_by_hand(records):
-    rows = {(r["config"], r["category"]): r for r in stats.summarize(records, {"code": 7.387, "ocr": 5.407})}
+    rows = {(r.config, r.category): r.to_record() for r in stats.summarize(records, {"code": 7.387, "ocr": 5.407})}
     assert list(rows) == [
         ("plain", "code"),
         ("plain", "ocr"),
@@ -183,6 +183,12 @@ def test_summarize_by_hand(records):
     assert total["mean_length"] == 1 + 140 / 60
     assert total["upstream_acceptance_length"] is None
     assert (total["identical"], total["prompts"]) == (2, 3)
+
+    typed = {(r.config, r.category): r for r in stats.summarize(records)}  # what the report and tune read
+    assert typed[("plain", "code")].drafting is None and typed[("plain", "code")].tok_s.median == 150.0
+    d = typed[("d@5", "all")].drafting
+    assert d is not None and (d.total.drafted, d.total.accepted, d.counters.steps) == (280, 140, 60)
+    assert [v.prompt_id for v in d.divergent] == ["c2"] and d.identical_pct == pytest.approx(200 / 3)
 
 
 def test_summarize_ignores_other_records_and_is_deterministic(records):
@@ -300,7 +306,7 @@ def test_an_interrupted_block_counts_the_drafts_its_requests_hold():
         drafted(req("e@3", "code", "c1", 0, 100, 300.0, draft="e", budget=3), 27, 19),
         drafted(req("e@3", "code", "c2", 0, 100, 300.0, draft="e", budget=3), 11, 5),
     ]
-    rows = {(r["config"], r["category"]): r for r in stats.summarize(recs)}
+    rows = {(r.config, r.category): r.to_record() for r in stats.summarize(recs)}
     for cat in ("code", "all"):
         row = rows[("d@5", cat)]
         assert (row["drafted"], row["accepted"], row["steps"]) == (127, 79, 20)
@@ -311,10 +317,10 @@ def test_an_interrupted_block_counts_the_drafts_its_requests_hold():
     e = rows[("e@3", "all")]
     assert (e["drafted"], e["accepted"], e["steps"], e["mean_length"]) == (38, 24, 0, None)
     assert e["acceptance_rate"] == 24 / 38
-    from dsparkcli.bench.records import SummaryRecord  # the JSONL row reads back to the same figures
+    from dsparkcli.bench.summaries import SummaryRecord  # the JSONL row reads back to the same figures
 
     for row in rows.values():
         assert SummaryRecord.from_record(row).to_record() == {k: v for k, v in row.items() if k != "load_s"}
     # a finished run's rows carry no uncounted figures
-    done = {(r["config"], r["category"]): r for r in stats.summarize(recs[:5])}
+    done = {(r.config, r.category): r.to_record() for r in stats.summarize(recs[:5])}
     assert "uncounted_requests" not in done[("d@5", "all")] and done[("d@5", "all")]["drafted"] == 100

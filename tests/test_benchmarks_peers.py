@@ -24,7 +24,7 @@ def row_line(s: dict) -> str:
 
 
 def test_peers_section_quotes_the_records() -> None:
-    rows = [s for s in stats.summarize(read_jsonl(RECORDS)) if s["category"] == "all"]
+    rows = [s.to_record() for s in stats.summarize(read_jsonl(RECORDS)) if s.category == "all"]
     assert [s["config"] for s in rows] == ["plain", "ngram-mod", "draft-simple:qwen2.5-coder-0.5b@4"]
     section = (
         (ROOT / "BENCHMARKS.md")

@@ -141,6 +141,7 @@ STUDY_SEAM = frozenset(
         "dsparkcli.bench.plan",
         "dsparkcli.bench.run",
         "dsparkcli.bench.records",
+        "dsparkcli.bench.summaries",
         "dsparkcli.bench.stats",
         "dsparkcli.bench.report",
         "dsparkcli.bench.prompts",

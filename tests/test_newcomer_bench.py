@@ -136,7 +136,7 @@ def test_a_full_disk_at_the_plot_loses_no_table(engine, tmp_path):
         "import errno, os, sys\n"
         "from pathlib import Path\n"
         "from dsparkcli.bench import report\n"
-        "def plot(summaries, path):\n"
+        "def plot(summaries, path, provenance=None):\n"
         "    Path(path).write_bytes(b'\\x89PNG')\n"
         "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
         "report.plot = plot\n"

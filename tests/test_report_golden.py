@@ -14,6 +14,7 @@ from rich.console import Console
 
 from dsparkcli.bench import report, stats
 from dsparkcli.bench.records import dumps, read_jsonl
+from dsparkcli.bench.summaries import Summary, written_summaries
 from dsparkcli.cli._output import to_json
 from dsparkcli.cli.bench import render_table
 
@@ -35,31 +36,42 @@ def _expected(name: str) -> str:
     return (DATA / name).read_text(encoding="utf-8")
 
 
-def _rows(run_id: str) -> list[dict]:
+def _rows(run_id: str) -> tuple[list[Summary], dict]:
+    """The typed rows of one run and its provenance block."""
     records = read_jsonl(DATA / "records.jsonl", run_id)
-    prov = records[0]["provenance"]
-    return [{**r, "run_id": run_id, "provenance": prov} for r in stats.summarize(records, RUNS[run_id])]
+    return stats.summarize(records, RUNS[run_id]), records[0]["provenance"]
 
 
 @pytest.mark.parametrize("run_id", RUNS)
 def test_summary_lines_are_unchanged(run_id):
-    assert "".join(dumps(r) + "\n" for r in _rows(run_id)) == _expected(f"{run_id}.summaries.jsonl")
+    """The lines bench writes: ``to_record()`` with the run's id and provenance (bench.writer)."""
+    rows, prov = _rows(run_id)
+    lines = "".join(dumps({**r.to_record(), "run_id": run_id, "provenance": prov}) + "\n" for r in rows)
+    assert lines == _expected(f"{run_id}.summaries.jsonl")
+
+
+@pytest.mark.parametrize("run_id", RUNS)
+def test_written_rows_read_back_to_the_same_rows(run_id):
+    """tune reads its phases' rows back from the JSONL: the same typed rows, field for field."""
+    rows, _ = _rows(run_id)
+    assert written_summaries(read_jsonl(DATA / f"{run_id}.summaries.jsonl")) == rows
 
 
 @pytest.mark.parametrize("partial", [False, True])
 @pytest.mark.parametrize("run_id", RUNS)
 def test_markdown_json_and_table_are_unchanged(run_id, partial):
-    rows, tag = _rows(run_id), ".partial" if partial else ""
-    assert report.to_markdown(rows, partial=partial) == _expected(f"{run_id}{tag}.md")
+    (rows, prov), tag = _rows(run_id), ".partial" if partial else ""
+    assert report.to_markdown(rows, prov, partial=partial) == _expected(f"{run_id}{tag}.md")
     doc = report.to_json_doc(
-        rows, run_id=run_id, out=Path("bench.jsonl"), overhead={} if partial else OVERHEAD, partial=partial
+        rows, prov, run_id=run_id, out=Path("bench.jsonl"), overhead={} if partial else OVERHEAD, partial=partial
     )
     assert to_json(doc) + "\n" == _expected(f"{run_id}{tag}.json")
     console = Console(file=io.StringIO(), width=240, record=True, color_system=None)
-    console.print(render_table(rows, partial=partial))
+    console.print(render_table(rows, prov, partial=partial))
     assert console.export_text() == _expected(f"{run_id}{tag}.table.txt")
 
 
 @pytest.mark.parametrize("run_id", RUNS)
 def test_csv_is_unchanged(run_id):
-    assert report.to_csv(_rows(run_id)) == _expected(f"{run_id}.csv")
+    rows, _ = _rows(run_id)
+    assert report.to_csv(rows) == _expected(f"{run_id}.csv")

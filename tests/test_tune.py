@@ -24,8 +24,10 @@ import pytest
 from dsparkcli.bench import tuning
 from dsparkcli.bench.plan import BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
-from dsparkcli.bench.records import ALL, PLAIN, PromptRecord, read_jsonl
-from dsparkcli.bench.run import MEDIA_MARKER, run_bench
+from dsparkcli.bench.records import PLAIN, PromptRecord, read_jsonl
+from dsparkcli.bench.requests import MEDIA_MARKER
+from dsparkcli.bench.run import run_bench
+from dsparkcli.bench.summaries import ALL
 from dsparkcli.budget import model as tune
 from dsparkcli.budget import store
 from dsparkcli.errors import BenchError
@@ -134,10 +136,10 @@ def _grid_argmax(engine, pair, budgets, tmp_path) -> dict[str, int | None]:
     res = run_bench(engine, plan, out=tmp_path / "grid.jsonl")
     best: dict[str, tuple[float, int | None]] = {}
     for s in res.summaries:
-        speed = 1.0 if s["config"] == PLAIN else s["speedup"]
-        cat = tune.OVERALL if s["category"] == ALL else s["category"]
+        speed = 1.0 if s.config == PLAIN else s.speedup
+        cat = tune.OVERALL if s.category == ALL else s.category
         if cat not in best or speed > best[cat][0]:
-            best[cat] = (speed, s["budget"])
+            best[cat] = (speed, s.budget)
     return {cat: b for cat, (_, b) in best.items()}
 
 

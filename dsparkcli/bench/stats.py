@@ -12,25 +12,23 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dsparkcli.bench.records import (
+from dsparkcli.bench.records import PLAIN, CountersRecord, PassRecord, RequestRecord, measured
+from dsparkcli.bench.summaries import (
     ALL,
-    PLAIN,
-    CountersRecord,
     Divergence,
     DraftSummary,
     LoadSummaryRecord,
-    PassRecord,
     Quantiles,
-    RequestRecord,
     Spread,
+    Summary,
     SummaryRecord,
-    measured,
 )
 from dsparkcli.llama.protocol import SpecCounters
 
 
 def spread(values: Sequence[float], *, count: bool = False) -> dict[str, float | None]:
-    """Median, min and max (and ``n`` with ``count``); None for an empty sequence."""
+    """Median, min and max (and ``n`` with ``count``) as a JSON object; None for an empty sequence (the study
+    kit's own figures; bench's rows hold a ``Spread``)."""
     s = spread_of(values).to_record()
     return {**s, "n": len(values)} if count else s
 
@@ -59,14 +57,14 @@ def speedup(value: float | None, baseline: float | None) -> float | None:
     return value / baseline
 
 
-def ms_per_token(summaries: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+def ms_per_token(summaries: Iterable[Summary]) -> dict[str, dict[str, float]]:
     """config -> ms per token over all categories: ``median``, and ``lo`` / ``hi`` (the fastest and the
     slowest rep), from bench summaries; the step cost of a --spec-synth-len 1 cell (one token a step)."""
     out = {}
     for s in summaries:
-        t = s["tok_s"]
-        if s["category"] == ALL and t.get("median") and t.get("min") and t.get("max"):
-            out[s["config"]] = {"median": 1000.0 / t["median"], "lo": 1000.0 / t["max"], "hi": 1000.0 / t["min"]}
+        t = s.tok_s
+        if isinstance(s, SummaryRecord) and s.category == ALL and t.median and t.min and t.max:
+            out[s.config] = {"median": 1000.0 / t.median, "lo": 1000.0 / t.max, "hi": 1000.0 / t.min}
     return out
 
 
@@ -243,16 +241,15 @@ def summarize_load(
     )
 
 
-def summarize(
-    records: Iterable[Mapping[str, Any]], upstream: Mapping[str, float] | None = None
-) -> list[dict[str, Any]]:
+def summarize(records: Iterable[Mapping[str, Any]], upstream: Mapping[str, float] | None = None) -> list[Summary]:
     """The summary rows a run wrote, rebuilt from its request, counters and pass records (others are
-    ignored), as JSON objects: ``summary`` rows per configuration × category (and ``all``), or for a
-    --concurrency run ``load_summary`` rows per concurrency × configuration."""
+    ignored): ``SummaryRecord`` per configuration × category (and ``all``), or for a --concurrency run
+    ``LoadSummaryRecord`` per concurrency × configuration (``to_record()``: the lines as written, without
+    the measured run's load time)."""
     records = list(records)
     requests, counters = measured(records)
     passes = [PassRecord.from_record(r) for r in records if r.get("record") == "pass"]
-    rows: list[dict[str, Any]] = []
+    rows: list[Summary] = []
     single = [r for r in requests if r.concurrency is None]
     configs = list(dict.fromkeys(r.config for r in single))
     categories = list(dict.fromkeys(r.category for r in single))
@@ -267,7 +264,7 @@ def summarize(
         )
         if config == PLAIN:
             plain_median = medians(summary)
-        rows += [s.to_record() for s in summary]
+        rows += summary
     plain_tok_s: dict[int, float | None] = {}
     for conc, config in dict.fromkeys((r.concurrency, r.config) for r in requests if r.concurrency is not None):
         row = summarize_load(
@@ -279,5 +276,5 @@ def summarize(
         if row is not None:
             if config == PLAIN:
                 plain_tok_s[conc] = row.tok_s.median
-            rows.append(row.to_record())
+            rows.append(row)
     return rows

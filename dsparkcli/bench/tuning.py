@@ -26,14 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from dsparkcli import config
 from dsparkcli.bench.plan import ADAPTIVE_LABEL, Arm, BenchPlan, Draft
 from dsparkcli.bench.prompts import Prompt
-from dsparkcli.bench.records import ALL, PLAIN, measured, read_jsonl
+from dsparkcli.bench.records import PLAIN, CountersRecord, RequestRecord, measured, read_jsonl
 from dsparkcli.bench.run import new_pool, new_run_id, run_bench
 from dsparkcli.bench.servers import ServerPool
+from dsparkcli.bench.summaries import ALL, SummaryRecord, written_summaries
 from dsparkcli.budget import model, store
 from dsparkcli.budget.limits import DraftLimit
 from dsparkcli.budget.model import Acceptance, Candidate, CostModel
@@ -135,6 +135,24 @@ class _OutOfTime(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class PhaseRecords:
+    """One phase's bench records, typed: its requests and counters (acceptance) and the summary rows it
+    wrote (tok/s: costs and speedups)."""
+
+    requests: tuple[RequestRecord, ...]
+    counters: tuple[CountersRecord, ...]
+    summaries: tuple[SummaryRecord, ...]
+
+
+def phase_records(out: Path, run_id: str) -> PhaseRecords:
+    """The records of run ``run_id`` in ``out`` (a phase cut short: what it wrote)."""
+    records = read_jsonl(out, run_id)
+    requests, counters = measured(records)
+    rows = tuple(s for s in written_summaries(records) if isinstance(s, SummaryRecord))
+    return PhaseRecords(tuple(requests), tuple(counters), rows)
+
+
 def _bench(
     engine: Engine,
     plan: BenchPlan,
@@ -145,7 +163,7 @@ def _bench(
     on_progress: Callable[[Progress], None] | None,
     argv: list[str] | None,
     pool: ServerPool,
-) -> list[dict[str, Any]]:
+) -> PhaseRecords:
     done = [0]
     total = plan.total_requests()
 
@@ -157,7 +175,7 @@ def _bench(
             raise _OutOfTime(phase)
 
     run_bench(engine, plan, out=out, run_id=run_id, argv=argv, on_request=on_request, pool=pool)
-    return read_jsonl(out, run_id)
+    return phase_records(out, run_id)
 
 
 def _base_plan(tp: TunePlan, prompts: Sequence[Prompt], arms: Sequence[Arm]) -> BenchPlan:
@@ -182,23 +200,19 @@ def _base_plan(tp: TunePlan, prompts: Sequence[Prompt], arms: Sequence[Arm]) -> 
     )
 
 
-def _tok_s(summaries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+def _tok_s(summaries: Sequence[SummaryRecord]) -> dict[tuple[str, str], float]:
     """(config, category) -> median tok/s over reps (bench's figure)."""
-    return {
-        (s["config"], s["category"]): float((s.get("tok_s") or {}).get("median") or 0.0)
-        for s in summaries
-        if s.get("record") == "summary"
-    }
+    return {(s.config, s.category): float(s.tok_s.median or 0.0) for s in summaries}
 
 
-def _ms_per_token(summaries: list[dict[str, Any]], config_name: str, category: str = ALL) -> float:
+def _ms_per_token(summaries: Sequence[SummaryRecord], config_name: str, category: str = ALL) -> float:
     value = _tok_s(summaries).get((config_name, category))
     if not value:
         raise BenchError(f"tune: no timing for {config_name} ({category}) in the records")
     return 1000.0 / value
 
 
-def _speedups(summaries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+def _speedups(summaries: Sequence[SummaryRecord]) -> dict[tuple[str, str], float]:
     """(config, category) -> tok/s over plain decoding's, same category, same run (bench's speedup)."""
     speed = _tok_s(summaries)
     return {
@@ -249,23 +263,23 @@ def adaptive_arm(tp: TunePlan, table: Path) -> Arm:
     return Arm(ADAPTIVE_LABEL, d, tp.k_max, p_min=0.0, synth_len=tp.synth_len, cost_table=table)
 
 
-def _acceptance(records: list[dict[str, Any]], arm: Arm, p_min: float, categories: Sequence[str]) -> list[Acceptance]:
-    requests, counters = measured(records)
+def _acceptance(phase: PhaseRecords, arm: Arm, p_min: float, categories: Sequence[str]) -> list[Acceptance]:
     out = []
     for cat in categories:
-        reqs = [r for r in requests if r.config == arm.name and r.category == cat]
-        total = SpecCounters.total(c.counters for c in counters if c.config == arm.name and c.category == cat)
+        reqs = [r for r in phase.requests if r.config == arm.name and r.category == cat]
+        total = SpecCounters.total(c.counters for c in phase.counters if c.config == arm.name and c.category == cat)
         out.append(Acceptance(cat, arm.budget or 0, p_min, total, sum(r.n_predicted for r in reqs), len(reqs)))
     return out
 
 
-def _cells(rows: list[dict[str, Any]], arms: Sequence[Arm], categories: Sequence[str]) -> list[model.Cell]:
+def _cells(phase: PhaseRecords, arms: Sequence[Arm], categories: Sequence[str]) -> list[model.Cell]:
     """The acceptance phase's cells: per arm (one p_min each) and category, the acceptance and ms per token."""
     cells = []
     for arm in arms:
         assert arm.p_min is not None
         cells += [
-            (a, _ms_per_token(rows, arm.name, a.category)) for a in _acceptance(rows, arm, arm.p_min, categories)
+            (a, _ms_per_token(phase.summaries, arm.name, a.category))
+            for a in _acceptance(phase, arm, arm.p_min, categories)
         ]
     return cells
 
@@ -274,13 +288,13 @@ def refit(rec: TuningRecord, jsonl: Path) -> CostModel:
     """A stored tuning's cost model fitted again from its own bench records (``rec.jsonl``): t1 and the
     step costs as measured, every other term by ``budget.model.fit`` (a version 1 record's s was fitted
     over the p_min cells too)."""
-    rows = read_jsonl(jsonl, f"{rec.run_id}-acceptance")
+    phase = phase_records(jsonl, f"{rec.run_id}-acceptance")
     k_max = max(a.budget for a in rec.acceptance)
     d = Draft("draft", Path("draft.gguf"))
     arms = [Arm(_acceptance_name(k_max, p), d, k_max, p_min=p) for p in dict.fromkeys(a.p_min for a in rec.acceptance)]
     return model.fit(
         CostModel(rec.cost.t1_ms, rec.cost.t_step_ms),
-        _cells(rows, arms, list(dict.fromkeys(a.category for a in rec.acceptance))),
+        _cells(phase, arms, list(dict.fromkeys(a.category for a in rec.acceptance))),
     )
 
 
@@ -361,11 +375,11 @@ def run_tune(
         by_arm = {candidate_arm(tp, c).name: c for c in candidates}
         plan = _base_plan(tp, tp.prompts, [candidate_arm(tp, c) for c in candidates] + extra)
         try:
-            rows = _bench(engine, plan, out, f"{run_id}-{suffix}", "verify", tp.deadline, on_progress, argv, pool)
+            phase = _bench(engine, plan, out, f"{run_id}-{suffix}", "verify", tp.deadline, on_progress, argv, pool)
         except _OutOfTime:
-            rows = read_jsonl(out, f"{run_id}-{suffix}")  # keep the predictions' choices, say so
+            phase = phase_records(out, f"{run_id}-{suffix}")  # keep the predictions' choices, say so
             timings["verify_cut"] = 1.0
-        for (name, cat), speedup in _speedups(rows).items():
+        for (name, cat), speedup in _speedups(phase.summaries).items():
             if name in by_arm or name == ADAPTIVE_LABEL:
                 verified.append(
                     (model.OVERALL if cat == ALL else cat, by_arm[name].label if name in by_arm else name, speedup)
@@ -387,20 +401,20 @@ def run_tune(
             cost_plan = replace(
                 _base_plan(tp, few, _cost_arms(tp, budgets)), n_predict=tp.cost_n_predict or tp.n_predict
             )
-            rows = _bench(engine, cost_plan, out, f"{run_id}-cost", "cost", tp.deadline, on_progress, argv, pool)
+            phase = _bench(engine, cost_plan, out, f"{run_id}-cost", "cost", tp.deadline, on_progress, argv, pool)
             cost = CostModel(
-                t1_ms=_ms_per_token(rows, PLAIN),
-                t_step_ms=tuple((k, _ms_per_token(rows, f"cost@{k}")) for k in budgets),
+                t1_ms=_ms_per_token(phase.summaries, PLAIN),
+                t_step_ms=tuple((k, _ms_per_token(phase.summaries, f"cost@{k}")) for k in budgets),
             )
         phase_done("cost", started)
         # 2. acceptance at the largest budget, per p_min; s from the p 0 cells, each p_min's cost from its own
         started = time.monotonic()
         arms = _acceptance_arms(tp)
         acc_plan = replace(_base_plan(tp, tp.prompts, arms), with_plain=False)
-        rows = _bench(
+        phase = _bench(
             engine, acc_plan, out, f"{run_id}-acceptance", "acceptance", tp.deadline, on_progress, argv, pool
         )
-        cells = _cells(rows, arms, categories)
+        cells = _cells(phase, arms, categories)
         acceptance.extend(a for a, _ in cells)
         cost = model.fit(cost, cells)
         workloads = acceptance + [model.pooled([a for a in acceptance if a.p_min == p]) for p in tp.thresholds]

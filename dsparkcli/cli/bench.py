@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -18,7 +18,7 @@ from dsparkcli.bench import plan as bench_plan
 from dsparkcli.bench import prompts as kit
 from dsparkcli.bench import report
 from dsparkcli.bench import run as core
-from dsparkcli.bench.records import ALL
+from dsparkcli.bench.summaries import ALL, LoadSummaryRecord, Summary, SummaryRecord
 from dsparkcli.budget import rule
 from dsparkcli.budget.choice import AutoChoice, Want, chosen_server
 from dsparkcli.budget.limits import ADAPTIVE, parse_auto
@@ -242,19 +242,24 @@ def _is_int(text: str) -> bool:
     return (text.lstrip("-").isdigit() and not text.startswith("--")) or text.lower() in ("auto", ADAPTIVE)
 
 
-def render_table(summaries: list[dict[str, Any]], *, partial: bool = False) -> Table:
+def render_table(
+    summaries: Sequence[Summary], provenance: report.Provenance | None = None, *, partial: bool = False
+) -> Table:
     synthetic = report.is_synthetic(summaries)
-    table = Table(title=report.title(summaries, partial=partial), title_style="bold red" if synthetic else "bold")
+    table = Table(
+        title=report.title(summaries, provenance, partial=partial), title_style="bold red" if synthetic else "bold"
+    )
     if report.is_load(summaries):
+        loads = [s for s in summaries if isinstance(s, LoadSummaryRecord)]
         for col in report.LOAD_COLUMNS:
             table.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
         last = None
-        for s, row in zip(summaries, report.load_table_rows(summaries)):
-            if last is not None and s["concurrency"] != last:
+        for ls, row in zip(loads, report.load_table_rows(loads)):
+            if last is not None and ls.concurrency != last:
                 table.add_section()
-            last = s["concurrency"]
+            last = ls.concurrency
             table.add_row(*row)
-        table.caption = report.crossover_note(summaries)
+        table.caption = report.crossover_note(loads)
         return table
     for col in report.COLUMNS:
         left = col in ("config", "category", "1st divergence")
@@ -262,11 +267,12 @@ def render_table(summaries: list[dict[str, Any]], *, partial: bool = False) -> T
             col, justify="left" if left else "right", overflow="fold", no_wrap=col in ("config", "category")
         )
     last = None
-    for s, row in zip(summaries, report.table_rows(summaries)):
-        if last is not None and s["config"] != last:
+    rows = [s for s in summaries if isinstance(s, SummaryRecord)]
+    for s, row in zip(rows, report.table_rows(rows)):
+        if last is not None and s.config != last:
             table.add_section()
-        last = s["config"]
-        table.add_row(*row, style="bold" if s["category"] == ALL else None)
+        last = s.config
+        table.add_row(*row, style="bold" if s.category == ALL else None)
     return table
 
 
@@ -419,10 +425,11 @@ def bench(
         except KeyboardInterrupt:
             result = None  # the bar is gone once the `with` ends; then the table of what was measured
     if result is None:
-        partial = core.summaries_so_far(jsonl, run_id, plan.upstream_acceptance)
+        so_far = core.summaries_so_far(jsonl, run_id, plan.upstream_acceptance)
+        partial = so_far.summaries
         if partial:
-            _emit(partial, fmt, run_id=run_id, jsonl=jsonl, overhead=None, partial=True)
-        begun = len({(s.get("concurrency"), s["config"]) for s in partial})
+            _emit(partial, so_far.provenance, fmt, run_id=run_id, jsonl=jsonl, overhead=None, partial=True)
+        begun = len({(s.concurrency if isinstance(s, LoadSummaryRecord) else None, s.config) for s in partial})
         total = len(plan.arms()) * max(1, len(plan.concurrency))
         shown = (
             f"the table above is what was measured ({begun} of {total} configurations begun)"
@@ -430,24 +437,25 @@ def bench(
             else "nothing was measured yet"
         )
         raise Interrupted(f"interrupted: {shown}; the records measured so far are in {jsonl}")
-    summaries = list(result.summaries)
+    summaries = result.summaries
     ov = result.overhead
     overhead = ov.figures()
     # the table and the records' line first, the plot last: a plot that cannot be written (a full disk)
     # fails the command after what was measured is shown, not instead of it
-    _emit(summaries, fmt, run_id=result.run_id, jsonl=result.out, overhead=overhead)
+    _emit(summaries, result.provenance, fmt, run_id=result.run_id, jsonl=result.out, overhead=overhead)
     err.print(
         f"records: {result.out} (run {result.run_id}); wall {ov.ratio:.3f}x of generation + load "
         f"({ov.provenance_s:.1f} s of it hashing files)",
         markup=False,
     )
     if plot is not None:
-        report.plot(summaries, plot)
+        report.plot(summaries, plot, result.provenance)
         err.print(f"plot: {plot}", markup=False)
 
 
 def _emit(
-    summaries: list[dict[str, Any]],
+    summaries: Sequence[Summary],
+    provenance: report.Provenance | None,
     fmt: str,
     *,
     run_id: str,
@@ -459,13 +467,16 @@ def _emit(
     table and Markdown, the --json document has ``partial`` and that title; CSV has no title, the error
     line on stderr says it)."""
     if fmt == "json":
-        print_json(report.to_json_doc(summaries, run_id=run_id, out=jsonl, overhead=overhead or {}, partial=partial))
+        doc = report.to_json_doc(
+            summaries, provenance, run_id=run_id, out=jsonl, overhead=overhead or {}, partial=partial
+        )
+        print_json(doc)
     elif fmt == "csv":
         sys.stdout.write(report.to_csv(summaries))
     elif fmt == "md":
-        sys.stdout.write(report.to_markdown(summaries, partial=partial))
+        sys.stdout.write(report.to_markdown(summaries, provenance, partial=partial))
     else:
-        out.print(render_table(summaries, partial=partial))
+        out.print(render_table(summaries, provenance, partial=partial))
 
 
 def register(app: typer.Typer) -> None:
