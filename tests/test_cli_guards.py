@@ -158,6 +158,18 @@ def test_bench_outputs_are_checked_before_the_run(cli, tmp_path, flag, value, wo
     assert proc.returncode == 2 and words in _one_error_line(proc)
 
 
+def test_bench_says_a_missing_file_before_looking_for_an_engine(cli, tmp_path, pair):
+    # the fast lane has no engine: a typo is still said as the typo (exit 2), not "no llama.cpp engine found"
+    for args, words in (
+        (["--target", str(tmp_path / "typo.gguf"), "--draft", str(pair.draft)], "target model not found"),
+        (["--target", str(pair.target), "--draft", f"q8={tmp_path / 'typo.gguf'}"], "draft model not found"),
+        (["--target", str(pair.target), "--draft", "hf://own er/r/d.gguf"], "bad hub address"),
+        (["--model", "smollm2-135m", "--mmproj", str(tmp_path / "typo.gguf")], "mmproj model not found"),
+    ):
+        proc = cli("bench", *args)
+        assert proc.returncode == 2 and words in _one_error_line(proc), proc.stderr
+
+
 def test_fetch_dir_must_be_a_folder(cli, tmp_path):
     (tmp_path / "file").write_text("")
     for path, words in (("/dev/null", "is a device"), (tmp_path / "file", "is a file")):

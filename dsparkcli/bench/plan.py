@@ -17,7 +17,7 @@ from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.protocol import AUTO, SPEC_N_MAX, SPEC_P_MIN
 from dsparkcli.llama.server import ServerConfig
 from dsparkcli.llama.speculation import Speculation
-from dsparkcli.pairs import Downloads, PairSpec, check_pairing, resolve_files
+from dsparkcli.pairs import Downloads, PairSpec, check_given, check_pairing, resolve_files
 
 
 @dataclass(frozen=True)
@@ -324,6 +324,17 @@ def scripted(target: Path, drafts: Sequence[Path]) -> str | None:
         if kind.label == "SYNTHETIC":
             return kind.why
     return None
+
+
+def check_given_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None) -> None:
+    """The user's files and hub addresses (pairs.check_given), before bench looks for an engine: a typo is said
+    as the typo. Registry keys (``drafts`` without --target) are checked with the pair, in resolve_inputs."""
+    if target is None:
+        check_given(PairSpec(model=model, mmproj=mmproj))
+        return
+    for d in drafts or [None]:
+        draft = None if d is None else _split_label(d)[1]
+        check_given(PairSpec(model=model, target=target, draft=draft, mmproj=mmproj))
 
 
 def _split_label(spec: str) -> tuple[str | None, str]:

@@ -340,6 +340,7 @@ def bench(
     # DSpark arms: by default, when --spec lists dspark, or when a --draft (a DSpark draft) is given
     with_dspark = not parsed or any(s is None for s in parsed) or bool(draft)
     others = tuple(dict.fromkeys(s for s in parsed if s is not None))
+    bench_plan.check_given_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc)))
     if with_dspark:
         engine_mod.require_dspark(eng)
