@@ -13,6 +13,8 @@ import pytest
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import full_width as ss
+from dsparkcli.synth.gguf_stream import TensorSpec, write_gguf
+from dsparkcli.synth.real_shapes import shapes_for
 from support.scripts import script
 
 # A native build on this AMX CPU segfaulted in ggml_backend_amx_mul_mat on these quantised files
@@ -22,7 +24,7 @@ CPU_ARGS = ("--no-repack",)
 
 
 def test_scale_one_has_the_real_pairs_shapes() -> None:
-    t, d = ss.shapes_for("minicpm-v-4.7-35b-a3b")
+    t, d = shapes_for("minicpm-v-4.7-35b-a3b")
     # draft: upstream_facts.md (Qwen3DSparkModel)
     assert (d.n_layer, d.n_embd, d.n_head, d.n_head_kv, d.head_dim, d.n_ff) == (5, 2048, 8, 2, 256, 6144)
     assert (d.vocab, d.block_size, d.mask_token_id, d.markov_rank) == (248_144, 15, 248_076, 256)
@@ -51,9 +53,9 @@ def test_scale_one_has_the_real_pairs_shapes() -> None:
 
 def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="unknown shape"):
-        ss.shapes_for("llama-70b")
+        shapes_for("llama-70b")
     with pytest.raises(UsageError, match="scale"):
-        ss.shapes_for(scale=0.0)
+        shapes_for(scale=0.0)
     with pytest.raises(UsageError, match="qtype"):
         ss.write_full_width(tmp_path, qtype="NVFP4", scale=0.05)
 
@@ -68,7 +70,7 @@ def test_small_pair_files_match_plan_and_manifest(small_pair: ss.FullWidthPair) 
 
     man = json.loads(small_pair.manifest.read_text())
     assert man["synthetic"] is True and man["target_arch"] == "qwen35moe" and "recurrent" in man["target_arch_reason"]
-    t, d = ss.shapes_for(scale=0.05)
+    t, d = shapes_for(scale=0.05)
     assert d.target_layers == (1, 2, 4, 6, 7) and t.n_layer == 8 and d.mask_token_id == t.vocab - 68
     for path, info, specs in (
         (small_pair.target, man["target"], ss.target_tensors(t, "Q8_0")),
@@ -103,9 +105,9 @@ def test_q4k_blocks_decode_to_planned_std(tmp_path: Path) -> None:
     import gguf
     from gguf.quants import dequantize
 
-    spec = ss.TensorSpec("w", (512, 64), "Q4_K", "rand")
+    spec = TensorSpec("w", (512, 64), "Q4_K", "rand")
     kv = [("general.architecture", "str", "llama")]
-    ss.write_gguf(tmp_path / "q4k.gguf", kv, [spec])
+    write_gguf(tmp_path / "q4k.gguf", kv, [spec])
     tn = gguf.GGUFReader(tmp_path / "q4k.gguf").tensors[0]
     w = dequantize(tn.data, tn.tensor_type)
     assert w.shape == (64, 512)

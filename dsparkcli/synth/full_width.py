@@ -9,81 +9,22 @@ The target for ``minicpm-v-4.7-35b-a3b`` is the MiniCPM-V-4.7-35B-A3B text tower
 gated-delta-net recurrent, MoE 256 experts x FF 512, 8 routed + 1 shared). ``qwen3moe`` (plain
 attention, no shared expert) is offered as a stand-in to isolate the cost of recurrent checkpoints.
 
-Files are written tensor by tensor from a pre-generated buffer of valid quantised blocks, hashed
-while written, so a ~37 GB target needs a few MB of RAM and runs at disk speed.
+The shapes are ``synth.real_shapes``'; here are the tensors and metadata of each file and the pair's
+manifest. Files are streamed by ``synth.gguf_stream.write_gguf``: a ~37 GB target needs a few MB of RAM.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import os
 import tempfile
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dsparkcli import __version__
 from dsparkcli.errors import UsageError
 from dsparkcli.outputs import check_output_dir, check_output_file
-
-if TYPE_CHECKING:
-    import numpy as np
-
-SHAPES = ("minicpm-v-4.7-35b-a3b",)
-TARGET_ARCHS = ("qwen35moe", "qwen3moe")
-QTYPES = ("Q8_0", "Q4_K")
-
-# bytes per block / weights per block of the raw quantised types we write
-_QBLOCK = {"Q8_0": (34, 32), "Q4_K": (144, 256)}
-
-ProgressFn = Callable[[int, int, str], None]  # (bytes done, bytes total, what)
-
-
-@dataclass(frozen=True)
-class TargetShape:
-    arch: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    rope_dim: int  # partial rotary: 0.25 x head_dim for Qwen3.5
-    rope_sections: tuple[int, int, int, int]
-    rope_theta: float
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    n_ff_shexp: int  # 0: no shared expert
-    vocab: int
-    full_attention_interval: int  # qwen35moe: layers i with (i+1) % interval == 0 are full attention
-    ssm_conv_kernel: int
-    ssm_state: int  # head dim of the linear-attention K/V heads
-    ssm_groups: int  # linear-attention K heads
-    ssm_v_heads: int  # linear-attention V heads (= time_step_rank)
-    ctx: int
-
-
-@dataclass(frozen=True)
-class DraftShape:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    vocab: int
-    block_size: int
-    mask_token_id: int
-    target_layers: tuple[int, ...]  # GGUF convention: HF layer id + 1 (input of that layer)
-    markov_rank: int
-    confidence_head: bool
-    rope_theta: float
-    ctx: int
+from dsparkcli.synth.gguf_stream import QTYPES, ProgressFn, TensorSpec, write_gguf
+from dsparkcli.synth.real_shapes import ARCH_REASON, DraftShape, TargetShape, shapes_for
 
 
 @dataclass(frozen=True)
@@ -110,141 +51,7 @@ def measurement_pair(manifest: Path | str | None) -> FullWidthPair:
     )
 
 
-# The real pair's numbers (upstream_facts.md; Qwen3.5-35B-A3B text tower for the target).
-_REAL_TARGET = TargetShape(
-    arch="qwen35moe",
-    n_layer=40,
-    n_embd=2048,
-    n_head=16,
-    n_head_kv=2,
-    head_dim=256,
-    rope_dim=64,
-    rope_sections=(11, 11, 10, 0),
-    rope_theta=10_000_000.0,
-    n_expert=256,
-    n_expert_used=8,
-    n_ff_exp=512,
-    n_ff_shexp=512,
-    vocab=248_144,
-    full_attention_interval=4,
-    ssm_conv_kernel=4,
-    ssm_state=128,
-    ssm_groups=16,
-    ssm_v_heads=32,
-    ctx=262_144,
-)
-_REAL_TAPS_HF = (3, 11, 19, 27, 35)
-_REAL_DRAFT = DraftShape(
-    n_layer=5,
-    n_embd=2048,
-    n_head=8,
-    n_head_kv=2,
-    head_dim=256,
-    n_ff=6144,
-    vocab=248_144,
-    block_size=15,
-    mask_token_id=248_076,
-    target_layers=tuple(h + 1 for h in _REAL_TAPS_HF),
-    markov_rank=256,
-    confidence_head=True,
-    rope_theta=10_000_000.0,
-    ctx=262_144,
-)
-
-ARCH_REASON = {
-    "qwen35moe": (
-        "the real text tower's own llama.cpp arch (Qwen3.5-35B-A3B: hybrid gated-delta-net + "
-        "full attention every 4th layer, 256 experts x FF 512, 8 routed + 1 shared); it fills "
-        "t_layer_inp so DSpark taps work; being recurrent, speculative decoding uses state "
-        "rollback/checkpoints exactly as the real model would"
-    ),
-    "qwen3moe": (
-        "plain-attention stand-in with the same width, depth, experts and vocab (no shared "
-        "expert, no recurrent layers); isolates the cost of the hybrid model's checkpoints"
-    ),
-}
-
-
-def _round_up(x: float, m: int) -> int:
-    return max(m, int(math.ceil(x / m)) * m)
-
-
-def shapes_for(
-    shape: str = "minicpm-v-4.7-35b-a3b", *, scale: float = 1.0, target_arch: str = "qwen35moe"
-) -> tuple[TargetShape, DraftShape]:
-    """The (target, draft) shapes, shrunk by ``scale`` for CPU tests while keeping the structure.
-
-    ``scale`` shrinks depth, width, experts, expert FF and vocab; head counts and head dims stay
-    (they fix the attention kernels), taps keep their relative depth, the mask id keeps its
-    distance from the end of the vocab. Widths stay multiples of 256 so Q4_K rows fit.
-    """
-    if shape not in SHAPES:
-        raise UsageError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
-    if target_arch not in TARGET_ARCHS:
-        raise UsageError(f"unknown target arch {target_arch!r}; choose one of {', '.join(TARGET_ARCHS)}")
-    if not (0.0 < scale <= 1.0):
-        raise UsageError(f"scale must be in (0, 1], got {scale}")
-    t, d = _REAL_TARGET, _REAL_DRAFT
-    if scale < 1.0:
-        n_layer = max(8, int(round(t.n_layer * scale / 4)) * 4)
-        n_embd = _round_up(t.n_embd * scale, 256)
-        vocab = max(1024, int(round(t.vocab * scale)))
-        t = replace(
-            t,
-            n_layer=n_layer,
-            n_embd=n_embd,
-            vocab=vocab,
-            ctx=8192,
-            n_expert=max(16, int(round(t.n_expert * scale))),
-            n_ff_exp=_round_up(t.n_ff_exp * scale, 256),
-            n_ff_shexp=_round_up(t.n_ff_shexp * scale, 256),
-        )
-        taps = tuple(
-            sorted({min(n_layer - 1, max(0, round((h + 1) * n_layer / _REAL_TARGET.n_layer))) for h in _REAL_TAPS_HF})
-        )
-        d = replace(
-            d,
-            n_embd=n_embd,
-            vocab=vocab,
-            mask_token_id=vocab - (_REAL_DRAFT.vocab - _REAL_DRAFT.mask_token_id),
-            n_ff=_round_up(d.n_ff * scale, 256),
-            target_layers=taps,
-            ctx=8192,
-        )
-    if target_arch == "qwen3moe":
-        # qwen3moe ropes the whole head and has no shared expert
-        t = replace(
-            t,
-            arch="qwen3moe",
-            rope_dim=t.head_dim,
-            rope_sections=(0, 0, 0, 0),
-            n_ff_shexp=0,
-            full_attention_interval=1,
-        )
-    return t, d
-
-
 # ------------------------------------------------------------------ tensor plans
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    ne: tuple[int, ...]  # ggml order: ne[0] is the row length
-    qtype: str  # F32 | Q8_0 | Q4_K
-    init: str  # ones | rand | ssm_a | dt_bias | conv
-    role: str = "dense"  # dense | expert | embd (read one row per token) | draft
-
-    @property
-    def n_elements(self) -> int:
-        return math.prod(self.ne)
-
-    @property
-    def nbytes(self) -> int:
-        if self.qtype == "F32":
-            return 4 * self.n_elements
-        bsz, bw = _QBLOCK[self.qtype]
-        return self.n_elements // bw * bsz
 
 
 def _mat(name: str, ne: tuple[int, ...], qtype: str, role: str = "dense") -> TensorSpec:
@@ -419,181 +226,6 @@ def draft_kv(d: DraftShape) -> list[tuple[str, str, object]]:
     ]
 
 
-# ------------------------------------------------------------------ data
-
-
-_BUF_BLOCKS = 499_979  # a prime: repeats of the buffer never line up with rows or experts
-
-
-def _quant_buffer(qtype: str, sigma: float, rng: np.random.Generator) -> bytes:
-    """Valid blocks of ``qtype`` whose weights have mean 0 and std ``sigma``."""
-    import numpy as np  # deferred: only writers need numpy
-
-    n = _BUF_BLOCKS
-    if qtype == "Q8_0":
-        blocks = np.zeros(n, dtype=[("d", "<f2"), ("qs", "i1", 32)])
-        blocks["qs"] = rng.integers(-127, 128, size=(n, 32), dtype=np.int8)
-        blocks["d"] = np.float16(sigma / 73.6)  # std of uniform int8 in [-127, 127]
-        return blocks.tobytes()
-    if qtype == "Q4_K":
-        # scales bytes 0xA0 x 8 + 0x00 x 4 give sc = m = 32 in every sub-block; with dmin = 7.5 d
-        # every weight is 32 d (q - 7.5): mean 0, std 147.5 d for uniform 4-bit q
-        blocks = np.zeros(n, dtype=[("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)])
-        d = sigma / 147.5
-        blocks["d"], blocks["dmin"] = np.float16(d), np.float16(7.5 * d)
-        blocks["scales"][:, :8] = 0xA0
-        blocks["qs"] = rng.integers(0, 256, size=(n, 128), dtype=np.uint8)
-        return blocks.tobytes()
-    raise UsageError(f"unsupported qtype {qtype!r}; choose one of {', '.join(QTYPES)}")
-
-
-def _f32_data(spec: TensorSpec, rng: np.random.Generator, sigma: float) -> bytes:
-    import numpy as np  # deferred: only writers need numpy
-
-    n = spec.n_elements
-    if spec.init == "ones":
-        x = np.ones(n, dtype=np.float32)
-    elif spec.init == "ssm_a":  # -exp(A_log), A_log ~ log U(1, 8): decays in (0, 1)
-        x = -rng.uniform(1.0, 8.0, n).astype(np.float32)
-    elif spec.init == "dt_bias":
-        x = rng.uniform(-4.0, -2.0, n).astype(np.float32)
-    elif spec.init == "conv":
-        x = rng.normal(0.0, 0.3, n).astype(np.float32)
-    else:
-        x = rng.normal(0.0, sigma, n).astype(np.float32)
-    return x.tobytes()
-
-
-def _sigma(spec: TensorSpec) -> float:
-    # fan-in scaled so activations stay O(1) through 40 pre-norm residual layers; embeddings O(1)
-    if spec.role == "embd":
-        return 1.0
-    return 0.5 / math.sqrt(spec.ne[0])
-
-
-_ALIGN = 32
-_CHUNK = 16 << 20
-
-
-class _HashingWriter:
-    """File writer that hashes in a worker thread (hashlib and file writes both release the GIL)."""
-
-    def __init__(self, fout) -> None:  # type: ignore[no-untyped-def]
-        self.fout = fout
-        self.sha = hashlib.sha256()
-        self.pool = ThreadPoolExecutor(max_workers=1)
-        self.pending = None
-        self.n = 0
-
-    def write(self, data: bytes | memoryview) -> None:
-        if self.pending is not None:
-            self.pending.result()
-        self.pending = self.pool.submit(self.sha.update, data)
-        self.fout.write(data)
-        self.n += len(data)
-
-    def finish(self) -> str:
-        if self.pending is not None:
-            self.pending.result()
-        self.pool.shutdown()
-        return self.sha.hexdigest()
-
-
-@dataclass(frozen=True)
-class WriteStats:
-    path: str
-    bytes: int
-    seconds: float
-    sha256: str
-    n_tensors: int
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / 1e6 / max(self.seconds, 1e-9)
-
-
-def write_gguf(
-    path: Path,
-    kv: list[tuple[str, str, object]],
-    specs: list[TensorSpec],
-    *,
-    seed: int = 0,
-    on_progress: ProgressFn | None = None,
-) -> WriteStats:
-    """Write a GGUF header with gguf-py, then stream every tensor's data, hashing as we go."""
-    import gguf  # imported here: only writers need it
-    import numpy as np  # deferred: only writers need numpy
-
-    started = time.monotonic()
-    arch = next(v for k, _, v in kv if k == "general.architecture")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
-    w = gguf.GGUFWriter(tmp, str(arch))
-    w.kv_data[0].pop("general.architecture", None)  # re-added below in our order
-    adders = {"str": w.add_string, "u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool}
-    for key, kind, value in kv:
-        if kind in adders:
-            adders[kind](key, value)  # type: ignore[operator]
-        elif kind == "i32[]":
-            w.add_key_value(key, list(value), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)  # type: ignore[arg-type]
-        elif kind == "str[]":
-            w.add_array(key, value)  # type: ignore[arg-type]
-        else:
-            raise AssertionError(kind)
-    for s in specs:
-        raw = None if s.qtype == "F32" else gguf.GGMLQuantizationType[s.qtype]
-        w.add_tensor_info(s.name, tuple(reversed(s.ne)), np.dtype(np.float32), s.nbytes, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.flush()
-    fout = w.fout[0]
-    head_len = fout.tell()
-    fout.flush()
-    with open(tmp, "rb") as f:  # the header is small (the token list): hash it once, then stream
-        header = f.read(head_len)
-    out = _HashingWriter(fout)
-    out.sha.update(header)
-    out.n = head_len
-
-    rng = np.random.default_rng(seed)
-    buffers: dict[tuple[str, float], bytes] = {}
-    total = sum(s.nbytes for s in specs)
-    done = 0
-    for s in specs:
-        pad = (-out.n) % _ALIGN
-        if pad:
-            out.write(b"\0" * pad)
-        sigma = _sigma(s)
-        if s.qtype == "F32":
-            out.write(_f32_data(s, rng, sigma))
-        else:
-            key = (s.qtype, round(sigma, 9))
-            if key not in buffers:
-                buffers[key] = _quant_buffer(s.qtype, sigma, rng)
-            buf = memoryview(buffers[key])
-            bsz = _QBLOCK[s.qtype][0]
-            pos = int(rng.integers(0, _BUF_BLOCKS)) * bsz  # start somewhere else in the buffer each tensor
-            left = s.nbytes
-            while left:
-                n = min(left, _CHUNK, len(buf) - pos)
-                out.write(buf[pos : pos + n])
-                left -= n
-                pos = (pos + n) % len(buf)
-                if on_progress:
-                    on_progress(done + s.nbytes - left, total, s.name)
-        done += s.nbytes
-        if on_progress:
-            on_progress(done, total, s.name)
-    pad = (-out.n) % _ALIGN
-    if pad:
-        out.write(b"\0" * pad)
-    digest = out.finish()
-    w.close()
-    os.replace(tmp, path)
-    return WriteStats(str(path), out.n, round(time.monotonic() - started, 3), digest, len(specs))
-
-
 # ------------------------------------------------------------------ the pair
 
 
@@ -707,17 +339,14 @@ def write_full_width(
 
 
 __all__ = [
-    "SHAPES",
-    "TARGET_ARCHS",
-    "QTYPES",
     "FullWidthPair",
-    "TargetShape",
-    "DraftShape",
-    "shapes_for",
+    "read_manifest",
+    "measurement_pair",
+    "is_recurrent",
     "target_tensors",
     "draft_tensors",
+    "target_kv",
+    "draft_kv",
     "param_counts",
-    "write_gguf",
     "write_full_width",
-    "WriteStats",
 ]
