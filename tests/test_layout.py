@@ -174,6 +174,7 @@ STUDY_SEAM = frozenset(
         # the pairs measured: synthetic, from the registry, inspected, requantised
         "dsparkcli.synth.known_answer",
         "dsparkcli.synth.full_width",
+        "dsparkcli.synth.minicpmv47",  # the 4.7 stand-in (study.minicpmv47_oracle)
         "dsparkcli.hub.registry",
         "dsparkcli.gguf.reader",
         "dsparkcli.gguf.analysis",
