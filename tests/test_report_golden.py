@@ -1,7 +1,7 @@
 """Bench's output formats stay byte for byte what they were: the summary JSONL lines, Markdown, CSV, the --json
 document and the terminal table of a fixed set of records (tests/data/bench_report/records.jsonl: a real run with
 divergences, an interrupted block and an n-gram draft; a synthetic run; a drafts-only run; a --concurrency run of
-a scripted pair). The expected files were rendered by dspark at 71f7234, before summaries were typed (issue 29):
+a scripted pair). The expected files were rendered by dspark as of 111651d, before summaries were typed (issue 29):
 users' files and the BENCHMARKS.md renderers read these formats."""
 
 from __future__ import annotations
