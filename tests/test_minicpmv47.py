@@ -51,6 +51,13 @@ def test_standin_carries_the_47_facts(standin: minicpmv47.Stand47) -> None:
     assert np.array_equal(np.asarray(sep.data).reshape(4, -1), rows)  # the converter's copy, bit for bit
     man = json.loads(standin.manifest.read_text())
     assert man["projector"] == "minicpmv4_7" and man["sep_token_ids"] == ids
+    # the full-width --shape minicpm-v-4.7-35b-a3b target says the same (one order key, the stand-in's wins)
+    from dsparkcli.synth import full_width
+
+    t, _ = full_width.shapes_for("minicpm-v-4.7-35b-a3b")
+    assert ("qwen35moe.rope.section_order", "str", "zyxt") in full_width.target_kv(t)
+    tyxz = minicpmv47.target_kv(t, minicpmv47.byte_vocab(t.vocab), "tyxz")
+    assert [e for e in tyxz if e[0].endswith("section_order")] == [("qwen35moe.rope.section_order", "str", "tyxz")]
 
 
 def test_synth_refuses_an_unknown_section_order(cli, tmp_path: Path) -> None:

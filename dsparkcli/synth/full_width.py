@@ -190,6 +190,7 @@ def target_kv(t: TargetShape) -> list[tuple[str, str, object]]:
         kv += [
             (f"{a}.expert_shared_feed_forward_length", "u32", t.n_ff_shexp),
             (f"{a}.rope.dimension_sections", "i32[]", list(t.rope_sections)),
+            (f"{a}.rope.section_order", "str", "zyxt"),  # MiniCPM-V 4.7's M-RoPE stream order (issue 31)
             (f"{a}.full_attention_interval", "u32", t.full_attention_interval),
             (f"{a}.ssm.conv_kernel", "u32", t.ssm_conv_kernel),
             (f"{a}.ssm.inner_size", "u32", t.ssm_state * t.ssm_v_heads),

@@ -174,7 +174,8 @@ def target_kv(t: full_width.TargetShape, vocab: Vocab, section_order: str) -> li
     kv = [
         name if k == "general.name" else (k, kind, v) for k, kind, v in _with_tokenizer(full_width.target_kv(t), vocab)
     ]
-    return kv + [(f"{t.arch}.rope.section_order", "str", section_order)]
+    order = f"{t.arch}.rope.section_order"  # full_width writes zyxt: this stand-in's own order replaces it
+    return [e for e in kv if e[0] != order] + [(order, "str", section_order)]
 
 
 # ------------------------------------------------------------------ mmproj
