@@ -441,7 +441,14 @@ def test_tune_then_bench_auto_and_adaptive_with_each_commands_defaults(engine, r
     assert f"tuning {doc['key_id']}: " in proc.stderr
     overall = next(c for c in doc["choices"] if c["category"] == "all")
     label = right.draft.name.removesuffix(".gguf")
-    auto_config = f"{label}@{overall['budget']}" if overall["budget"] else f"{label}@auto"
+    # the auto arm follows tune's picks (timing under load decides them): one pick for every category -> that
+    # budget's arm (or "@auto" without the draft); picks that differ by category -> "@auto", one per request
+    by_category = {c["category"]: c for c in doc["choices"]}
+    picks = {(c["budget"] or 0, c["p_min"] or 0.0) for c in (by_category.get(p.category, overall) for p in PROMPTS)}
+    per_category = len(picks) > 1 and any(k for k, _ in picks)
+    auto_config = f"{label}@{overall['budget']}" if overall["budget"] and not per_category else f"{label}@auto"
+    if per_category:
+        assert "--budget auto per category: " in proc.stderr
     configs = {s["config"] for s in json.loads(proc.stdout)["summaries"]}
     assert configs == {"plain", auto_config, f"{label}@adaptive"}
     argv = next(
