@@ -51,6 +51,8 @@ def test_parse_version_line():
         "0c1e570",
     )
     assert engine_mod.parse_version("garbage") == ("", "")
+    # the b11549 sdist's tree has no git metadata
+    assert engine_mod.parse_version("version: 0.6.0-dev (build 0, commit unknown)") == ("0.6.0-dev", "")
 
 
 def test_resolution_order_flag_beats_env(engine, tmp_path, monkeypatch):

@@ -104,13 +104,17 @@ def _run_probe(server: Path, *args: str, timeout: float = 30.0) -> str:
     return proc.stdout + proc.stderr
 
 
-_VERSION_RE = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s*\S+,\s*commit\s*(?P<commit>[0-9a-fA-F]+)\)")
+_VERSION_RE = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s*\S+,\s*commit\s*(?P<commit>[^)\s]+)\)")
 
 
 def parse_version(text: str) -> tuple[str, str]:
-    """(version, commit) from ``llama-server --version`` output; ("", "") if absent."""
+    """(version, commit) from ``llama-server --version`` output; ("", "") if absent. A tree built without
+    git metadata says "commit unknown": its version still counts, its commit is ""."""
     m = _VERSION_RE.search(text)
-    return (m.group("version"), m.group("commit")) if m else ("", "")
+    if not m:
+        return "", ""
+    commit = m.group("commit")
+    return m.group("version"), commit if re.fullmatch(r"[0-9a-fA-F]{4,40}", commit) else ""
 
 
 def parse_capabilities(help_text: str) -> Capabilities:
