@@ -184,7 +184,6 @@ STUDY_SEAM = frozenset(
         "dsparkcli.distill.model",
         "dsparkcli.distill.parity",
         "dsparkcli.distill.export",
-        "dsparkcli.distill.corpus",
         "dsparkcli.distill.templates",  # the code forms, languages and tasks (study.draft_transfer)
         "dsparkcli.distill.data",
     }
