@@ -115,8 +115,8 @@ def _patched_lib_dir() -> tuple[Path | None, str]:
         return None, f"no engine ({exc})"
     mtmd = eng.bin_dir / "libmtmd.so"
     if mtmd.is_file() and b"minicpmv4_7" in mtmd.read_bytes():
-        return eng.bin_dir, f"default engine {eng.version or eng.commit}"
-    return None, f"default engine {eng.version or eng.commit} has no minicpmv4_7 in {mtmd.name}"
+        return eng.bin_dir, f"default engine {eng.commit or eng.version}"
+    return None, f"default engine {eng.commit or eng.version} has no minicpmv4_7 in {mtmd.name}"
 
 
 @pytest.mark.parametrize("order", ["zyxt", "tyxz"])
@@ -179,3 +179,17 @@ def test_the_patch_is_format_patch_of_the_b11549_base_and_applies() -> None:
     tree = sources.sdist_tree(sources.XLLAMACPP)
     check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=tree, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.engine
+def test_run_answers_an_image_with_the_draft_on_the_patched_engine(cli, tmp_path: Path) -> None:
+    """`dspark run image.png "prompt"` on the stand-in (target + minicpmv4_7 mmproj + DSpark draft)."""
+    lib_dir, why = _patched_lib_dir()
+    if lib_dir is None or not (lib_dir / "llama-server").is_file():
+        pytest.skip(f"needs a llama-server with dspark's minicpmv4_7 patch ({why}); see the test above")
+    files = minicpmv47.write_standin(tmp_path, scale="small", section_order="zyxt")
+    image = minicpmv47.write_png(tmp_path / "img.png", 300, 200, 1)  # overview + 3x2 slices
+    args = ["run", str(image), "What is in the image?", "--target", str(files.target), "--mmproj", str(files.mmproj)]
+    r = cli(*args, "--draft", str(files.draft), "--llama-bin", str(lib_dir / "llama-server"), "-n", "16")
+    assert r.returncode == 0, r.stderr
+    assert "| 16 tokens |" in r.stdout + r.stderr and "drafted " in r.stdout + r.stderr
