@@ -10,6 +10,14 @@ both builds, each in its own process (two ggml libraries never share one).
     python study/minicpmv47_oracle.py probe --manifest M [--lib-dir DIR] [--image 112x112:0]
     python study/minicpmv47_oracle.py compare --manifest M --lib-dir DIR [--image ...]
 
+What b11739 requires of the files (probed on variants of the stand-in): the mmproj's ``v.tok_embd_sep`` is
+required at load ("unable to find tensor v.tok_embd_sep"); its rows are checked only when used (3 rows load,
+then a sliced image aborts on GGML_ASSERT(idx < tok_embd_sep->ne[1]) at the row of "\n");
+``clip.vision.projector.scale_factor`` and ``clip.vision.wa_layer_indexes`` are optional (defaults 4 and
+none); ``clip.minicpmv_version`` is not needed. The target's ``rope.section_order`` other than zyxt/tyxz
+fails the load ("unknown rope section order: xyzt"). dspark's patch does the same on each, except that a
+missing row is an encode error (mtmd_encode_chunk returns 1), not an abort.
+
 ``probe`` prints, as JSON, the chunks mtmd made of an image + text prompt (text tokens; image
 tokens, their M-RoPE decoder positions), each image chunk's embeddings, and the logits after the
 whole prompt. Without ``--lib-dir`` it loads the wheel's libraries. ``compare`` probes the wheel and
