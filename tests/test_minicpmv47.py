@@ -193,3 +193,14 @@ def test_run_answers_an_image_with_the_draft_on_the_patched_engine(cli, tmp_path
     r = cli(*args, "--draft", str(files.draft), "--llama-bin", str(lib_dir / "llama-server"), "-n", "16")
     assert r.returncode == 0, r.stderr
     assert "| 16 tokens |" in r.stdout + r.stderr and "drafted " in r.stdout + r.stderr
+
+
+def test_full_width_shapes_fit_the_46_graph() -> None:
+    """--width full (the H200's): the real text tower, SigLIP-400M widths, projector output = text width."""
+    t, d, v = minicpmv47.shapes("full")
+    assert (t.arch, t.n_layer, t.n_embd, t.vocab, d.vocab) == ("qwen35moe", 40, 2048, 248_144, 248_144)
+    assert (v.n_embd, v.n_layer, v.patch_size, v.image_size, v.scale_factor) == (1152, 27, 14, 448, 4)
+    assert 0 <= v.insert_layer < v.n_layer and (v.image_size // v.patch_size) % v.scale_factor == 0
+    kv = dict((k, val) for k, _, val in minicpmv47.mmproj_kv(v, t.n_embd))
+    assert kv["clip.projector_type"] == "minicpmv4_7" and kv["clip.vision.projection_dim"] == 2048
+    assert minicpmv47.byte_vocab(t.vocab).tokens[d.mask_token_id].startswith("<|fill_")  # a token no text makes
