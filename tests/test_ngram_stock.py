@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dsparkcli.llama import engine as engine_mod
+from dsparkcli.llama.loads import build_record
 from dsparkcli.llama.protocol import SPEC_N_MAX, SpecCounters
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.llama.speculation import parse
@@ -28,10 +29,10 @@ N_PREDICT = 64
 def stock(engine) -> engine_mod.Engine:
     """A stock (--no-patches) CPU build of the engine's commit, found by its key in the cache: a failure, not
     a skip, when there is none (`dspark engine build --no-patches` makes it)."""
+    # a binary built from a tree without git metadata (the b11549 sdist) does not say its commit: its record does
+    commit = engine.commit or (found[1].commit if (found := build_record(engine)) else "")
     builds = [
-        r
-        for _, r in engine_mod.cached_builds()
-        if not r.patch_hash and r.backend == "cpu" and r.commit == engine.commit
+        r for _, r in engine_mod.cached_builds() if not r.patch_hash and r.backend == "cpu" and r.commit == commit
     ]
     assert builds, "no stock CPU build in the cache: run `dspark engine build --no-patches`"
     server = Path(builds[0].bin_dir) / "llama-server"
