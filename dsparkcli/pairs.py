@@ -350,8 +350,10 @@ def prepare_server(
     if engine is not None and downloads.engine is None:
         downloads = replace(downloads, engine=engine)
     knobs.validate()
-    if spec.speculation is not None:
+    if spec.speculation is not None and not spec.speculation.uses_dspark:
         spec = _without_dspark(spec, knobs)
+    elif spec.speculation is not None and spec.no_draft:
+        raise UsageError(f"--no-draft and --spec {spec.speculation.label}: the chain runs the DSpark draft")
     if engine is not None and not spec.no_draft and (spec.target is None or spec.draft is not None):
         # a draft to serve (a registry pair has one): an engine without draft-dspark would start and die on
         # it (exit 4); refuse it first, before any download, as doctor and bench do (exit 3)
@@ -363,7 +365,11 @@ def prepare_server(
     if engine is not None:
         knobs = replace(knobs, placement=place_draft(knobs.placement, engine, files.draft))
     cfg = server_config(files, knobs)
-    if spec.speculation is not None:
+    if spec.speculation is not None and spec.speculation.uses_dspark:
+        # a chain ending with the DSpark draft: the pair's draft and budget as for dspark alone, with the n-gram
+        # types tried first (their own flags; the budget caps the draft model's draft only)
+        cfg = replace(cfg, spec_type=spec.speculation.spec_type, spec_flags=spec.speculation.flags())
+    elif spec.speculation is not None:
         cfg, files = _speculating(cfg, files, spec, knobs, downloads)
     # a budget nobody gave is clamped to the draft (said, unless --budget auto/adaptive says what it used)
     quiet = knobs.auto_budget or knobs.adaptive_budget
@@ -411,11 +417,17 @@ def _speculating(
     s = spec.speculation
     assert s is not None
     if not s.uses_model:
-        return replace(cfg, spec_type=s.kind, spec_flags=s.flags()), files
+        return replace(cfg, spec_type=s.spec_type, spec_flags=s.flags()), files
     pair_name = spec.model or (load_registry().default if spec.target is None else None)
     _, path = classic_draft(s.model, files.target, downloads, pair_name=pair_name)
     cfg = replace(
-        cfg, draft=path, spec_type=s.kind, n_max=knobs.budget or DEFAULT_BUDGET, p_min=knobs.p_min, ngld=knobs.ngl
+        cfg,
+        draft=path,
+        spec_type=s.spec_type,
+        spec_flags=s.flags(),
+        n_max=knobs.budget or DEFAULT_BUDGET,
+        p_min=knobs.p_min,
+        ngld=knobs.ngl,
     )
     return cfg, replace(files, draft=path, budget=None)
 

@@ -31,7 +31,7 @@ from dsparkcli.bench.writer import RecordWriter
 from dsparkcli.errors import BenchError
 from dsparkcli.llama.client import ServerClient
 from dsparkcli.llama.engine import Engine
-from dsparkcli.llama.protocol import SPEC_N_MAX, SpecCounters
+from dsparkcli.llama.protocol import SPEC_N_MAX, SpecCounters, TypeCounters, TypeStats, type_stats
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 
 
@@ -55,6 +55,25 @@ def drafted_nothing(arm: Arm, requests: int, srv: LlamaServer) -> BenchError:
         f"(check that the draft fits the target, --p-min, --spec-draft-n-min)",
         hint=f"server log: {srv.log_path}",
     )
+
+
+TYPE_STATS_WAIT_S = 5.0  # the log's writer thread is behind the response by far less
+
+
+def read_type_stats(srv: LlamaServer, lines: int) -> TypeStats:
+    """A chain's per-type statistics from its server's log, once it holds ``lines`` lines per type (one per
+    finished request: the log is written by llama.cpp's log thread, after the response may have left)."""
+    deadline = time.monotonic() + TYPE_STATS_WAIT_S
+    while True:
+        stats = type_stats(srv.log_path.read_text(errors="replace"))
+        if stats.lines >= lines or time.monotonic() > deadline:
+            if stats.lines < lines:
+                raise BenchError(
+                    f"{srv.log_path}: {stats.lines} per-type statistics lines after {lines} requests "
+                    "(llama-server at -lv 4 writes one per request)"
+                )
+            return stats
+        time.sleep(0.02)
 
 
 def run_arm(
@@ -101,12 +120,17 @@ def run_arm(
             on_request(arm.name, p.id)
         return result
 
+    # a server reused from an earlier arm has written its lines: they were waited for at its last block
+    lines_start = read_type_stats(srv, 0).lines if srv.config.type_stats else None
     for i in range(plan.warmup):  # untimed: first-use allocations, caches, page-ins
         request(plan.prompts[i % len(plan.prompts)])
 
     drafted = 0
     # counters only move while a request runs, so each block's "after" is the next one's "before"
     before = SpecCounters.from_metrics(client.metrics()) if is_draft else None
+    # a chain: which type proposed, from the log's per-type lines (cumulative, one per request: warm-ups too)
+    types_before = read_type_stats(srv, lines_start + plan.warmup) if lines_start is not None else None
+    answered = 0
     for rep in range(rep0, rep0 + plan.reps):
         for category in categories:
             for p in (q for q in plan.prompts if q.category == category):
@@ -116,8 +140,14 @@ def run_arm(
                     rec = replace(rec, request_n_max=fields(p)[SPEC_N_MAX])
                 mine.requests.append(rec)
                 writer.write(rec.to_record())
+                answered += 1
             if before is not None:
                 after = SpecCounters.from_metrics(client.metrics())
+                by_type: tuple[TypeCounters, ...] = ()
+                if types_before is not None:
+                    assert lines_start is not None
+                    types_after = read_type_stats(srv, lines_start + plan.warmup + answered)
+                    by_type, types_before = types_after.minus(types_before), types_after
                 block = CountersRecord(
                     config=arm.name,
                     category=category,
@@ -127,6 +157,7 @@ def run_arm(
                     budget=arm.budget,
                     synthetic=plan.synthetic,
                     server_argv=tuple(server_argv),
+                    by_type=by_type,
                 )
                 before = after
                 drafted += block.counters.drafted

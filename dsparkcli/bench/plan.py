@@ -124,6 +124,8 @@ class BenchPlan:
     # --spec: other speculation beside (or instead of) the DSpark drafts: n-gram arms run at their own
     # limits, a draft-simple one (its model resolved: ``path``) at every budget, after the DSpark arms
     specs: tuple[Speculation, ...] = ()
+    # the DSpark drafts' own arms ("<draft>@<budget>"); False where --spec lists only chains that end with dspark
+    dspark_arms: bool = True
     with_plain: bool = True  # plain decoding first (speedups and identity need it)
     placement: Placement = Placement()  # RPC workers, multi-GPU split, the draft's device: every arm the same
     # --budget adaptive: one more arm per draft, "<draft>@adaptive", on this cost table (its max k the cap)
@@ -180,7 +182,7 @@ class BenchPlan:
         if self.explicit_arms:
             return arms + list(self.explicit_arms)
         for d in self.drafts:
-            arms += [Arm(f"{d.label}@{b}", d, b) for b in self.budgets]
+            arms += [Arm(f"{d.label}@{b}", d, b) for b in self.budgets] if self.dspark_arms else []
             if self.cost_table is not None:
                 arms.append(
                     Arm(
@@ -203,7 +205,11 @@ class BenchPlan:
                     )
                 )
         for s in self.specs:
-            if s.uses_model:
+            if s.uses_dspark:  # a chain ending with DSpark: every DSpark draft at every budget
+                for d in self.drafts:
+                    label = s.label if len(self.drafts) == 1 else f"{s.label}:{d.label}"
+                    arms += [Arm(f"{label}@{b}", Draft(label, d.path), b, spec=s) for b in self.budgets]
+            elif s.uses_model:
                 assert s.path is not None, "a draft-simple speculation's model is resolved before the plan"
                 arms += [Arm(f"{s.label}@{b}", Draft(s.label, s.path), b, spec=s) for b in self.budgets]
             else:
@@ -224,8 +230,9 @@ class BenchPlan:
             model=self.target,
             draft=arm.draft.path if arm.draft else None,
             mmproj=self.mmproj,
-            spec_type=arm.spec.kind if arm.spec else None,
+            spec_type=arm.spec.spec_type if arm.spec else None,
             spec_flags=arm.spec.flags() if arm.spec else (),
+            type_stats=arm.spec is not None and arm.spec.is_chain,  # which type of the chain proposed
             n_max=AUTO if arm.adaptive else arm.budget,
             cost_table=arm.cost_table,
             p_min=p_min,

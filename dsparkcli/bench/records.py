@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsparkcli.bench.summaries import LoadSummaryRecord, SummaryRecord
-from dsparkcli.llama.protocol import SpecCounters
+from dsparkcli.llama.protocol import SpecCounters, TypeCounters
 
 PLAIN = "plain"  # the configuration without a draft
 
@@ -182,6 +182,9 @@ class CountersRecord:
     synthetic: bool = False
     server_argv: tuple[str, ...] = ()
     concurrency: int | None = None  # a --concurrency run: one block per pass (category ``all``)
+    # a chain (ngram-mod+dspark): each type's share of ``counters`` (llama.protocol.type_stats); written only
+    # where read, so the records of a single type are as before
+    by_type: tuple[TypeCounters, ...] = ()
 
     def to_record(self) -> dict[str, Any]:
         rec = {
@@ -197,6 +200,8 @@ class CountersRecord:
         }
         if self.concurrency is not None:
             rec["concurrency"] = self.concurrency
+        if self.by_type:
+            rec["by_type"] = [t.to_record() for t in self.by_type]
         return rec
 
     @classmethod
@@ -211,6 +216,7 @@ class CountersRecord:
             synthetic=bool(rec.get("synthetic")),
             server_argv=tuple(rec.get("server_argv") or ()),
             concurrency=rec.get("concurrency"),
+            by_type=tuple(TypeCounters.from_record(t) for t in rec.get("by_type") or ()),
         )
 
 

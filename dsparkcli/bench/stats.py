@@ -23,7 +23,7 @@ from dsparkcli.bench.summaries import (
     Summary,
     SummaryRecord,
 )
-from dsparkcli.llama.protocol import SpecCounters
+from dsparkcli.llama.protocol import SpecCounters, total_by_type
 
 
 def spread(values: Sequence[float], *, count: bool = False) -> dict[str, float | None]:
@@ -201,6 +201,7 @@ def _drafting(requests: Sequence[RequestRecord], counters: Sequence[CountersReco
             drafted=sum(r.draft_n for r in uncounted), accepted=sum(r.draft_n_accepted for r in uncounted)
         ),
         uncounted_requests=len(uncounted),
+        by_type=total_by_type(c.by_type for c in counters),
     )
 
 

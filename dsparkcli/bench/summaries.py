@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dsparkcli.llama.protocol import SpecCounters
+from dsparkcli.llama.protocol import SpecCounters, TypeCounters
 
 ALL = "all"  # the summary category over every category
 
@@ -88,6 +88,8 @@ class DraftSummary:
     # per-position shares cover the counted blocks only.
     uncounted: SpecCounters = SpecCounters()
     uncounted_requests: int = 0
+    # a chain's counted blocks per type (which type proposed: ngram-mod, draft-dspark); empty for one type
+    by_type: tuple[TypeCounters, ...] = ()
 
     @property
     def total(self) -> SpecCounters:
@@ -128,6 +130,8 @@ class DraftSummary:
                     "uncounted_accepted": self.uncounted.accepted,
                 }
             )
+        if self.by_type:
+            rec["by_type"] = [t.to_record() for t in self.by_type]
         return rec
 
     @classmethod
@@ -152,6 +156,7 @@ class DraftSummary:
             divergent=tuple(Divergence.from_record(d) for d in rec.get("divergent") or ()),
             uncounted=uncounted,
             uncounted_requests=int(rec.get("uncounted_requests", 0)),
+            by_type=tuple(TypeCounters.from_record(t) for t in rec.get("by_type") or ()),
         )
 
 

@@ -337,8 +337,10 @@ def bench(
     selected = kit.select(kit.load_prompts(prompts), category, limit)
     placement = placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device)
     parsed = [speculation.parse(s) for s in spec or []]  # refused before anything is resolved or downloaded
-    # DSpark arms: by default, when --spec lists dspark, or when a --draft (a DSpark draft) is given
-    with_dspark = not parsed or any(s is None for s in parsed) or bool(draft)
+    # DSpark arms: by default, when --spec lists dspark, or when a --draft (a DSpark draft) is given; a chain
+    # that ends with dspark loads the DSpark drafts too (its arms only, unless dspark itself is listed)
+    dspark_arms = not parsed or any(s is None for s in parsed) or bool(draft)
+    with_dspark = dspark_arms or any(s is not None and s.uses_dspark for s in parsed)
     others = tuple(dict.fromkeys(s for s in parsed if s is not None))
     bench_plan.check_given_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc)))
@@ -386,6 +388,7 @@ def bench(
         concurrency=tuple(concurrency or ()),
         placement=placement,
         specs=others,
+        dspark_arms=dspark_arms,
     )
     cats = {p.category for p in selected}  # the tuning of the one category benched, else the overall one
     plan = _chosen_budgets(

@@ -8,6 +8,7 @@ llama-server's protocol through this module, so a renamed counter or field is ch
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -150,6 +151,101 @@ class SpecCounters:
 
 def _pad(xs: Sequence[int], width: int) -> tuple[int, ...]:
     return tuple(xs) + (0,) * (width - len(xs))
+
+
+# ------------------------------------------------------------------ which type of a chain proposed
+
+# /metrics and a response's timings count every type together; the pinned engine says which type proposed
+# only in common_speculative_print_stats' line, one per type at each request's end at -lv 4 (trace level),
+# cumulative since the server started:
+#   spec common_specu: statistics        ngram-mod: #calls(b,g,a) =    1     29      2, #gen drafts =      2,
+#   #acc drafts =     2, #gen tokens =     85, #acc tokens =     9, #mean acc len = ...
+# #calls a is the verification steps of the type's drafts (common_speculative_accept counts it for the type
+# whose draft was verified): over the types, steps, gen tokens and acc tokens sum to /metrics' counters.
+_TYPE_STATS = re.compile(
+    r"statistics\s+(?P<type>[a-z0-9-]+): #calls\(b,g,a\) =\s*\d+\s+\d+\s+(?P<steps>\d+), "
+    r"#gen drafts =\s*(?P<drafts>\d+), #acc drafts =\s*\d+, "
+    r"#gen tokens =\s*(?P<drafted>\d+), #acc tokens =\s*(?P<accepted>\d+)"
+)
+
+
+@dataclass(frozen=True)
+class TypeCounters:
+    """One speculation type's counters (llama.cpp's name: ngram-mod, draft-dspark), cumulative as read from
+    a log, or the difference of two reads."""
+
+    type: str
+    steps: int = 0  # verification steps of this type's drafts
+    drafts: int = 0  # drafts it proposed
+    drafted: int = 0  # tokens in them
+    accepted: int = 0
+
+    def minus(self, before: TypeCounters) -> TypeCounters:
+        return TypeCounters(
+            self.type,
+            self.steps - before.steps,
+            self.drafts - before.drafts,
+            self.drafted - before.drafted,
+            self.accepted - before.accepted,
+        )
+
+    def plus(self, other: TypeCounters) -> TypeCounters:
+        return TypeCounters(
+            self.type,
+            self.steps + other.steps,
+            self.drafts + other.drafts,
+            self.drafted + other.drafted,
+            self.accepted + other.accepted,
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "steps": self.steps,
+            "drafts": self.drafts,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+        }
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> TypeCounters:
+        return cls(rec["type"], int(rec["steps"]), int(rec["drafts"]), int(rec["drafted"]), int(rec["accepted"]))
+
+
+@dataclass(frozen=True)
+class TypeStats:
+    """What a log says per type: the latest cumulative counters, and how many statistics lines it has (one
+    per finished request: the reader waits for a block's lines, the log is written by a thread)."""
+
+    counters: tuple[TypeCounters, ...] = ()  # in the server's order (llama.cpp's trial order)
+    lines: int = 0  # statistics lines of the first type
+
+    def minus(self, before: TypeStats) -> tuple[TypeCounters, ...]:
+        """Each type's counters between ``before`` and this read."""
+        old = {c.type: c for c in before.counters}
+        return tuple(c.minus(old.get(c.type, TypeCounters(c.type))) for c in self.counters)
+
+
+def type_stats(log_text: str) -> TypeStats:
+    """The per-type statistics lines of a llama-server log (at -lv 4): each type's latest counters."""
+    latest: dict[str, TypeCounters] = {}
+    first: str | None = None
+    lines = 0
+    for m in _TYPE_STATS.finditer(log_text):
+        name = m["type"]
+        first = first or name
+        lines += name == first
+        latest[name] = TypeCounters(name, int(m["steps"]), int(m["drafts"]), int(m["drafted"]), int(m["accepted"]))
+    return TypeStats(tuple(latest.values()), lines)
+
+
+def total_by_type(blocks: Iterable[Sequence[TypeCounters]]) -> tuple[TypeCounters, ...]:
+    """Several blocks' per-type counters summed, per type in the order first seen."""
+    out: dict[str, TypeCounters] = {}
+    for block in blocks:
+        for c in block:
+            out[c.type] = out[c.type].plus(c) if c.type in out else c
+    return tuple(out.values())
 
 
 def timings_drafts(timings: Mapping[str, Any]) -> tuple[int, int]:

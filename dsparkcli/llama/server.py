@@ -30,7 +30,8 @@ from dsparkcli.llama.logs import abort_line, classify_log, key_line, log_tail  #
 from dsparkcli.llama.placement import Placement
 
 DEFAULT_HOST = "127.0.0.1"
-API_KEY_ENV = "LLAMA_API_KEY"  # llama-server's environment name for --api-key (common/arg.cpp)
+API_KEY_ENV = "LLAMA_API_KEY"
+TYPE_STATS_VERBOSITY = 4  # common/log.h LOG_LEVEL_TRACE: the level of the per-type statistics line  # llama-server's environment name for --api-key (common/arg.cpp)
 
 
 def api_key_value(key: str) -> str:
@@ -51,6 +52,9 @@ class ServerConfig:
     mmproj: Path | None = None
     spec_type: str | None = None  # defaults to draft-dspark when a draft is given; draft-simple, ngram-mod, ...
     spec_flags: tuple[tuple[str, int], ...] = ()  # the n-gram type's own flags (llama.speculation)
+    # -lv 4: llama.cpp's per-type "statistics" line (common_speculative_print_stats, trace level) at each
+    # request's end, the only place the pinned engine says which type of a chain proposed (llama.protocol)
+    type_stats: bool = False
     n_max: int | str | None = None  # --spec-draft-n-max: a budget, or protocol.AUTO (needs cost_table)
     n_min: int | None = None  # --spec-draft-n-min
     p_min: float | None = None  # --spec-draft-p-min
@@ -81,6 +85,7 @@ class ServerConfig:
             draft=None,
             spec_type=None,
             spec_flags=(),
+            type_stats=False,
             n_max=None,
             n_min=None,
             p_min=None,
@@ -134,6 +139,8 @@ class ServerConfig:
             args += ["--spec-type", self.spec_type]
         for flag, number in self.spec_flags:
             args += [flag, str(number)]
+        if self.type_stats:
+            args += ["-lv", str(TYPE_STATS_VERBOSITY)]
         for flag, value in (
             ("--spec-draft-n-max", self.n_max),
             ("--spec-draft-n-min", self.n_min),
