@@ -290,7 +290,14 @@ def test_serve_prints_draft_simple_with_its_classic_draft(cli, engine, targets) 
 def test_a_long_per_position_list_is_cut_after_its_last_acceptance() -> None:
     """ngram-mod's 64 positions made every table row 10 lines tall: past 8, the trailing zeros are counted."""
     from dsparkcli.bench.report import _per_pos
+    from dsparkcli.bench.summaries import DraftSummary, Spread, SummaryRecord
+    from dsparkcli.llama.protocol import SpecCounters
 
-    assert _per_pos({"acceptance_per_pos": [1.0] * 3 + [0.0] * 61}) == "100 100 100 0 0 0 0 0 +56x0"
-    assert _per_pos({"acceptance_per_pos": [1.0] * 10 + [0.0] * 54}) == " ".join(["100"] * 10) + " +54x0"
-    assert _per_pos({"acceptance_per_pos": [0.86, 0.78, 0.0]}) == "86 78 0"  # a DSpark budget's: all shown
+    def row(accepted_per_pos: list[int], steps: int) -> SummaryRecord:  # the typed row report reads (issue 29)
+        counters = SpecCounters(drafted=0, accepted=0, steps=steps, accepted_per_pos=tuple(accepted_per_pos))
+        drafting = DraftSummary(counters, 0, 0, 0, 0, ())
+        return SummaryRecord("c", "all", None, None, False, None, 1, 1, 1, 1, Spread(), None, None, drafting)
+
+    assert _per_pos(row([4] * 3 + [0] * 61, 4)) == "100 100 100 0 0 0 0 0 +56x0"
+    assert _per_pos(row([4] * 10 + [0] * 54, 4)) == " ".join(["100"] * 10) + " +54x0"
+    assert _per_pos(row([43, 39, 0], 50)) == "86 78 0"  # a DSpark budget's: all shown
