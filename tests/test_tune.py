@@ -184,6 +184,9 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
         "--budgets",
         "1",
         "8",
+        "--methods",  # the budget's flow: run --budget auto then runs a budget (tests/test_tune_methods.py: methods)
+        "plain",
+        "dspark",
         "-n",
         "64",
         "--reps",

@@ -144,6 +144,8 @@ class BenchPlan:
         if len(set(names)) != len(names) or PLAIN in names:
             raise UsageError("arm names must be distinct and not 'plain'")
         for a in self.explicit_arms:
+            if a.spec is not None and a.draft is None:  # an n-gram arm (tune --methods): its own limits
+                continue
             if a.draft is None or a.budget is None or a.budget < 1:
                 raise UsageError(f"arm {a.name} needs a draft and a budget >= 1")
             p_min, length, rates = a.settings(self)

@@ -34,7 +34,7 @@ from dsparkcli.bench.records import PLAIN, CountersRecord, RequestRecord, measur
 from dsparkcli.bench.run import new_pool, new_run_id, run_bench
 from dsparkcli.bench.servers import ServerPool
 from dsparkcli.bench.summaries import ALL, SummaryRecord, written_summaries
-from dsparkcli.budget import model, store
+from dsparkcli.budget import methods, model, store
 from dsparkcli.budget.limits import DraftLimit
 from dsparkcli.budget.model import Acceptance, Candidate, CostModel
 from dsparkcli.budget.record import TuningRecord
@@ -79,6 +79,9 @@ class TunePlan:
     upstream_acceptance: tuple[tuple[str, float], ...] = ()
     scripted: str | None = None  # why the pair's own acceptance is synthetic (bench.plan.BenchInputs.scripted)
     adaptive: bool = False  # verify llama.cpp's adaptive budget (the measured cost table) next to the picks
+    # tune --methods (budget.methods labels): the n-gram and chain ones are measured in the verification run;
+    # the pick per category is among these (empty: budgets only, no method choice)
+    methods: tuple[str, ...] = ()
 
     @property
     def k_max(self) -> int:
@@ -110,6 +113,8 @@ class TunePlan:
             raise UsageError("--p-min with --synth-len: synthetic acceptance ignores the draft's confidence")
         if self.top < 1:
             raise UsageError("--top must be at least 1")
+        if self.synth_len is not None and set(self.methods) - {methods.PLAIN, methods.DSPARK}:
+            raise UsageError("--methods with --synth-len: n-gram drafts cannot be emulated; give plain and dspark")
         if not self.prompts:
             raise UsageError("no prompts selected")
 
@@ -246,6 +251,14 @@ def candidate_arm(tp: TunePlan, c: Candidate) -> Arm:
     return Arm(name, d, c.budget, p_min=0.0, synth_len=tp.synth_len)
 
 
+def method_arms(tp: TunePlan, overall: Candidate | None) -> dict[str, Arm]:
+    """tune --methods' n-gram and chain arms by name; a chain runs the DSpark draft at the overall pick
+    (predicted; plain predicted: the smallest budget), its name the chain's label @ that budget."""
+    c, specs = overall or Candidate(min(tp.budgets), 0.0), filter(None, map(methods.speculation_of, tp.methods))
+    chain = lambda s: Arm(f"{s.label}@{c.budget}", Draft(s.label, tp.draft), c.budget, spec=s, p_min=c.p_min)  # noqa: E731
+    return {a.name: a for a in (chain(s) if s.uses_dspark else Arm(s.label, spec=s) for s in specs)}
+
+
 def adaptive_arm(tp: TunePlan, table: Path) -> Arm:
     """The adaptive budget's arm: cap k_max, the same emulated draft as the largest budget's."""
     d = Draft("draft", tp.draft)
@@ -344,6 +357,10 @@ def run_tune(
     predictions: list[model.Prediction] = []
     verified: list[tuple[str, str, float]] = []
     choices: list[model.Choice] = []
+    measured_methods: list[tuple[str, str, float]] = []  # (category, method arm, speedup): --methods
+    method_rows: tuple[tuple[str, str, float], ...] = ()
+    method_choices: tuple[tuple[str, str], ...] = ()
+    by_method: dict[str, Arm] = {}
 
     def record(complete: bool) -> TuningRecord:
         return TuningRecord(
@@ -363,6 +380,8 @@ def run_tune(
             jsonl=str(out),
             complete=complete,
             overall_of=tuple(categories),
+            methods=method_rows,
+            method_choices=method_choices,
         )
 
     def phase_done(name: str, started: float) -> None:
@@ -384,6 +403,8 @@ def run_tune(
                 verified.append(
                     (model.OVERALL if cat == ALL else cat, by_arm[name].label if name in by_arm else name, speedup)
                 )
+            elif name in by_method:
+                measured_methods.append((model.OVERALL if cat == ALL else cat, name, speedup))
 
     try:
         # 1. cost model
@@ -430,6 +451,9 @@ def run_tune(
             table = out.with_suffix(".cost.txt")
             table.write_text(model.cost_table(cost), encoding="utf-8")
             extra = [adaptive_arm(tp, table)]
+        # --methods: n-gram and chain arms beside plain and the candidates, measured in the same run
+        by_method = method_arms(tp, next((c.candidate for c in choices if c.category == model.OVERALL), None))
+        extra += list(by_method.values())
         if short or extra:
             verify(short, extra, "verify")
         grid = {p.candidate.label: p.candidate for p in predictions}
@@ -447,6 +471,8 @@ def run_tune(
                 )
                 for cat in workloads_of
             ]
+        if tp.methods and "verify_cut" not in timings:
+            method_rows, method_choices = methods.picks(tp.methods, choices, measured_methods)
         phase_done("verify", started)
     except (KeyboardInterrupt, _OutOfTime) as exc:
         timings["total"] = time.monotonic() - t0

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsparkcli.budget import rule, store
+from dsparkcli.budget import methods, rule, store
 from dsparkcli.budget.model import OVERALL
 from dsparkcli.budget.record import TuningRecord
 from dsparkcli.errors import EngineCapabilityError, UsageError
@@ -37,6 +37,9 @@ class Want:
     p_min: bool = False  # --p-min auto
     adaptive: bool = False  # --budget adaptive
     category: str | None = None  # which tuned category (None: overall)
+    # --budget auto takes the tuning's method pick too (tune --methods: plain, dspark, an n-gram type, a chain);
+    # bench does not: it measures the configurations it was asked for
+    methods: bool = True
 
     @property
     def any(self) -> bool:
@@ -52,6 +55,7 @@ class AutoChoice:
     plain: bool = False  # the tuning says plain decoding beats every budget (auto) or every draft (adaptive)
     cost_table: Path | None = None  # adaptive: the table llama.cpp chooses each step's budget from
     without_draft: bool = False  # the server runs without the draft (plain won, or no draft can pay)
+    method: str | None = None  # tune --methods' pick when it is not the DSpark draft alone (budget.methods)
 
 
 def require_adaptive(engine: Engine) -> None:
@@ -124,6 +128,9 @@ def _auto(
             plain=True,
             without_draft=True,
         )
+    method = rec.method_choice(want.category) if want.budget and want.methods and cfg.spec_type is None else None
+    if method not in (None, methods.DSPARK):
+        return _method(cfg, rec, method, want.category)  # type: ignore[arg-type]
     c = choice.candidate
     gain = choice.measured if choice.measured is not None else choice.predicted
     message = (
@@ -137,6 +144,28 @@ def _auto(
         ),
         AutoChoice(message, rec, budget=c.budget, p_min=c.p_min),
     )
+
+
+def _method(
+    cfg: ServerConfig, rec: TuningRecord, method: str, category: str | None
+) -> tuple[ServerConfig, AutoChoice]:
+    """``cfg`` running tune's method pick: plain, an n-gram type (no DSpark draft) or a chain at its measured
+    budget; one line says which and its measured speedup."""
+    speed = {m: x for c, m, x in rec.methods if c == (category or OVERALL)}
+    where = f" for category {category}" if category else ""
+    line = f"tuning {rec.key.id}{where}: method {method} ({speed.get(method, 1.0):.2f}x plain, the fastest of "
+    line += f"{', '.join(f'{m} {x:.2f}x' for m, x in speed.items() if m != method)})"
+    s = methods.speculation_of(method)
+    if s is None:  # plain
+        return cfg.without_draft(), AutoChoice(
+            f"{line}, {NO_DRAFT}", rec, plain=True, without_draft=True, method=method
+        )
+    if not s.uses_dspark:
+        cfg = replace(cfg.without_draft(), spec_type=s.spec_type, spec_flags=s.flags())
+        return cfg, AutoChoice(f"{line}: the DSpark draft is not loaded", rec, without_draft=True, method=method)
+    k = methods.budget_of(method)
+    cfg = replace(cfg, spec_type=s.spec_type, spec_flags=s.flags(), n_max=k or cfg.n_max)
+    return cfg, AutoChoice(line, rec, budget=k, method=method)
 
 
 def _adaptive(cfg: ServerConfig, rec: TuningRecord) -> tuple[ServerConfig, AutoChoice]:

@@ -44,6 +44,14 @@ class TuningRecord:
     version: int = RECORD_VERSION
     # the categories the overall choice pooled (empty: those of ``choices``)
     overall_of: tuple[str, ...] = ()
+    # tune --methods (budget.methods): each method's measured speedup per category, in the verification run
+    # ((category, method label, speedup); plain 1.0), and the pick per category ((category, method label))
+    methods: tuple[tuple[str, str, float], ...] = ()
+    method_choices: tuple[tuple[str, str], ...] = ()
+
+    def method_choice(self, category: str | None = None) -> str | None:
+        """The method tune picked for ``category`` (None: overall); None when it measured no methods."""
+        return dict(self.method_choices).get(category or OVERALL)
 
     def choice(self, category: str | None = None) -> Choice | None:
         wanted = category or OVERALL
@@ -93,7 +101,14 @@ class TuningRecord:
             "choices": [c.to_record() for c in self.choices],
             "timings_s": dict(self.timings_s),
             "overall_of": list(self.overall_of),
-        }
+        } | (  # written only by a tune that measured methods: other records are as they were
+            {
+                "methods": [{"category": c, "method": m, "speedup": x} for c, m, x in self.methods],
+                "method_choices": [{"category": c, "method": m} for c, m in self.method_choices],
+            }
+            if self.method_choices
+            else {}
+        )
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> TuningRecord:
@@ -125,6 +140,8 @@ class TuningRecord:
             complete=bool(rec.get("complete", True)),
             version=int(rec["version"]),
             overall_of=tuple(str(c) for c in rec.get("overall_of") or ()),
+            methods=tuple((m["category"], m["method"], float(m["speedup"])) for m in rec.get("methods") or ()),
+            method_choices=tuple((m["category"], m["method"]) for m in rec.get("method_choices") or ()),
         )
 
 
@@ -164,4 +181,17 @@ def merged(old: TuningRecord, new: TuningRecord) -> TuningRecord:
         + tuple(c for c in new.choices if c.category != OVERALL)
         + ((overall,) if overall else ()),
         overall_of=tuple(old_of if keep_old_overall else new_of),
+        # a method pick is only as good as the run that measured its category beside the others
+        methods=_joined(old.methods, new.methods, kept, keep_old_overall),
+        method_choices=_joined(old.method_choices, new.method_choices, kept, keep_old_overall),
+    )
+
+
+def _joined(old: tuple, new: tuple, kept: list[str], keep_old_overall: bool) -> tuple:
+    """Per-category rows (category first) of ``merged``: the new tune's, the kept categories' old ones, and
+    the overall row of whichever overall choice is kept."""
+    return (
+        tuple(x for x in new if x[0] != OVERALL or not keep_old_overall)
+        + tuple(x for x in old if x[0] in kept)
+        + (tuple(x for x in old if x[0] == OVERALL) if keep_old_overall else ())
     )

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from dsparkcli.budget.limits import ADAPTIVE, parse_auto  # standard library only: light at start-up
+from dsparkcli.budget.methods import METHODS_HELP  # pure: budget.model, llama.speculation
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.flags import check_extra_args  # not llama.server: every start-up imports this module
 from dsparkcli.llama.placement import Placement, parse_endpoints, parse_tensor_split
@@ -87,6 +88,8 @@ SpecsOpt = Annotated[
         help=SPEC_HELP + " Repeatable: each is a configuration; dspark's run only when listed or --draft given.",
     ),
 ]
+# tune --methods (budget.methods): the speculation methods a tuning measures and picks from, per category
+MethodsOpt = Annotated[Optional[list[str]], typer.Option("--methods", help=METHODS_HELP)]
 PMinOpt = Annotated[Optional[float], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1).")]
 AutoPMinOpt = Annotated[
     Optional[str], typer.Option("--p-min", help="Stop a draft at confidence < P (0..1), or 'auto' (the tuning's).")

@@ -163,7 +163,7 @@ def _chosen_budgets(
             adaptive_k=rule.parse_cost_table(choice.cost_table.read_text(encoding="utf-8")).max_k,
         )
     if want.budget or want.p_min:
-        cfg, auto = chosen_server(eng, key_cfg, replace(want, adaptive=False), strict=True)
+        cfg, auto = chosen_server(eng, key_cfg, replace(want, adaptive=False, methods=False), strict=True)
         assert auto is not None
         err.print(auto.message, markup=False)
         picks = _picks_by_category(eng, plan, auto) if want.budget and not want.category else ()

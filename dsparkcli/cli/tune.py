@@ -15,6 +15,7 @@ from typer.core import TyperCommand
 from dsparkcli.bench import plan as bench_plan
 from dsparkcli.bench import prompts as kit
 from dsparkcli.bench import tuning
+from dsparkcli.budget import methods as tune_methods
 from dsparkcli.budget import model as cost_model
 from dsparkcli.budget import store
 from dsparkcli.budget.apply import apply_to_models
@@ -29,6 +30,7 @@ from dsparkcli.cli._common import (
     JsonOpt,
     LimitOpt,
     LlamaBinOpt,
+    MethodsOpt,
     MmprojOpt,
     ModelOpt,
     NPredictOpt,
@@ -80,7 +82,12 @@ class TuneCommand(TyperCommand):
     """``--budgets 3 5 7`` and ``--p-min 0 0.5`` take several values."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, expand_multi_values(args, ("--budgets", "--p-min"), _is_number))
+        args = expand_multi_values(args, ("--budgets", "--p-min"), _is_number)
+        return super().parse_args(ctx, expand_multi_values(args, ("--methods",), _is_method))
+
+
+def _is_method(text: str) -> bool:
+    return not text.startswith("-")
 
 
 def _is_number(text: str) -> bool:
@@ -171,6 +178,7 @@ def tune_cmd(
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
     synth_len: SynthLenOpt = None,
+    methods: MethodsOpt = None,
     synth_mode: Annotated[
         str,
         typer.Option(
@@ -214,6 +222,8 @@ def tune_cmd(
     t0 = time.monotonic()
     if apply and model is None:
         raise UsageError("--apply writes a models.toml override for a registry pair: give --model NAME")
+    # refused before anything runs; with --synth-len only plain and dspark can be measured (emulated drafts)
+    method_labels = tune_methods.parse_methods(methods or (None if synth_len is None else ["plain", "dspark"]))
     selected = kit.select(kit.load_prompts(prompts), category, limit)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin))
     engine_mod.require_dspark(eng)
@@ -258,6 +268,7 @@ def tune_cmd(
         model_name=inputs.model_name,
         deadline=t0 + 60.0 * max_minutes if max_minutes else None,
         upstream_acceptance=inputs.upstream_acceptance,
+        methods=method_labels,
         scripted=inputs.scripted,
         adaptive=adaptive,
     )
@@ -343,6 +354,13 @@ def tune_cmd(
             markup=False,
         )
     err.print(_phase_line(rec), markup=False)
+    if rec.method_choices:  # one line: what --budget auto runs per category, from the same verification run
+        speed = {(c, m): x for c, m, x in rec.methods}
+        err.print(
+            "methods (--budget auto runs the pick): "
+            + "; ".join(f"{c} {m} {speed[(c, m)]:.2f}x" for c, m in rec.method_choices),
+            markup=False,
+        )
     if overall is not None and overall.candidate is None:
         err.print(
             "nothing beat plain decoding on this machine and workload: --budget auto runs without the draft",
