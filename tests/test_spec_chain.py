@@ -288,3 +288,31 @@ def test_serve_prints_a_chain_with_the_pairs_dspark_draft(cli, engine, tmp_path)
         f"-md {pair.draft} --spec-type ngram-mod,draft-dspark --spec-ngram-mod-n-match 4 --spec-draft-n-max 3"
         in r.stdout
     )
+
+
+REAL = Path(__file__).resolve().parents[1] / "study/results/cpu/chain-smollm2-135m/bench.jsonl"
+
+
+def test_the_committed_real_run_says_which_type_proposed() -> None:
+    """The REAL smollm2-135m pair on five Spec-Bench prompts (CPU): llama.cpp's ngram-mod defaults (a 24-token
+    match, drafts of 48-64) found nothing to copy in 96 tokens, so the chain drafted with DSpark alone: the same
+    drafts, acceptance and outputs as dspark@3, its by_type all draft-dspark, and the n-gram arm identical to
+    plain."""
+    records = [json.loads(line) for line in REAL.read_text().splitlines()]
+    blocks = {(r["config"], r["category"]): r for r in records if r["record"] == "counters"}
+    chain = [b for (c, _), b in blocks.items() if c == "ngram-mod+dspark@3"]
+    assert len(chain) == 5
+    for b in chain:
+        ngram, dspark = (TypeCounters.from_record(t) for t in b["by_type"])
+        assert (ngram.type, ngram.steps, ngram.drafted) == ("ngram-mod", 0, 0)
+        assert (dspark.steps, dspark.drafted, dspark.accepted) == (b["steps"], b["drafted"], b["accepted"])
+        alone = blocks[("q8_0@3", b["category"])]
+        assert (alone["steps"], alone["drafted"], alone["accepted"]) == (b["steps"], b["drafted"], b["accepted"])
+    outputs = {}
+    for r in records:
+        if r["record"] == "request":
+            outputs.setdefault(r["prompt_id"], {})[r["config"]] = r["output_sha256"]
+    assert len(outputs) == 5
+    for by_config in outputs.values():
+        assert by_config["ngram-mod"] == by_config["plain"]
+        assert by_config["ngram-mod+dspark@3"] == by_config["q8_0@3"]
