@@ -104,31 +104,32 @@ def test_oracle_loads_the_standin_and_lays_out_an_image_as_upstream(standin: min
 
 
 def _patched_lib_dir() -> tuple[Path | None, str]:
-    """A build with dspark's minicpmv4_7 patch: DSPARK_V47_LIB_DIR, else the default engine when it has it."""
+    """A build with dspark's minicpmv4_7 patch (0009): DSPARK_V47_LIB_DIR, else the default engine, which must
+    carry it (None only where no engine is built at all)."""
     if os.environ.get("DSPARK_V47_LIB_DIR"):
         return Path(os.environ["DSPARK_V47_LIB_DIR"]), "DSPARK_V47_LIB_DIR"
+    from dsparkcli.errors import DsparkError
     from dsparkcli.llama import engine as engine_mod
 
     try:
         eng = engine_mod.describe(engine_mod.resolve_engine())
-    except Exception as exc:  # noqa: BLE001 - any way of not having an engine reads the same here
+    except DsparkError as exc:
         return None, f"no engine ({exc})"
     mtmd = eng.bin_dir / "libmtmd.so"
-    if mtmd.is_file() and b"minicpmv4_7" in mtmd.read_bytes():
-        return eng.bin_dir, f"default engine {eng.commit or eng.version}"
-    return None, f"default engine {eng.commit or eng.version} has no minicpmv4_7 in {mtmd.name}"
+    assert mtmd.is_file() and b"minicpmv4_7" in mtmd.read_bytes(), (
+        f"the default engine {eng.commit or eng.version} ({eng.bin_dir}) lacks patch 0009: rebuild it "
+        "(`dspark engine build`)"
+    )
+    return eng.bin_dir, f"default engine {eng.commit or eng.version}"
 
 
 @pytest.mark.parametrize("order", ["zyxt", "tyxz"])
 @pytest.mark.parametrize("image", ["112x112:0", "300x200:1", "336x112:4"])
 def test_patched_engine_matches_upstream(tmp_path: Path, order: str, image: str) -> None:
-    """dspark's patch (dsparkcli/data/patches-4.7/) against b11739: same layout, embeddings, logits."""
+    """dspark's patch 0009 (dsparkcli/data/patches/b11549/) against b11739: same layout, embeddings, logits."""
     lib_dir, why = _patched_lib_dir()
     if lib_dir is None:
-        pytest.skip(
-            f"needs an engine with dspark's minicpmv4_7 patch ({why}): the lead moves it into the b11549 series "
-            "(issue 31); meanwhile set DSPARK_V47_LIB_DIR to a build of b11549 + that patch"
-        )
+        pytest.skip(f"needs an engine ({why}): `dspark engine build`")
     files = minicpmv47.write_standin(tmp_path, scale="small", section_order=order)
     oracle = script("minicpmv47_oracle")
     diff = oracle.differences(oracle.probe_in_subprocess(None, files.manifest, image), _probe(files, image, lib_dir))
@@ -154,31 +155,45 @@ def test_registry_pair_states_the_engine_it_needs(user_models, monkeypatch: pyte
         load_registry()
 
 
-def test_the_patch_is_format_patch_of_the_b11549_base_and_applies() -> None:
-    """dsparkcli/data/patches-4.7: one `git format-patch --base` of the recorded b11549 base (the series'),
-    touching no file of the series, and `git apply --check` passes on the pinned b11549 tree."""
+def test_the_patch_is_0009_of_the_b11549_series_and_applies_alone() -> None:
+    """The 4.7 support is patch 0009 of the b11549 series (format-patch of the recorded base, like the
+    others), touching no file of 0001-0008, so it also applies alone to the pinned b11549 tree."""
     import subprocess
 
     from dsparkcli.llama import patches, sources
 
-    directory = patches.PATCH_DIR.parent / "patches-4.7"
-    (patch,) = sorted(directory.glob("*.patch"))
-    text = patch.read_text(encoding="utf-8")
+    series = patches.series_for("b11549") or ()
+    patch = series[-1]
+    assert patch.name == "0009-mtmd-llama-minicpm-v-4.7.patch" and patch.off_switch == "DSPARK_NO_MINICPMV47"
     base = patches.base_of(patches.SERIES_DIRS["b11549"])
-    assert base is not None and text.rstrip().endswith(f"base-commit: {base.base_commit}")
-    assert (directory / "BASE").read_text() == (patches.SERIES_DIRS["b11549"] / "BASE").read_text()
-    touched = {ln.split()[0] for ln in text.split("\n---\n", 1)[1].split("\n\n", 1)[0].splitlines() if "|" in ln}
-    assert {"tools/mtmd/mtmd.cpp", "tools/mtmd/clip.cpp", "src/llama-graph.cpp", "src/models/qwen35moe.cpp"} <= touched
-    series_files = {
-        ln.split()[0]
-        for p in patches.series_for("b11549") or ()
-        for ln in p.text.split("\n---\n", 1)[1].split("\n\n", 1)[0].splitlines()
-        if "|" in ln
-    }
-    assert not touched & series_files
+    # format-patch --base writes the base into the series' first patch
+    assert base is not None and f"\nbase-commit: {base.base_commit}\n" in series[0].text
+    assert not (patches.PATCH_DIR.parent / "patches-4.7").exists()
+
+    def touched(p: patches.Patch) -> set[str]:
+        return {fd.path for fd in patches.parse(p)}
+
+    mine = touched(patch)
+    assert {"tools/mtmd/mtmd.cpp", "tools/mtmd/clip.cpp", "src/llama-graph.cpp", "src/models/qwen35moe.cpp"} <= mine
+    assert not mine & set().union(*(touched(p) for p in series[:-1]))
     tree = sources.sdist_tree(sources.XLLAMACPP)
-    check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=tree, capture_output=True, text=True)
+    path = patches.SERIES_DIRS["b11549"] / patch.name
+    check = subprocess.run(["git", "apply", "--check", str(path)], cwd=tree, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+def test_the_off_switch_makes_the_patched_engine_refuse_the_projector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DSPARK_NO_MINICPMV47 (any value): the patched libmtmd refuses minicpmv4_7 as upstream b11549 does."""
+    lib_dir, why = _patched_lib_dir()
+    if lib_dir is None:
+        pytest.skip(f"needs an engine ({why}): `dspark engine build`")
+    files = minicpmv47.write_standin(tmp_path, scale="small", section_order="zyxt")
+    assert len(_probe(files, "112x112:0", lib_dir)["logits"]) == 512  # on: loads and answers
+    monkeypatch.setenv("DSPARK_NO_MINICPMV47", "1")
+    with pytest.raises(RuntimeError, match="unknown projector type: minicpmv4_7"):
+        _probe(files, "112x112:0", lib_dir)
 
 
 @pytest.mark.engine

@@ -47,12 +47,17 @@ def test_every_base_has_a_series_and_a_pinned_sdist():
         assert base is not None and base.release == sdist.release and base.commit == sdist.commit
         assert base.source.startswith(f"{sdist.package}=={sdist.version} sdist (sha256 {sdist.sha256})")
         assert base.source.endswith(sdist.subdir) and len(base.tree) == 40
-        series = patches.series_for(sdist.release)
-        # the same patches, under the same names, in every base (switches and doctor go by name)
-        assert series is not None and [p.name for p in series] == [p.name for p in patches.shipped()]
-        assert [p.summary for p in series][2:] == [p.summary for p in patches.shipped()][2:]
-    assert patches.shipped() == patches.series_for(patches.DEFAULT_BASE)
-    assert patches.series_hash(patches.series_for("b11549")) != patches.series_hash(patches.shipped())
+    old, new = patches.series_for("b11312"), patches.series_for("b11549")
+    assert old is not None and new is not None
+    # the same patches, under the same names, in every base (switches and doctor go by name); b11549's adds
+    # 0009 (MiniCPM-V 4.7), which b11312's lacks
+    assert [p.name for p in new] == [p.name for p in old] + ["0009-mtmd-llama-minicpm-v-4.7.patch"]
+    assert [p.summary for p in new][2:8] == [p.summary for p in old][2:]
+    assert [p.number for p in new] == [f"{n:04d}" for n in range(1, 10)]
+    # format-patch's numbering is the series': "[PATCH n/9]"
+    assert all(f"Subject: [PATCH {i}/9] " in p.text for i, p in enumerate(new, 1))
+    assert patches.DEFAULT_BASE == "b11549" and patches.shipped() == new
+    assert patches.series_hash(new) != patches.series_hash(old)
 
 
 @pytest.mark.parametrize("sdist", BASES)
@@ -86,6 +91,13 @@ def test_the_series_applies_to_its_base_and_makes_the_same_changes(tmp_path, sdi
     assert "argmax_f32_split<<<" in (dest / "ggml/src/ggml-cuda/argmax.cu").read_text()
     if sdist.release == "b11549":  # upstream's sampled drafts (result_q) kept, and trimmed with the request's cap
         assert "dp.result_q->resize(n_cap);" in spec
+        # 0009: the minicpmv4_7 projector and rope.section_order, each behind DSPARK_NO_MINICPMV47
+        assert '{ PROJECTOR_TYPE_MINICPMV4_7,       "minicpmv4_7"},' in (dest / "tools/mtmd/clip-impl.h").read_text()
+        clip = (dest / "tools/mtmd/clip.cpp").read_text()
+        assert 'PROJECTOR_TYPE_MINICPMV4_7 && std::getenv("DSPARK_NO_MINICPMV47") != nullptr' in clip
+        for arch in ("qwen35", "qwen35moe"):
+            model = (dest / f"src/models/{arch}.cpp").read_text()
+            assert 'getenv("DSPARK_NO_MINICPMV47") == nullptr && ml.get_key(LLM_KV_ROPE_SECTION_ORDER' in model
 
 
 def test_the_rebased_series_is_format_patch_of_its_recorded_base(tmp_path):

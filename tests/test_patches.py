@@ -40,7 +40,7 @@ def touched_copy(tmp_path: Path) -> Path:
 
 def test_the_shipped_series_applies_to_the_pinned_tree_in_order(tmp_path):
     series = patches.shipped()
-    assert [p.number for p in series] == ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]
+    assert [p.number for p in series] == ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009"]
     assert series[0].summary == "server: per-request speculative.n_max, n_min, p_min"
     assert series[1].summary.startswith("speculative: --spec-draft-n-max auto")
     assert series[2].summary == "speculative: a DFlash/DSpark draft's block follows the request's n_max"
@@ -123,7 +123,7 @@ def _fake_build(root: Path, key: str, source: Path, **record) -> Path:
         (bin_dir / name).write_text("#!/bin/sh\n")
         (bin_dir / name).chmod(0o755)
     rec = {
-        "commit": "0c1e570",
+        "commit": "b11549",
         "backend": "cpu",
         "cuda_arch": "",
         "source_dir": str(source),
@@ -146,10 +146,11 @@ def test_stock_and_patched_builds_live_side_by_side(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DSPARK_CONFIG_DIR", str(tmp_path / "cfg"))
     h = patches.series_hash(patches.shipped())
-    stock_key = engine_mod.build_key("0c1e570", "cpu", rpc=True)
+    # the pinned sdist has no git metadata: its key starts with the release
+    stock_key = engine_mod.build_key("b11549", "cpu", rpc=True)
     assert (
-        stock_key == "0c1e570-cpu-x86-64-v3-rpc"
-        and engine_mod.build_key("0c1e570", "cpu", rpc=True, patch_hash=h) == f"0c1e570-cpu-x86-64-v3-rpc-p{h}"
+        stock_key == "b11549-cpu-x86-64-v3-rpc"
+        and engine_mod.build_key("b11549", "cpu", rpc=True, patch_hash=h) == f"b11549-cpu-x86-64-v3-rpc-p{h}"
     )
     stock_bin = _fake_build(tmp_path, stock_key, source)
     eng, rec, reused = building.build_engine(source=source, patches=False)
@@ -229,14 +230,15 @@ def test_the_pinned_tree_unpacked_elsewhere_is_patched_by_default(tmp_path, monk
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DSPARK_CONFIG_DIR", str(tmp_path / "cfg"))
     monkeypatch.delenv("DSPARK_LLAMA_BIN", raising=False)
-    bundle = tmp_path / "gpu" / f"llama_cpp_python-{sources.LLAMA_CPP_PYTHON.version}" / "vendor" / "llama.cpp"
+    sdist = sources.DEFAULT_SDIST
+    bundle = tmp_path / "gpu" / sdist.top / sdist.subdir  # xllamacpp-2026.10.11549/thirdparty/llama.cpp
     bundle.mkdir(parents=True)
     (bundle / "CMakeLists.txt").write_text("")
-    assert sources.source_commit(bundle) == sources.LLAMA_CPP_PYTHON.commit
+    assert sources.source_commit(bundle) == sdist.label == "b11549"  # no commit known: the release names it
     h = patches.series_hash(patches.shipped())
     _fake_build(
         tmp_path / "cache",
-        engine_mod.build_key(sources.LLAMA_CPP_PYTHON.commit, "cpu", rpc=True, patch_hash=h),
+        engine_mod.build_key(sdist.label, "cpu", rpc=True, patch_hash=h),
         bundle.resolve(),
         patches=[p.name for p in patches.shipped()],
         patch_hash=h,
@@ -249,13 +251,13 @@ def test_each_off_switch_is_the_variable_its_code_reads(tmp_path):
     """A patch that says ``DSPARK_X=1`` turns it off must read exactly that variable in what it adds, and
     doctor names a switch set in the environment: a renamed variable would make a measurement of the
     patch "off" silently measure it on."""
-    for series in (patches.shipped(), patches.series_for("b11549")):
+    for series in (patches.series_for("b11312"), patches.shipped()):
         assert series is not None
         _check_off_switches(series)
 
 
 def _check_off_switches(series: tuple[patches.Patch, ...]) -> None:
-    assert {p.number: p.off_switch for p in series} == {
+    switches = {
         "0001": None,
         "0002": None,
         "0003": None,
@@ -264,7 +266,9 @@ def _check_off_switches(series: tuple[patches.Patch, ...]) -> None:
         "0006": "DSPARK_STOCK_MMVF",
         "0007": "DSPARK_STOCK_ARGMAX",
         "0008": None,
+        "0009": "DSPARK_NO_MINICPMV47",  # b11549's only: off = upstream b11549's refusal of the 4.7 projector
     }
+    assert {p.number: p.off_switch for p in series} == {n: v for n, v in switches.items() if n <= series[-1].number}
     diagnostics = {"0008": {"DSPARK_CUDA_GRAPH_STATS"}}  # variables that only log, named in the description
     for p in series:
         added = "\n".join(line for fd in patches.parse(p) for h in fd.hunks for line in h.new if line not in h.old)
@@ -293,7 +297,7 @@ def test_doctor_names_the_patches_the_environment_turns_off(monkeypatch):
     report = type(
         "R",
         (),
-        {"patches": tuple(p.name for p in series), "patch_hash": patches.series_hash(series), "release": "b11312"},
+        {"patches": tuple(p.name for p in series), "patch_hash": patches.series_hash(series), "release": "b11549"},
     )()
     monkeypatch.delenv("DSPARK_STOCK_ARGMAX", raising=False)
     monkeypatch.delenv("DSPARK_STOCK_MMVF", raising=False)

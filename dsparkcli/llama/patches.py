@@ -23,10 +23,12 @@ from dsparkcli.errors import EngineBuildError
 PATCH_DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
 # each llama.cpp base the series was made for, and its folder: b11312's at the top (its file names are in
 # engine records), a later base's in a folder of its own with a BASE file (the release and tree it was
-# rebased onto, from ``git format-patch --base``). The same patch keeps its file name in every folder.
+# rebased onto, from ``git format-patch --base``). The same patch keeps its file name in every folder;
+# b11549's adds 0009 (MiniCPM-V 4.7: projector minicpmv4_7, rope.section_order), which b11312's lacks.
 SERIES_DIRS = {"b11312": PATCH_DIR, "b11549": PATCH_DIR / "b11549"}
-# the release the default engine is built from (llama.sources.SDISTS holds the sdist that vendors it)
-DEFAULT_BASE = "b11312"
+# the release the default engine is built from (llama.sources.SDISTS holds the sdist that vendors it);
+# b11312 (0c1e570, llama-cpp-python's sdist) stays buildable with --sdist llama-cpp-python
+DEFAULT_BASE = "b11549"
 MARKER = ".dspark-patches"  # in a patched copy: the series hash it was made with (written last)
 
 _SWITCH_RE = re.compile(r"\b(DSPARK_[A-Z0-9_]+)=1\b")
