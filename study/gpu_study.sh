@@ -99,8 +99,9 @@ fi
 say "wheels installed into $SITE ($(ls .gpu/wheels | wc -l) wheels)"
 
 # --- 2. llama.cpp source
-# the sdist's layout: dspark then names the build by the pinned commit (0c1e570-cuda-sm90), not a path hash
-SRC=$WORK/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+# the default sdist's layout (xllamacpp-2026.10.11549/thirdparty/llama.cpp for b11549): dspark then knows the
+# tree as the pinned one and names the build by its release (b11549-cuda-sm90-p...), not a path hash
+SRC=$WORK/src/$("$PY" -c "from dsparkcli.llama.sources import DEFAULT_SDIST as s; print(f'{s.top}/{s.subdir}')")
 if [ ! -f "$SRC/CMakeLists.txt" ]; then
   mkdir -p "$(dirname "$SRC")" && tar xf .gpu/llama.cpp.tar.xz -C "$(dirname "$SRC")"
 fi

@@ -4,9 +4,9 @@
 The H200 machine has numpy, torch, CMake, Ninja, nvcc 13 and Python 3.12 but no network, and a call
 carries at most 64 MiB of ignored files. This writes:
 
-  .gpu/llama.cpp.tar.xz   the vendored llama.cpp tree (commit 0c1e570) without models/*.gguf*, docs,
-                          media, benches, .git, and what a CUDA build of the server does not compile
-                          (tests, examples, the python converters, the other GPU backends): 8 MB instead
+  .gpu/llama.cpp.tar.xz   the default engine's vendored llama.cpp tree (b11549, from xllamacpp's sdist)
+                          without models/*.gguf*, docs, media, benches, .git, and what a CUDA build of
+                          the server does not compile (tests, examples, the python converters, the other GPU backends): 8 MB instead
                           of 11, since a call carries 64 MiB with the repo (tools/ui stays: the server
                           target needs it)
   .gpu/wheels/*.whl       dspark's runtime dependency closure, as cp312 manylinux wheels
@@ -30,8 +30,11 @@ import tarfile
 from importlib import metadata
 from pathlib import Path
 
+from dsparkcli.llama import sources
+
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_TREE = Path("~/.cache/dspark/src/llama_cpp_python-0.3.36/vendor/llama.cpp").expanduser()
+# the default engine's tree as `dspark engine build` unpacks it (its sdist's layout, which gpu_study.sh keeps)
+DEFAULT_TREE = sources.sdist_tree_dir(sources.DEFAULT_SDIST)
 ON_GPU_MACHINE = {"numpy", "torch", "pip", "setuptools", "wheel", "cmake", "ninja"}
 # optional heavy deps used lazily by commands the study does not run (report plots)
 SKIP_BY_DEFAULT = {
@@ -164,8 +167,12 @@ def _git(tree: Path, *args: str) -> str:
 
 def build_info_patch(tree: Path) -> tuple[bytes, str, str]:
     """cmake/build-info.cmake with the commit baked in: without .git the GPU build would say 'unknown'
-    in `llama-server --version`, and every record's engine commit with it."""
-    commit = _git(tree, "rev-parse", "--short", "HEAD") or "0c1e570"
+    in `llama-server --version`, and every record's engine commit with it. A pinned sdist's tree whose
+    commit is not known (b11549's) keeps 'unknown': dspark names that build by its release."""
+    sdist = sources.sdist_of_tree(tree.resolve())
+    commit = _git(tree, "rev-parse", "--short", "HEAD") or (sdist.commit if sdist else "")
+    if not commit:
+        return (tree / "cmake" / "build-info.cmake").read_bytes(), "unknown", "0"
     number = _git(tree, "rev-list", "--count", "HEAD") or "0"
     text = (tree / "cmake" / "build-info.cmake").read_text()
     patched = text.replace('set(BUILD_COMMIT "unknown")', f'set(BUILD_COMMIT "{commit}")', 1)

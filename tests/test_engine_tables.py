@@ -32,6 +32,8 @@ from support.hubserver import FakeHub
 
 REMOVED_TYPE_IDS = {4, 5, 31, 32, 33, 36, 37, 38}  # ggml.h: "support has been removed"
 TYPE_IDS = {name: tid for tid, (name, _, _) in ggml_types().items()}
+# a projector type no llama.cpp names (the default engine loads minicpmv4_7 through dspark's patch 0009)
+UNKNOWN_PROJECTOR = "minicpmv5_0"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def record(engine):
 
 @pytest.fixture(scope="module")
 def source_tables(record):
-    return tables.from_source(Path(record.source_dir))
+    return tables.from_source(Path(record.compiled_source))  # the patched copy: 0009 adds minicpmv4_7
 
 
 def test_the_pinned_engines_tables_from_its_source_tree(engine, source_tables):
@@ -54,11 +56,12 @@ def test_the_pinned_engines_tables_from_its_source_tree(engine, source_tables):
         source_tables.projectors,
         source_tables.tensor_types,
     )
-    # 0c1e570: 153 archs (clip included, "(unknown)" not), 63 projector types, 35 loadable ggml types
-    assert (len(t.archs), len(t.projectors), len(t.tensor_types)) == (153, 63, 35)
+    # b11549 + dspark's 0009: 156 archs (clip included, "(unknown)" not), 67 projector types (upstream's 66 +
+    # minicpmv4_7), 35 loadable ggml types
+    assert (len(t.archs), len(t.projectors), len(t.tensor_types)) == (156, 67, 35)
     assert {"qwen35", "qwen35moe", "dflash", "llama", "clip"} <= set(t.archs)
     assert {"minicpmv4_6", "resampler", "mlp", "qwen2.5o"} <= set(t.projectors)
-    assert "minicpmv4_7" not in t.projectors and "(unknown)" not in t.archs
+    assert "minicpmv4_7" in t.projectors and UNKNOWN_PROJECTOR not in t.projectors and "(unknown)" not in t.archs
     assert dict(zip(t.tensor_types, t.tensor_type_ids))["NVFP4"] == 40
     assert set(t.tensor_type_ids) == set(range(43)) - REMOVED_TYPE_IDS
     assert t.knows_type(40, "NVFP4") and not t.knows_type(4, "type#4") and not t.knows_type(43, "type#43")
@@ -72,7 +75,7 @@ def test_the_shared_libraries_give_no_false_no(engine, source_tables):
     assert all(t.knows_arch(a) for a in source_tables.archs)
     assert all(t.knows_projector(p) for p in source_tables.projectors)
     assert t.tensor_types == source_tables.tensor_types
-    for name in ("minicpmv4_7", "qwen99moe", "minicpmv47"):
+    for name in (UNKNOWN_PROJECTOR, "qwen99moe", "minicpmv47"):
         assert not t.knows_arch(name) and not t.knows_projector(name)
     assert t.knows_type(99, "type#99") is None  # no name for the id: the strings cannot be asked
     # the listing (what doctor shows) is the table's run of strings: nearly all of it
@@ -124,15 +127,19 @@ def test_tables_are_cached_with_the_record_and_follow_the_tree(engine, record, t
     with monkeypatch.context() as m:  # a second look is the cache's
         m.setattr(tables, "from_source", boom)
         assert loads.engine_tables(eng) == first
-    # a newer tree (here: one that names minicpmv4_7) is read again
+    # a newer tree (here: one that names a projector no release has yet) is read again
     header = tree / tables.PROJECTOR_SOURCE
     text = header.read_text().replace(
         '{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},',
-        '{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},\n    { PROJECTOR_TYPE_MINICPMV4_7, "minicpmv4_7"},',
+        '{ PROJECTOR_TYPE_MINICPMV4_6,       "minicpmv4_6"},\n    { PROJECTOR_TYPE_MINICPMV5_0, "minicpmv5_0"},',
     )
     header.write_text(text)
     newer = loads.engine_tables(eng)
-    assert newer is not None and "minicpmv4_7" in newer.projectors and len(newer.projectors) == 64
+    assert (
+        newer is not None
+        and UNKNOWN_PROJECTOR in newer.projectors
+        and len(newer.projectors) == len(first.projectors) + 1
+    )
     # the tree gone: the shared libraries answer instead
     shutil.rmtree(tree)
     fallback = loads.engine_tables(eng)
@@ -162,7 +169,7 @@ def good(tmp_path_factory):
 def bad(tmp_path, good):
     """Three files the pinned engine cannot load, one reason each."""
     arch = fx.write_target(tmp_path / "qwen99.gguf", arch="qwen99moe")
-    mmproj = fx.write_mmproj(tmp_path / "mmproj-47.gguf", projector="minicpmv4_7")
+    mmproj = fx.write_mmproj(tmp_path / "mmproj-47.gguf", projector=UNKNOWN_PROJECTOR)
     typed = retype(Path(shutil.copy(good.target, tmp_path / "typed.gguf")), "output_norm.weight", 43)
     return {"arch": arch, "mmproj": mmproj, "typed": typed}
 
@@ -174,11 +181,11 @@ def test_each_unloadable_file_is_named_with_what_to_do(engine, bad, good):
     assert (
         c.ok is False
         and c.file == "qwen99.gguf"
-        and "'qwen99moe' is not in the engine's arch table (153 names)" in c.detail
+        and "'qwen99moe' is not in the engine's arch table (156 names)" in c.detail
     )
     verdict = check_pair(good.target, mmproj=bad["mmproj"], tables=t)
     [c] = [c for c in verdict.checks if c.name == "engine: mmproj projector"]
-    assert c.ok is False and "'minicpmv4_7' is not in the engine's projector table (63 names)" in c.detail
+    assert c.ok is False and f"'{UNKNOWN_PROJECTOR}' is not in the engine's projector table (67 names)" in c.detail
     assert verdict.ok is False
     [c] = [c for c in check_pair(bad["typed"], tables=t).checks if c.name == "engine: target tensor types"]
     assert c.ok is False and c.detail.startswith("type#43 x1 not in the engine's ggml type table (35 types)")
@@ -200,12 +207,12 @@ def test_launch_refuses_before_any_process(engine, bad, good, which, tmp_path):
         srv.start()
     assert srv.process is None and not (tmp_path / "logs").exists()  # nothing was launched
     text = str(info.value)
-    assert "\n" not in text and text.startswith("the engine llama.cpp 0c1e570 cannot load ")
+    assert "\n" not in text and text.startswith("the engine llama.cpp b11549 cannot load ")
     assert "dspark engine build --source <llama.cpp checkout that has it>" in text
 
 
 def test_pairs_refuse_the_same_before_the_server(engine, bad, good):
-    with pytest.raises(EngineCapabilityError, match="minicpmv4_7"):
+    with pytest.raises(EngineCapabilityError, match=UNKNOWN_PROJECTOR):
         prepare_server(
             PairSpec(target=good.target, mmproj=bad["mmproj"], no_draft=True), ServerKnobs(), Downloads(engine=engine)
         )
@@ -221,7 +228,7 @@ def test_cli_run_refuses_in_one_line(bad, tmp_path):
     assert r.returncode == 3, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        "dspark: error: the engine llama.cpp 0c1e570 cannot load qwen99.gguf"
+        "dspark: error: the engine llama.cpp b11549 cannot load qwen99.gguf"
     )
     assert "Traceback" not in r.stderr
 
@@ -280,7 +287,7 @@ def _serve_minicpm(hub: FakeHub, tmp_path: Path, projector: str) -> dict[str, by
 
 @pytest.mark.engine  # the built engine's projector table refuses the file: `dspark fetch` finds that engine
 def test_fetch_stops_after_the_headers_when_the_projector_is_unknown(hub, tmp_path):
-    files = _serve_minicpm(hub, tmp_path, projector="minicpmv4_7")
+    files = _serve_minicpm(hub, tmp_path, projector=UNKNOWN_PROJECTOR)
     hub.advertise_size(TARGET_REPO, TARGET_FILE, 20 * 10**9)
     r = run_cli("fetch", "minicpm-v-4.7", env=_hub_env(tmp_path, hub))
     assert r.returncode == 3, r.stderr
@@ -288,8 +295,8 @@ def test_fetch_stops_after_the_headers_when_the_projector_is_unknown(hub, tmp_pa
     assert errors == [ln for ln in r.stderr.splitlines() if "error" in ln] and len(errors) == 1
     line = errors[0]
     assert (
-        f"the engine llama.cpp 0c1e570 cannot load {MMPROJ_FILE}: projector type 'minicpmv4_7' is not in "
-        "the engine's projector table (63 names)"
+        f"the engine llama.cpp b11549 cannot load {MMPROJ_FILE}: projector type '{UNKNOWN_PROJECTOR}' is not in "
+        "the engine's projector table (67 names)"
     ) in line
     # the registry's [pairs."minicpm-v-4.7".engine] names the one command that builds a fitting engine
     assert "(build one that can: dspark engine build; --force downloads them anyway)" in line
@@ -305,7 +312,7 @@ def test_fetch_stops_after_the_headers_when_the_projector_is_unknown(hub, tmp_pa
 
 
 def test_fetch_force_downloads_anyway_and_a_loadable_pair_is_fetched(hub, tmp_path):
-    files = _serve_minicpm(hub, tmp_path, projector="minicpmv4_7")
+    files = _serve_minicpm(hub, tmp_path, projector=UNKNOWN_PROJECTOR)
     env = _hub_env(tmp_path, hub)
     r = run_cli("fetch", "minicpm-v-4.7", "--force", "--yes", "--json", env=env)
     assert r.returncode == 0, r.stderr
@@ -329,18 +336,18 @@ def _settled(hub, quiet_s: float = 0.3, limit_s: float = 10.0) -> int:
 
 
 def test_run_checks_the_remote_headers_before_fetching(hub, tmp_path, engine, good):
-    _serve_minicpm(hub, tmp_path, projector="minicpmv4_7")
+    _serve_minicpm(hub, tmp_path, projector=UNKNOWN_PROJECTOR)
     env = _hub_env(tmp_path, hub)
     for key, value in env.items():
         os.environ[key] = value  # hub.fetch reads HF_* at call time
     try:
-        with pytest.raises(EngineCapabilityError, match="projector type 'minicpmv4_7'") as info:
+        with pytest.raises(EngineCapabilityError, match=f"projector type '{UNKNOWN_PROJECTOR}'") as info:
             prepare_server(PairSpec(model="minicpm-v-4.7"), ServerKnobs(), Downloads(yes=True, engine=engine))
         assert "--force" in str(info.value)
         assert not list((tmp_path / "hf").rglob("*.gguf"))
         served = _settled(hub)  # the server thread counts a body once it has written it: let it finish
         # an hf:// mmproj next to local files: the same check, header only
-        with pytest.raises(EngineCapabilityError, match="minicpmv4_7"):
+        with pytest.raises(EngineCapabilityError, match=UNKNOWN_PROJECTOR):
             prepare_server(
                 PairSpec(target=good.target, mmproj=f"hf://{TARGET_REPO}/{MMPROJ_FILE}", no_draft=True),
                 ServerKnobs(),
@@ -375,9 +382,9 @@ def test_fp4_advice_before_download_names_the_files_to_use_instead(hub, tmp_path
 def test_doctor_shows_counts_and_json_lists(tmp_path):
     r = run_cli("doctor", env={"DSPARK_CONFIG_DIR": str(tmp_path / "cfg")})
     assert r.returncode == 0, r.stderr
-    assert "153 archs, 63 projector types, 35 tensor types (from the source tree" in " ".join(r.stdout.split())
+    assert "156 archs, 67 projector types, 35 tensor types (from the source tree" in " ".join(r.stdout.split())
     r = run_cli("doctor", "--json", env={"DSPARK_CONFIG_DIR": str(tmp_path / "cfg")})
     doc = json.loads(r.stdout)
     loads = doc["loads"]
-    assert loads["origin"] == "source" and len(loads["archs"]) == 153 and "qwen35moe" in loads["archs"]
-    assert "minicpmv4_6" in loads["projectors"] and "NVFP4" in loads["tensor_types"]
+    assert loads["origin"] == "source" and len(loads["archs"]) == 156 and "qwen35moe" in loads["archs"]
+    assert {"minicpmv4_6", "minicpmv4_7"} <= set(loads["projectors"]) and "NVFP4" in loads["tensor_types"]

@@ -169,6 +169,7 @@ STUDY_SEAM = frozenset(
         "dsparkcli.llama.client",  # ServerClient, stream_chat (study.overhead)
         "dsparkcli.llama.protocol",
         "dsparkcli.llama.patches",
+        "dsparkcli.llama.sources",  # the default engine's tree and its sdist layout (study.pack_gpu_bundle)
         "dsparkcli.llama.rpc",
         "dsparkcli.llama.placement",
         # the pairs measured: synthetic, from the registry, inspected, requantised

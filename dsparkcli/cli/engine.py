@@ -22,7 +22,7 @@ Examples:
   dspark engine build --no-rpc                 # without GGML_RPC (no --rpc, no rpc-worker)
   dspark engine build --backend cuda --cuda-arch 90 --jobs 16
   dspark engine build --no-patches             # stock llama.cpp, without dspark's patch series
-  dspark engine build --sdist xllamacpp        # llama.cpp b11549 from PyPI, with the series rebased onto it
+  dspark engine build --sdist llama-cpp-python # llama.cpp b11312 (0c1e570), with the series made for it
   dspark engine build --ref b11600 --sha256 HEX  # upstream's source archive of a release (or a commit)
   dspark engine build --source ~/src/llama.cpp # your own checkout (stock; add --patches for the series)
 """
