@@ -41,6 +41,7 @@ from dsparkcli.budget.record import TuningRecord
 from dsparkcli.errors import BenchError, UsageError
 from dsparkcli.gguf.analysis import dspark_structure
 from dsparkcli.gguf.pairing import open_header
+from dsparkcli.llama import speculation
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.protocol import SpecCounters
 from dsparkcli.pairs import draft_limit
@@ -113,7 +114,7 @@ class TunePlan:
             raise UsageError("--p-min with --synth-len: synthetic acceptance ignores the draft's confidence")
         if self.top < 1:
             raise UsageError("--top must be at least 1")
-        if self.synth_len is not None and set(self.methods) - {methods.PLAIN, methods.DSPARK}:
+        if self.synth_len is not None and set(self.methods) - {speculation.PLAIN, speculation.DSPARK}:
             raise UsageError("--methods with --synth-len: n-gram drafts cannot be emulated; give plain and dspark")
         if not self.prompts:
             raise UsageError("no prompts selected")

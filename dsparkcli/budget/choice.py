@@ -22,7 +22,7 @@ from dsparkcli.budget.model import OVERALL
 from dsparkcli.budget.record import TuningRecord
 from dsparkcli.errors import EngineCapabilityError, UsageError
 from dsparkcli.llama import engine as engine_mod
-from dsparkcli.llama import protocol
+from dsparkcli.llama import protocol, speculation
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.server import ServerConfig
 
@@ -129,7 +129,7 @@ def _auto(
             without_draft=True,
         )
     method = rec.method_choice(want.category) if want.budget and want.methods and cfg.spec_type is None else None
-    if method not in (None, methods.DSPARK):
+    if method not in (None, speculation.DSPARK):
         return _method(cfg, rec, method, want.category)  # type: ignore[arg-type]
     c = choice.candidate
     gain = choice.measured if choice.measured is not None else choice.predicted

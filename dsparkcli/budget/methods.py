@@ -14,16 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from dsparkcli.budget.model import Choice
 from dsparkcli.errors import UsageError
-from dsparkcli.llama.speculation import Speculation, parse
-
-PLAIN = "plain"
-DSPARK = "dspark"
-DEFAULT_METHODS = (PLAIN, DSPARK, "ngram-mod", "ngram-mod+dspark")
-METHODS_HELP = (
-    "Speculation methods tune measures and picks from per category: plain, dspark (at the budget tune picks), "
-    "an n-gram type (ngram-mod[:opts]) or a chain (ngram-mod+dspark, at tune's overall budget). "
-    f"Default: {' '.join(DEFAULT_METHODS)}."
-)
+from dsparkcli.llama.speculation import DEFAULT_METHODS, DSPARK, PLAIN, Speculation, parse
 
 
 def parse_methods(texts: Sequence[str] | None) -> tuple[str, ...]:

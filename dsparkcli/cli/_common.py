@@ -10,11 +10,10 @@ from typing import Annotated, Optional
 import typer
 
 from dsparkcli.budget.limits import ADAPTIVE, parse_auto  # standard library only: light at start-up
-from dsparkcli.budget.methods import METHODS_HELP  # pure: budget.model, llama.speculation
 from dsparkcli.errors import UsageError
 from dsparkcli.llama.flags import check_extra_args  # not llama.server: every start-up imports this module
 from dsparkcli.llama.placement import Placement, parse_endpoints, parse_tensor_split
-from dsparkcli.llama.speculation import SPEC_HELP  # standard library only
+from dsparkcli.llama.speculation import METHODS_HELP, SPEC_HELP  # standard library only
 
 LlamaBinOpt = Annotated[
     Optional[str],

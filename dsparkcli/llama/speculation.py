@@ -57,6 +57,16 @@ SPEC_HELP = (
     "elsewhere)."
 )
 
+# tune --methods (budget.methods picks among them): plain decoding, the DSpark draft, an n-gram type or a chain.
+# Here, not in budget.methods, because the CLI's help reads it at start-up (standard library only).
+PLAIN = "plain"
+DEFAULT_METHODS = (PLAIN, DSPARK, NGRAM_MOD, f"{NGRAM_MOD}+{DSPARK}")
+METHODS_HELP = (
+    "Speculation methods tune measures and picks from per category: plain, dspark (at the budget tune picks), "
+    "an n-gram type (ngram-mod[:opts]) or a chain (ngram-mod+dspark, at tune's overall budget). "
+    f"Default: {' '.join(DEFAULT_METHODS)}."
+)
+
 
 @dataclass(frozen=True)
 class Speculation:
