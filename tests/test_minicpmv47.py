@@ -219,3 +219,40 @@ def test_full_width_shapes_fit_the_46_graph() -> None:
     kv = dict((k, val) for k, _, val in minicpmv47.mmproj_kv(v, t.n_embd))
     assert kv["clip.projector_type"] == "minicpmv4_7" and kv["clip.vision.projection_dim"] == 2048
     assert minicpmv47.byte_vocab(t.vocab).tokens[d.mask_token_id].startswith("<|fill_")  # a token no text makes
+
+
+@pytest.mark.engine
+def test_fetch_and_run_minicpm_v_47_from_the_hub_on_the_default_engine(cli, tmp_path: Path) -> None:
+    """The registry's pair, served by a local hub under its real names with 4.7 headers (qwen35moe with
+    rope.section_order, a minicpmv4_7 mmproj with v.tok_embd_sep, the DSpark draft; small widths): `dspark fetch
+    minicpm-v-4.7` passes the engine check on the default engine and `dspark run image.png "prompt" --model
+    minicpm-v-4.7` answers with the draft (before patch 0009, the check refused the projector)."""
+    from dsparkcli.hub.registry import load_registry
+    from support.hubserver import FakeHub
+
+    pair = load_registry().get("minicpm-v-4.7")
+    files = minicpmv47.write_standin(tmp_path / "src", scale="small", section_order="zyxt")
+    draft_name = "MiniCPM-V-4.7-35B-A3B-DSpark-Q8_0.gguf"  # the q8_0 key's glob, *Q8_0*.gguf, finds it
+    served = {
+        (pair.target.repo, pair.target.filename): files.target,
+        (pair.mmproj.repo, pair.mmproj.filename): files.mmproj,
+        (pair.drafts["q8_0"].repo, draft_name): files.draft,
+    }
+    image = minicpmv47.write_png(tmp_path / "img.png", 300, 200, 1)
+    with FakeHub() as hub:
+        for (repo, name), path in served.items():
+            hub.add_file(repo, name, path.read_bytes())
+        env = {
+            "HF_HOME": str(tmp_path / "hf"),
+            "HF_ENDPOINT": hub.endpoint,
+            "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_TOKEN": "",
+            "HF_HUB_OFFLINE": "0",
+        }
+        r = cli("fetch", "minicpm-v-4.7", "--yes", "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        assert [f["action"] for f in json.loads(r.stdout)["files"]] == ["downloaded"] * 3
+        r = cli("run", str(image), "What is in the image?", "--model", "minicpm-v-4.7", "-n", "16", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "| 16 tokens |" in r.stdout + r.stderr and "drafted " in r.stdout + r.stderr
