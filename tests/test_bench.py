@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from dsparkcli.bench import prompts, stats
+from dsparkcli.bench import prompts, provenance, stats
 from dsparkcli.bench import run as bench
 from dsparkcli.bench.plan import BenchPlan, Draft
 from dsparkcli.bench.records import from_record, read_jsonl
@@ -167,7 +167,9 @@ def test_records_carry_provenance(bench_run, engine, vpair):
     for r in records:
         prov = r["provenance"]
         assert r["run_id"] == doc["run_id"] == prov["run_id"]
-        assert prov["engine"]["commit"] == engine.commit and prov["engine"]["backend"] == engine.backend
+        # the binary's commit, else the build record's (b11549's sdist tree has no git: its release)
+        commit = engine.commit or str((provenance.build_record(engine) or {}).get("commit", ""))
+        assert commit and prov["engine"]["commit"] == commit and prov["engine"]["backend"] == engine.backend
         assert prov["engine"]["version"] == engine.version
         assert prov["reps"] == REPS and prov["n_predict"] == N
         # a `dspark synth` pair is SYNTHETIC even without --spec-synth-len (its heads are scripted)

@@ -79,7 +79,8 @@ def test_collect_block(engine, tmp_path, monkeypatch):
     assert block["engine"] == {
         "server": str(engine.server),
         "version": engine.version,
-        "commit": engine.commit,
+        # the binary's commit, else the build record's (b11549's sdist tree has no git: its release)
+        "commit": engine.commit or str(build.get("commit", "")),
         "backend": engine.backend,
         "build": build,
     }
