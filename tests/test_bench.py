@@ -679,12 +679,9 @@ def test_model_from_the_registry_fetches_and_labels_drafts(cli, engine, tmp_path
         hub.add_file("o/d", "half/draft-dspark.gguf", half.draft.read_bytes())
         env = {
             **_env(engine),
-            "HF_ENDPOINT": hub.endpoint,
-            "HF_HOME": str(tmp_path / "hf"),
+            **hub.client_env(tmp_path / "hf"),
             "DSPARK_CONFIG_DIR": str(cfg),
             "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_OFFLINE": "0",
         }
         proc = cli(
             "bench",

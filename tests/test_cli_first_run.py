@@ -165,13 +165,10 @@ def default_hub(engine, pair, tmp_path, user_models):
         hub.add_file("o/t", "target-llama.gguf", pair.target.read_bytes())
         hub.add_file("o/d", "draft-dspark.gguf", pair.draft.read_bytes())
         env = {
+            **hub.client_env(tmp_path / "hf"),
             "DSPARK_LLAMA_BIN": str(engine.bin_dir),
-            "HF_ENDPOINT": hub.endpoint,
-            "HF_HOME": str(tmp_path / "hf"),
             "DSPARK_CONFIG_DIR": str(user_models(DEFAULT_PAIR)),
             "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_OFFLINE": "0",
         }
         yield hub, env
 

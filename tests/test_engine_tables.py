@@ -263,14 +263,7 @@ def hub():
 
 
 def _hub_env(tmp_path: Path, hub: FakeHub) -> dict[str, str]:
-    return {
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_ENDPOINT": hub.endpoint,
-        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "HF_TOKEN": "",
-        "HF_HUB_OFFLINE": "0",
-    }
+    return {**hub.client_env(tmp_path / "hf"), "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
 
 
 def _serve_minicpm(hub: FakeHub, tmp_path: Path, projector: str) -> dict[str, bytes]:

@@ -242,14 +242,7 @@ def test_fetch_and_run_minicpm_v_47_from_the_hub_on_the_default_engine(cli, tmp_
     with FakeHub() as hub:
         for (repo, name), path in served.items():
             hub.add_file(repo, name, path.read_bytes())
-        env = {
-            "HF_HOME": str(tmp_path / "hf"),
-            "HF_ENDPOINT": hub.endpoint,
-            "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_TOKEN": "",
-            "HF_HUB_OFFLINE": "0",
-        }
+        env = {**hub.client_env(tmp_path / "hf"), "DSPARK_CONFIG_DIR": str(tmp_path / "cfg")}
         r = cli("fetch", "minicpm-v-4.7", "--yes", "--json", env=env)
         assert r.returncode == 0, r.stderr
         assert [f["action"] for f in json.loads(r.stdout)["files"]] == ["downloaded"] * 3

@@ -69,12 +69,9 @@ def hub_env(tmp_path, engine, user_models):
         hub.add_file("o/t", "target-llama.gguf", pair.target.read_bytes())
         hub.add_file("o/d", "draft-dspark.gguf", pair.draft.read_bytes())
         yield {
-            "HF_HOME": str(tmp_path / "hf"),
-            "HF_ENDPOINT": hub.endpoint,
+            **hub.client_env(tmp_path / "hf"),
             "DSPARK_CONFIG_DIR": str(user_models(REGISTRY)),
             "DSPARK_LLAMA_BIN": str(engine.server),
-            "HF_HUB_OFFLINE": "0",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
         }
 
 

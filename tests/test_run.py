@@ -408,12 +408,9 @@ repo = "synth/pair"
 glob = "draft-*.gguf"
 """)
         yield {
-            "HF_HOME": str(tmp_path / "hf"),
-            "HF_ENDPOINT": hub.endpoint,
+            **hub.client_env(tmp_path / "hf"),
             "DSPARK_CONFIG_DIR": str(cfg),
             "DSPARK_LLAMA_BIN": str(engine.server),
-            "HF_HUB_OFFLINE": "0",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
         }
 
 

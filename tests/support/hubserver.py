@@ -125,6 +125,17 @@ class FakeHub:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
+    def client_env(self, hf_home: object) -> dict[str, str]:
+        """What a dspark run needs to use this hub and nothing else: its endpoint, a fresh HF_HOME, online,
+        no telemetry and no token of the user's."""
+        return {
+            "HF_HOME": str(hf_home),
+            "HF_ENDPOINT": self.endpoint,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_OFFLINE": "0",
+            "HF_TOKEN": "",
+        }
+
     def __enter__(self) -> FakeHub:
         hub = self
 
