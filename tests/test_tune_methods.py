@@ -156,6 +156,27 @@ def test_budget_auto_runs_the_tunings_method(engine, tmp_path, pick, spec_type, 
     )
 
 
+def test_budget_auto_runs_an_ngram_pick_where_plain_won_the_dspark_budgets(engine, tmp_path) -> None:
+    """A loaded machine measured every DSpark budget no faster than plain, and ngram-mod 1.30x: --budget auto
+    runs ngram-mod (it ran plain, the DSpark choice's answer, until the method pick came first); bench, which
+    takes the DSpark choice alone, still runs without the draft."""
+    pair = synth.write_pair(tmp_path / "p")
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=5, threads=1)
+    key = store.key_for(engine, cfg)
+    rows = [(c, m, x) for c in ("code", OVERALL) for m, x in (("plain", 1.0), ("ngram-mod", 1.3))]
+    plain_won = (Choice("code", None, None, 1.0), Choice(OVERALL, None, None, 1.0))
+    rec = _record(key, [("code", "ngram-mod"), (OVERALL, "ngram-mod")], rows)
+    store.save(TuningRecord(**{**rec.__dict__, "choices": plain_won, "verified": ()}))
+    got, choice = chosen_server(engine, cfg, Want(budget=True))
+    assert choice is not None and choice.message == (
+        f"tuning {key.id}: method ngram-mod (1.30x plain, the fastest of plain 1.00x): the DSpark draft is not loaded"
+    )
+    assert (got.spec_type, got.draft, got.n_max) == ("ngram-mod", None, None)
+    bench_cfg, bench_choice = chosen_server(engine, cfg, Want(budget=True, methods=False))
+    assert bench_choice is not None and bench_choice.without_draft and bench_cfg.draft is None
+    assert bench_cfg.spec_type is None
+
+
 def test_tune_measures_the_methods_and_run_budget_auto_runs_the_pick(engine, cli, tmp_path) -> None:
     """A known-answer pair whose greedy answer cycles: n-gram lookup copies it, DSpark is always right."""
     from support.cli import run_cli

@@ -113,6 +113,10 @@ def _auto(
         if strict:
             raise UsageError(why)
         return cfg, AutoChoice(f"{why}; using budget {cfg.n_max}", rec)
+    # tune --methods' pick first: where plain won the DSpark budgets an n-gram type or a chain may still have won
+    method = rec.method_choice(want.category) if want.budget and want.methods and cfg.spec_type is None else None
+    if method not in (None, speculation.DSPARK):
+        return _method(cfg, rec, method, want.category)  # type: ignore[arg-type]
     if choice.candidate is None:
         best = max((s for c, _, s in rec.verified if c == (want.category or OVERALL)), default=None)
         measured = f" (the best budget measured {best:.2f}x plain)" if best is not None else ""
@@ -128,9 +132,6 @@ def _auto(
             plain=True,
             without_draft=True,
         )
-    method = rec.method_choice(want.category) if want.budget and want.methods and cfg.spec_type is None else None
-    if method not in (None, speculation.DSPARK):
-        return _method(cfg, rec, method, want.category)  # type: ignore[arg-type]
     c = choice.candidate
     gain = choice.measured if choice.measured is not None else choice.predicted
     message = (
