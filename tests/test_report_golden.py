@@ -15,8 +15,8 @@ from rich.console import Console
 from dsparkcli.bench import report, stats
 from dsparkcli.bench.records import dumps, read_jsonl
 from dsparkcli.bench.summaries import Summary, written_summaries
+from dsparkcli.cli._bench_output import render_table
 from dsparkcli.cli._output import to_json
-from dsparkcli.cli.bench import render_table
 
 DATA = Path(__file__).parent / "data" / "bench_report"
 RUNS = {"golden-real": {"code": 3.1}, "golden-synth": {}, "golden-load": {}, "golden-noplain": {"chat": 2.5}}

@@ -4,23 +4,16 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import click
 import typer
-from rich.table import Table
 from typer.core import TyperCommand
 
-from dsparkcli.bench import plan as bench_plan
 from dsparkcli.bench import prompts as kit
-from dsparkcli.bench import report
-from dsparkcli.bench import run as core
-from dsparkcli.bench.summaries import ALL, LoadSummaryRecord, Summary, SummaryRecord
-from dsparkcli.budget import rule
-from dsparkcli.budget.choice import AutoChoice, Want, chosen_server
 from dsparkcli.budget.limits import ADAPTIVE, parse_auto
 from dsparkcli.cli._common import (
     SEED,
@@ -53,14 +46,21 @@ from dsparkcli.cli._common import (
     passthrough_args,
     placement_of,
 )
-from dsparkcli.cli._output import err, out, print_json
+from dsparkcli.cli._output import err
 from dsparkcli.errors import Interrupted, UsageError
-from dsparkcli.llama import engine as engine_mod
-from dsparkcli.llama import hazards, speculation
-from dsparkcli.llama.placement import describe as placement_describe
+from dsparkcli.llama import speculation
 from dsparkcli.llama.protocol import DEFAULT_BUDGET
 from dsparkcli.outputs import check_output_file
-from dsparkcli.pairs import Downloads, classic_draft, draft_limit, place_draft
+
+if TYPE_CHECKING:
+    from dsparkcli.bench import plan as bench_plan
+    from dsparkcli.budget.choice import AutoChoice, Want
+    from dsparkcli.llama import engine as engine_mod
+    from dsparkcli.pairs import Downloads
+
+# `dspark bench --help` builds only the options: the plan, the runner, the report, the tuning store and the
+# engine's modules (a third of a second of imports on these machines) load when a bench runs
+# (tests/test_startup.py bounds each command's start-up)
 
 HELP = """Benchmark plain decoding against DSpark drafts at several budgets, on a prompt kit.
 
@@ -131,6 +131,10 @@ def _chosen_budgets(
     """The plan's budgets checked against every draft (``budget.limits``: given ones refused when out of
     range, the default clamped and said), then --budget auto / adaptive / --p-min auto from the first
     draft's tuning (``budget.choice``, strict: bench measures what it was asked, or refuses in one line)."""
+    from dsparkcli.budget import rule
+    from dsparkcli.budget.choice import Want, chosen_server
+    from dsparkcli.pairs import draft_limit
+
     limits = [draft_limit(d.path) for d in plan.drafts]
     for b in plan.budgets:
         for limit in limits:
@@ -190,6 +194,8 @@ def _picks_by_category(
     """tune's pick for each category of the plan's prompts ((category, budget, p-min), budget 0 = plain; a
     category the tuning lacks takes the overall pick), when they differ between categories and the engine
     takes per-request budgets; () otherwise (the overall pick serves every prompt, as before)."""
+    from dsparkcli.llama import engine as engine_mod
+
     rec = auto.record
     if rec is None or not engine_mod.capabilities(eng).request_draft_params:
         return ()
@@ -208,6 +214,8 @@ def _with_classic_draft(
 ) -> speculation.Speculation:
     """A draft-simple speculation with its model resolved and checked against the target (named as given,
     or by the pair's classic_draft); an n-gram one as it is."""
+    from dsparkcli.pairs import classic_draft
+
     if not s.uses_model:
         return s
     name, path = classic_draft(s.model, target, downloads, pair_name=pair_name)
@@ -240,40 +248,6 @@ def expand_multi_values(
 
 def _is_int(text: str) -> bool:
     return (text.lstrip("-").isdigit() and not text.startswith("--")) or text.lower() in ("auto", ADAPTIVE)
-
-
-def render_table(
-    summaries: Sequence[Summary], provenance: report.Provenance | None = None, *, partial: bool = False
-) -> Table:
-    synthetic = report.is_synthetic(summaries)
-    table = Table(
-        title=report.title(summaries, provenance, partial=partial), title_style="bold red" if synthetic else "bold"
-    )
-    if report.is_load(summaries):
-        loads = [s for s in summaries if isinstance(s, LoadSummaryRecord)]
-        for col in report.LOAD_COLUMNS:
-            table.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
-        last = None
-        for ls, row in zip(loads, report.load_table_rows(loads)):
-            if last is not None and ls.concurrency != last:
-                table.add_section()
-            last = ls.concurrency
-            table.add_row(*row)
-        table.caption = report.crossover_note(loads)
-        return table
-    for col in report.COLUMNS:
-        left = col in ("config", "category", "1st divergence")
-        table.add_column(
-            col, justify="left" if left else "right", overflow="fold", no_wrap=col in ("config", "category")
-        )
-    last = None
-    rows = [s for s in summaries if isinstance(s, SummaryRecord)]
-    for s, row in zip(rows, report.table_rows(rows)):
-        if last is not None and s.config != last:
-            table.add_section()
-        last = s.config
-        table.add_row(*row, style="bold" if s.category == ALL else None)
-    return table
 
 
 def bench(
@@ -321,8 +295,19 @@ def bench(
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
+    # deferred (see the imports): what a bench runs with, not what its --help needs
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dsparkcli.bench import plan as bench_plan
+    from dsparkcli.bench import report
+    from dsparkcli.bench import run as core
+    from dsparkcli.bench.summaries import LoadSummaryRecord
+    from dsparkcli.budget.choice import Want
+    from dsparkcli.cli._bench_output import emit
+    from dsparkcli.llama import engine as engine_mod
+    from dsparkcli.llama import hazards
+    from dsparkcli.llama.placement import describe as placement_describe
+    from dsparkcli.pairs import Downloads, place_draft
 
     extra_args = passthrough_args()  # refused before anything is resolved or downloaded
     fmt = "json" if json_out else fmt.lower()
@@ -432,7 +417,7 @@ def bench(
         so_far = core.summaries_so_far(jsonl, run_id, plan.upstream_acceptance)
         partial = so_far.summaries
         if partial:
-            _emit(partial, so_far.provenance, fmt, run_id=run_id, jsonl=jsonl, overhead=None, partial=True)
+            emit(partial, so_far.provenance, fmt, run_id=run_id, jsonl=jsonl, overhead=None, partial=True)
         begun = len({(s.concurrency if isinstance(s, LoadSummaryRecord) else None, s.config) for s in partial})
         total = len(plan.arms()) * max(1, len(plan.concurrency))
         shown = (
@@ -446,7 +431,7 @@ def bench(
     overhead = ov.figures()
     # the table and the records' line first, the plot last: a plot that cannot be written (a full disk)
     # fails the command after what was measured is shown, not instead of it
-    _emit(summaries, result.provenance, fmt, run_id=result.run_id, jsonl=result.out, overhead=overhead)
+    emit(summaries, result.provenance, fmt, run_id=result.run_id, jsonl=result.out, overhead=overhead)
     err.print(
         f"records: {result.out} (run {result.run_id}); wall {ov.ratio:.3f}x of generation + load "
         f"({ov.provenance_s:.1f} s of it hashing files)",
@@ -455,32 +440,6 @@ def bench(
     if plot is not None:
         report.plot(summaries, plot, result.provenance)
         err.print(f"plot: {plot}", markup=False)
-
-
-def _emit(
-    summaries: Sequence[Summary],
-    provenance: report.Provenance | None,
-    fmt: str,
-    *,
-    run_id: str,
-    jsonl: Path,
-    overhead: dict[str, Any] | None,
-    partial: bool = False,
-) -> None:
-    """The summary rows on stdout in ``fmt``; ``partial``: an interrupted run's (its title says so in the
-    table and Markdown, the --json document has ``partial`` and that title; CSV has no title, the error
-    line on stderr says it)."""
-    if fmt == "json":
-        doc = report.to_json_doc(
-            summaries, provenance, run_id=run_id, out=jsonl, overhead=overhead or {}, partial=partial
-        )
-        print_json(doc)
-    elif fmt == "csv":
-        sys.stdout.write(report.to_csv(summaries))
-    elif fmt == "md":
-        sys.stdout.write(report.to_markdown(summaries, provenance, partial=partial))
-    else:
-        out.print(render_table(summaries, provenance, partial=partial))
 
 
 def register(app: typer.Typer) -> None:

@@ -9,8 +9,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsparkcli import vllm
-from dsparkcli.budget.choice import Want, category_budgets, chosen_server
 from dsparkcli.cli._common import (
     API_KEY_ENV,
     ApiKeyFileOpt,
@@ -161,6 +159,8 @@ def serve(
                 "--budget auto and adaptive are dspark tune's for llama.cpp; give vLLM a number "
                 "(default: the registry's num_speculative_tokens)"
             )
+        from dsparkcli import vllm
+
         cmd = vllm.serve_command(
             load_registry().get(name),
             host=host,
@@ -214,6 +214,8 @@ def serve(
             ),
             engine=eng,
         )
+    from dsparkcli.budget.choice import Want, category_budgets, chosen_server
+
     cfg, auto = chosen_server(
         eng,
         cfg,

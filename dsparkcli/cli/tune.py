@@ -5,22 +5,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import click
 import typer
-from rich.table import Table
 from typer.core import TyperCommand
 
-from dsparkcli.bench import plan as bench_plan
 from dsparkcli.bench import prompts as kit
-from dsparkcli.bench import tuning
-from dsparkcli.budget import methods as tune_methods
-from dsparkcli.budget import model as cost_model
-from dsparkcli.budget import store
-from dsparkcli.budget.apply import apply_to_models
-from dsparkcli.budget.choice import require_adaptive
-from dsparkcli.budget.record import TuningRecord
 from dsparkcli.cli._common import (
     SEED,
     CategoriesOpt,
@@ -48,7 +39,14 @@ from dsparkcli.cli._common import (
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.cli.bench import expand_multi_values
 from dsparkcli.errors import Interrupted, UsageError
-from dsparkcli.llama import engine as engine_mod
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from dsparkcli.budget.record import TuningRecord
+
+# `dspark tune --help` builds only the options: the tuning run, the cost model, the store and the engine's
+# modules load when a tuning runs (tests/test_startup.py bounds each command's start-up)
 
 HELP = """Choose --budget (and --p-min) for a pair on this machine from a measured cost model.
 
@@ -108,6 +106,10 @@ def _phase_line(rec: TuningRecord) -> str:
 
 
 def render(rec: TuningRecord) -> Table:
+    from rich.table import Table
+
+    from dsparkcli.budget import model as cost_model
+
     table = Table(
         title=("SYNTHETIC acceptance: " if rec.synthetic else "") + f"tuning {rec.key.id}",
         title_style="bold red" if rec.synthetic else "bold",
@@ -219,6 +221,15 @@ def tune_cmd(
     llama_bin: LlamaBinOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
+    from dsparkcli.bench import plan as bench_plan
+    from dsparkcli.bench import tuning
+    from dsparkcli.budget import methods as tune_methods
+    from dsparkcli.budget import model as cost_model
+    from dsparkcli.budget import store
+    from dsparkcli.budget.apply import apply_to_models
+    from dsparkcli.budget.choice import require_adaptive
+    from dsparkcli.llama import engine as engine_mod
+
     t0 = time.monotonic()
     if apply and model is None:
         raise UsageError("--apply writes a models.toml override for a registry pair: give --model NAME")
