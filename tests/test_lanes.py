@@ -141,3 +141,8 @@ def test_a_run_without_the_engine_lane_finds_no_engine(tmp_path):
 
 
 FAST_LANE = " and ".join(f"not {lane}" for lane in FAST)
+
+
+def test_the_makefiles_fast_lane_is_this_one():
+    """`make test-fast` deselects exactly the lanes FAST names (the lane test above checks this expression)."""
+    assert f"FAST := {FAST_LANE}\n" in (REPO / "Makefile").read_text(encoding="utf-8")

@@ -297,3 +297,36 @@ def test_the_gpu_sweep_imports_without_dsparks_dependencies():
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
     assert ok.returncode == 0, ok.stderr[-1500:]
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+def test_no_draft_binary_enters_git_but_the_shipped_one_replaced_alone():
+    """DESIGN's rule (issue 29): a GGUF in git history is a registry's packaged draft, and a commit that adds or
+    replaces one deletes no file (so the old blob can be dropped later in one place); intermediate drafts never
+    enter git. The clone must hold its history (CI's and every developer's do)."""
+    import tomllib
+
+    assert _git("rev-parse", "--is-shallow-repository").strip() == "false", "a shallow clone hides the history"
+    registry = tomllib.loads((REPO / "dsparkcli/data/models.toml").read_text(encoding="utf-8"))
+
+    def files(table: dict) -> list[dict]:  # a pair's file tables, its drafts' included
+        return [table] + [f for v in table.values() if isinstance(v, dict) for f in files(v)]
+
+    packaged = {
+        f"dsparkcli/data/{f['packaged']}"
+        for pair in registry["pairs"].values()
+        for f in files(pair)
+        if str(f.get("packaged", "")).endswith(".gguf")
+    }
+    assert packaged, "the registry ships no draft: this test reads the wrong place"
+    commits = [c for c in _git("log", "--format=%H", "--", "*.gguf").split() if c]
+    assert commits  # the shipped draft's own history
+    for commit in commits:
+        changes = [ln.split("\t") for ln in _git("show", "--format=", "--name-status", commit).splitlines() if ln]
+        ggufs = {path for status, *paths in changes for path in paths if path.endswith(".gguf")}
+        assert ggufs <= packaged, f"{commit[:12]} puts {sorted(ggufs - packaged)} in git: not a shipped draft"
+        deleted = [paths[0] for status, *paths in changes if status == "D"]
+        assert not deleted, f"{commit[:12]} replaces a draft and deletes {deleted}: a retrain's commit removes nothing"
