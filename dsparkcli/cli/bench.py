@@ -131,6 +131,7 @@ def _chosen_budgets(
     """The plan's budgets checked against every draft (``budget.limits``: given ones refused when out of
     range, the default clamped and said), then --budget auto / adaptive / --p-min auto from the first
     draft's tuning (``budget.choice``, strict: bench measures what it was asked, or refuses in one line)."""
+    from dsparkcli.bench import plan as bench_plan
     from dsparkcli.budget import rule
     from dsparkcli.budget.choice import Want, chosen_server
     from dsparkcli.pairs import draft_limit
