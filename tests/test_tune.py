@@ -311,6 +311,25 @@ def _write_prompts(tmp_path: Path) -> Path:
     return path
 
 
+def test_cli_tuning_a_second_category_keeps_the_first(engine, right, cli, tmp_path):
+    """Issue 28 item 11: `tune --category alpha` then `tune --category beta` of the same pair and settings: the
+    stored tuning holds both picks (the second run replaced the first before) and says it kept alpha's."""
+    env = _env(engine, tmp_path)
+    common = ["--target", str(right.target), "--draft", str(right.draft), "--prompts", str(_write_prompts(tmp_path))]
+    common += ["--budgets", "1", "8", "--methods", "plain", "dspark", "-n", "24", "--reps", "1"]
+    common += ["--threads", "1", "--ctx", "1024", "--json"]
+    first = cli("tune", *common, "--category", "alpha", env=env)
+    assert first.returncode == 0, first.stderr
+    alpha = next(c for c in json.loads(first.stdout)["choices"] if c["category"] == "alpha")
+    second = cli("tune", *common, "--category", "beta", env=env)
+    assert second.returncode == 0, second.stderr
+    doc = json.loads(second.stdout)
+    assert doc["kept_categories"] == ["alpha"]
+    assert doc["stored"] == json.loads(first.stdout)["stored"]  # one key: the same pair, engine and settings
+    stored = {c["category"]: c for c in json.loads(Path(doc["stored"]).read_text())["choices"]}
+    assert {"alpha", "beta"} <= set(stored) and stored["alpha"] == alpha
+
+
 def test_gpu_scripts_run_here(engine, right, tmp_path):
     """study/tune_study.py (tune vs a full grid per acceptance length) and study/tune_real.sh (tune, then
     --budget auto through run, serve and bench): the H200 commands, on the CPU engine with small settings."""
