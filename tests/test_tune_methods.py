@@ -236,3 +236,48 @@ def test_tune_measures_the_methods_and_run_budget_auto_runs_the_pick(engine, cli
     assert spec_type == expected
     if pick not in ("dspark",):
         assert f"tuning {doc['key_id']}: method {pick} (" in proc.stderr
+
+
+def test_tunes_overall_line_says_what_budget_auto_runs(engine, tmp_path) -> None:
+    """The one line tune ends with names what run and serve --budget auto will run overall: the method pick
+    where one other than the DSpark draft won (it said "nothing beat plain" while ngram-mod had, 1.30x)."""
+    from dsparkcli.cli.tune import overall_line
+
+    pair = synth.write_pair(tmp_path / "p")
+    key = store.key_for(engine, ServerConfig(model=pair.target, draft=pair.draft, n_max=5, threads=1))
+    rows = [
+        (OVERALL, m, x) for m, x in (("plain", 1.0), ("dspark", 1.3), ("ngram-mod", 1.5), ("ngram-mod+dspark@3", 1.4))
+    ]
+    plain_won = {"choices": (Choice(OVERALL, None, None, 1.0),), "verified": ()}
+    cases = [
+        ((), {}, "overall choice: budget 3; use it with --budget auto"),  # no methods measured: the DSpark pick
+        ([(OVERALL, "dspark")], {}, "overall choice: budget 3; use it with --budget auto"),
+        (
+            [(OVERALL, "ngram-mod")],
+            {},
+            "overall choice: ngram-mod (1.50x plain); --budget auto runs it, without the DSpark draft",
+        ),
+        (
+            [(OVERALL, "ngram-mod")],
+            plain_won,
+            "overall choice: ngram-mod (1.50x plain); --budget auto runs it, without the DSpark draft",
+        ),
+        (
+            [(OVERALL, "ngram-mod+dspark@3")],
+            {},
+            "overall choice: ngram-mod+dspark@3 (1.40x plain); --budget auto runs it",
+        ),
+        (
+            [(OVERALL, "plain")],
+            plain_won,
+            "nothing beat plain decoding on this machine and workload: --budget auto runs without the draft",
+        ),
+        (
+            (),
+            plain_won,
+            "nothing beat plain decoding on this machine and workload: --budget auto runs without the draft",
+        ),
+    ]
+    for picks, changes, line in cases:
+        rec = _record(key, picks, rows if picks else ())
+        assert overall_line(TuningRecord(**{**rec.__dict__, **changes})) == line, (picks, changes)

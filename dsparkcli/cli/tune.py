@@ -39,6 +39,7 @@ from dsparkcli.cli._common import (
 from dsparkcli.cli._output import err, out, print_json
 from dsparkcli.cli.bench import expand_multi_values
 from dsparkcli.errors import Interrupted, UsageError
+from dsparkcli.llama.speculation import DSPARK, PLAIN
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -102,6 +103,31 @@ def _phase_line(rec: TuningRecord) -> str:
     return (
         f"tuned in {t.get('total', 0):.1f} s: cost model {cost}, acceptance {t.get('acceptance', 0):.1f} s, "
         f"verification {t.get('verify', 0):.1f} s" + (" (cut by --max-minutes)" if t.get("verify_cut") else "")
+    )
+
+
+def overall_line(rec: TuningRecord) -> str | None:
+    """What `--budget auto` runs overall, in one line: tune's method pick where it measured methods and one
+    other than the DSpark draft won (run and serve follow it: budget.choice), else the DSpark budget (or plain
+    decoding, when nothing beat it); None without an overall choice."""
+    from dsparkcli.budget.model import OVERALL
+
+    overall = rec.choice()
+    method = rec.method_choice()
+    if method is not None and method not in (PLAIN, DSPARK):
+        speed = {m: x for c, m, x in rec.methods if c == OVERALL}
+        drafted = "" if "+" in method else ", without the DSpark draft"
+        return f"overall choice: {method} ({speed.get(method, 1.0):.2f}x plain); --budget auto runs it{drafted}"
+    if method == PLAIN or (overall is not None and overall.candidate is None):
+        return "nothing beat plain decoding on this machine and workload: --budget auto runs without the draft"
+    if overall is None or overall.candidate is None:
+        return None
+    c = overall.candidate
+    return (
+        f"overall choice: budget {c.budget}"
+        + (f", p-min {c.p_min:g}" if c.p_min else "")
+        + "; use it with --budget auto"
+        + (" --p-min auto" if c.p_min else "")
     )
 
 
@@ -372,19 +398,9 @@ def tune_cmd(
             + "; ".join(f"{c} {m} {speed[(c, m)]:.2f}x" for c, m in rec.method_choices),
             markup=False,
         )
-    if overall is not None and overall.candidate is None:
-        err.print(
-            "nothing beat plain decoding on this machine and workload: --budget auto runs without the draft",
-            markup=False,
-        )
-    elif overall is not None and overall.candidate is not None:
-        err.print(
-            f"overall choice: budget {overall.candidate.budget}"
-            + (f", p-min {overall.candidate.p_min:g}" if overall.candidate.p_min else "")
-            + "; use it with --budget auto"
-            + (" --p-min auto" if overall.candidate.p_min else ""),
-            markup=False,
-        )
+    line = overall_line(rec)
+    if line:
+        err.print(line, markup=False)
     err.print(
         f"stored: {saved}"
         + (f" (kept its tuning of {', '.join(kept)})" if kept else "")
