@@ -177,6 +177,19 @@ def test_budget_auto_runs_an_ngram_pick_where_plain_won_the_dspark_budgets(engin
     assert bench_cfg.spec_type is None
 
 
+def test_budget_auto_says_plain_won_where_plain_won_the_budgets_and_the_methods(engine, tmp_path) -> None:
+    """--methods plain dspark on a machine where no budget beat plain: the method pick is plain, and the line is
+    the DSpark choice's own ("plain decoding beat every budget"), not "method plain (... the fastest of )"."""
+    pair = synth.write_pair(tmp_path / "p")
+    cfg = ServerConfig(model=pair.target, draft=pair.draft, n_max=5, threads=1)
+    key = store.key_for(engine, cfg)
+    rec = _record(key, [(OVERALL, "plain")], [(OVERALL, "plain", 1.0)])
+    store.save(TuningRecord(**{**rec.__dict__, "choices": (Choice(OVERALL, None, None, 1.0),), "verified": ()}))
+    got, choice = chosen_server(engine, cfg, Want(budget=True))
+    assert choice is not None and choice.message.startswith(f"tuning {key.id}: plain decoding beat every budget, ")
+    assert choice.without_draft and got.draft is None and got.spec_type is None
+
+
 def test_tune_measures_the_methods_and_run_budget_auto_runs_the_pick(engine, cli, tmp_path) -> None:
     """A known-answer pair whose greedy answer cycles: n-gram lookup copies it, DSpark is always right."""
     from support.cli import run_cli

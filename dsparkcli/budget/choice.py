@@ -114,8 +114,9 @@ def _auto(
             raise UsageError(why)
         return cfg, AutoChoice(f"{why}; using budget {cfg.n_max}", rec)
     # tune --methods' pick first: where plain won the DSpark budgets an n-gram type or a chain may still have won
+    # (plain winning both is the DSpark choice's own answer, said below)
     method = rec.method_choice(want.category) if want.budget and want.methods and cfg.spec_type is None else None
-    if method not in (None, speculation.DSPARK):
+    if method not in (None, speculation.DSPARK) and not (method == speculation.PLAIN and choice.candidate is None):
         return _method(cfg, rec, method, want.category)  # type: ignore[arg-type]
     if choice.candidate is None:
         best = max((s for c, _, s in rec.verified if c == (want.category or OVERALL)), default=None)
@@ -154,8 +155,9 @@ def _method(
     budget; one line says which and its measured speedup."""
     speed = {m: x for c, m, x in rec.methods if c == (category or OVERALL)}
     where = f" for category {category}" if category else ""
-    line = f"tuning {rec.key.id}{where}: method {method} ({speed.get(method, 1.0):.2f}x plain, the fastest of "
-    line += f"{', '.join(f'{m} {x:.2f}x' for m, x in speed.items() if m != method)})"
+    others = ", ".join(f"{m} {x:.2f}x" for m, x in speed.items() if m != method)
+    line = f"tuning {rec.key.id}{where}: method {method} ({speed.get(method, 1.0):.2f}x plain"
+    line += f", the fastest of {others})" if others else ")"
     s = methods.speculation_of(method)
     if s is None:  # plain
         return cfg.without_draft(), AutoChoice(
