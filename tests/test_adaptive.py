@@ -243,6 +243,15 @@ def test_run_against_a_server_sends_its_own_budget(patched, pairs, cli, tmp_path
             assert protocol.timings_drafts(got["timings"]) == (pred.draft_n, pred.draft_n_accepted), flags
         proc = cli("run", "--server", srv.url, "hello", "--budget", "adaptive")  # this server has no cost table
         assert proc.returncode != 0 and "needs the server started with --spec-cost-table" in proc.stderr
+    # a server without a draft (serve --budget adaptive leaves it out where no k can pay) has no per-step choice
+    # to make: the request decodes as the server does, said in one line (it was refused with HTTP 400)
+    with LlamaServer(patched, ServerConfig(model=pair.target, ctx=1024, threads=1), log_dir=tmp_path) as srv:
+        proc = cli("run", "--server", srv.url, "hello there", "-n", "30", "--json", "--budget", "adaptive")
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert got["budget"] is None and protocol.timings_drafts(got["timings"]) == (0, 0)
+        assert got["text"] == synth.predict_from_last(man, last, n_max=BLOCK, n_predict=30).text  # greedy: the same
+        assert "--budget adaptive: this server runs without a draft, so the request decodes plainly" in proc.stderr
 
 
 def test_a_stock_server_is_refused_before_asking():
