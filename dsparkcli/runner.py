@@ -181,24 +181,18 @@ def require_request_drafts(client: ServerClient) -> None:
         )
 
 
-def served_budget(client: ServerClient) -> protocol.ServedBudget | None:
-    """A running server's own draft budget, from the settings of an empty request; None: it has no draft
-    (or is a stock llama-server, which reports none)."""
+def request_budget(client: ServerClient, budget: int | None, *, adaptive: bool = False) -> int | str | None:
+    """The budget a request to a running server drafts with: its own ``budget`` when the server allows it,
+    else the server's (AUTO when it chooses per step); None when the server says nothing (a stock engine, or
+    no draft). A budget above the server's is refused in one line before anything is sent: dspark's
+    patched llama-server would cap it at its own and echo the one asked for (patch 0001)."""
     try:
         answer = client.completion(dict(protocol.SETTINGS_PROBE))
     except ServerError as e:
         if e.kind != "http":  # nothing listens there: the same error the question would get
             raise
         answer = {}  # a server that refuses the empty request says nothing of its budget
-    return protocol.ServedBudget.from_settings(answer.get("generation_settings") or {})
-
-
-def request_budget(client: ServerClient, budget: int | None, *, adaptive: bool = False) -> int | str | None:
-    """The budget a request to a running server drafts with: its own ``budget`` when the server allows it,
-    else the server's (AUTO when it chooses per step); None when the server says nothing (a stock engine, or
-    no draft). A budget above the server's is refused in one line before anything is sent: dspark's
-    patched llama-server would cap it at its own and echo the one asked for (patch 0001)."""
-    served = served_budget(client)
+    served = protocol.ServedBudget.from_settings(answer.get("generation_settings") or {})
     if served is None:
         return budget
     if budget is not None and budget > served.n_max:
@@ -266,23 +260,23 @@ def answer(
         where = urlsplit(server_url)
         if where.scheme not in ("http", "https") or not where.netloc:
             raise UsageError(f"--server takes a URL such as http://127.0.0.1:8080 (got {server_url[:100]!r})")
+        # this request's own draft settings (dspark's patched llama-server honours them, capped at its budget)
+        draft = protocol.draft_settings(
+            n_max=0 if pair.no_draft else protocol.AUTO if knobs.adaptive_budget else knobs.budget, p_min=knobs.p_min
+        )
         client = ServerClient(server_url, api_key=knobs.api_key)
         try:
-            n_max = 0 if pair.no_draft else knobs.budget
-            if knobs.adaptive_budget and not pair.no_draft:
-                require_request_drafts(client)
-                # "auto" asks the server's per-step choice; a server with no draft has none to make (serve
-                # --budget adaptive leaves the draft out where no k can pay): the request decodes as it serves
-                n_max = protocol.AUTO if served_budget(client) is not None else None
-                if n_max is None and (on_notice or on_status):
-                    (on_notice or on_status)(  # type: ignore[misc]
-                        "--budget adaptive: this server runs without a draft, so the request decodes plainly"
-                    )
-            # this request's own draft settings (dspark's patched llama-server honours them, capped at its budget)
-            draft = protocol.draft_settings(n_max=n_max, p_min=knobs.p_min)
             if draft:
                 require_request_drafts(client)
             budget = None if pair.no_draft else request_budget(client, knobs.budget, adaptive=knobs.adaptive_budget)
+            if knobs.adaptive_budget and budget is None:
+                # "auto" asks the server's per-step choice; a server with no draft has none to make (serve
+                # --budget adaptive leaves the draft out where no k can pay): the request decodes as it serves
+                draft = {k: v for k, v in draft.items() if k != protocol.SPEC_N_MAX}
+                if on_notice or on_status:
+                    (on_notice or on_status)(  # type: ignore[misc]
+                        "--budget adaptive: this server runs without a draft, so the request decodes plainly"
+                    )
             return ask(
                 client,
                 q.prompt,
