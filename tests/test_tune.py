@@ -158,8 +158,11 @@ def test_tunes_pick_is_the_argmax_of_a_brute_force_grid(engine, right, wrong, tm
             break
     assert picks == grid, f"tune vs grid in {ATTEMPTS} attempts: {seen}"
     assert set(picks.values()) == {expected}  # the known answer these pairs are built for
-    # the cost model is measured: steps dearer than a plain token, dearer with more drafts
-    assert 0 < rec.cost.t1_ms < rec.cost.step(budgets[0]) < rec.cost.step(8)
+    # the cost model is measured: steps dearer than a plain token; 8 drafts dearer than 1 (4 and 8 cost about the
+    # same on these tiny models: one draft pass and one verification batch each, their order is timing noise)
+    assert 0 < rec.cost.t1_ms < min(rec.cost.step(budgets[0]), rec.cost.step(8))
+    if budgets[0] == 1:
+        assert rec.cost.step(1) < rec.cost.step(8)
     assert set(rec.timings_s) >= {"cost", "acceptance", "verify", "total"}
 
 
@@ -258,7 +261,13 @@ def test_cli_tune_then_budget_auto(engine, right, cli, tmp_path):
     else:  # the auto arm runs as run --budget auto does: without the draft
         label = right.draft.name.removesuffix(".gguf")
         assert {s["config"] for s in rows} == {"plain", f"{label}@2", f"{label}@auto"}
-        assert {s["drafted"] for s in rows if s["config"] == f"{label}@auto"} == {0}
+        # no draft where the tuning's pick is plain; picks that differ by category (timing under load decides
+        # them) give the others their own budget on one server, as bench says
+        picks = {c["category"]: c["budget"] or 0 for c in doc["choices"]}
+        auto_rows = [s for s in rows if s["config"] == f"{label}@auto" and s["category"] != "all"]
+        assert auto_rows and all(s["drafted"] == 0 for s in auto_rows if not picks.get(s["category"], picks["all"]))
+        if not any(picks.values()):
+            assert {s["drafted"] for s in rows if s["config"] == f"{label}@auto"} == {0}
     proc = cli(*ask, "--budget", "eight", env=env)
     assert (
         proc.returncode == 2
