@@ -23,6 +23,7 @@ Examples:
   dspark engine build --backend cuda --cuda-arch 90 --jobs 16
   dspark engine build --no-patches             # stock llama.cpp, without dspark's patch series
   dspark engine build --sdist llama-cpp-python # llama.cpp b11312 (0c1e570), with the series made for it
+  dspark engine build --sdist-file xllamacpp-2026.10.11549.tar.gz --backend cuda   # offline: no download
   dspark engine build --ref b11600 --sha256 HEX  # upstream's source archive of a release (or a commit)
   dspark engine build --source ~/src/llama.cpp # your own checkout (stock; add --patches for the series)
 """
@@ -58,6 +59,14 @@ def build(
     sdist: Annotated[
         Optional[str],
         typer.Option("--sdist", help=f"Build the llama.cpp tree a pinned PyPI sdist vendors: {SDIST_NAMES}."),
+    ] = None,
+    sdist_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--sdist-file",
+            help="Build offline from a pinned sdist file already on this machine (known by its sha256; "
+            "nothing is downloaded). See docs/ENGINE.md.",
+        ),
     ] = None,
     patches: Annotated[
         Optional[bool],
@@ -104,6 +113,7 @@ def build(
             ref=ref,
             sha256=sha256,
             sdist=_sdist(sdist, source, ref),
+            sdist_file=sdist_file,
             patches=patches,
             jobs=jobs,
             force=force,

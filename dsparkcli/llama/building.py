@@ -209,6 +209,7 @@ def build_engine(
     ref: str | None = None,
     sha256: str | None = None,
     sdist: sources.SdistSource | None = None,
+    sdist_file: Path | None = None,
     patches: bool | None = None,
     jobs: int | None = None,
     force: bool = False,
@@ -218,6 +219,9 @@ def build_engine(
 
     The tree: a user's ``source`` (only read), upstream's archive of ``ref`` (a release or a commit, checked
     against ``sha256`` or the one dspark knows), or a pinned ``sdist`` (default: the default engine's).
+    ``sdist_file``: a pinned sdist already on disk (an offline machine's copy, e.g. from ``pip download
+    --no-deps --no-binary xllamacpp xllamacpp==VERSION`` elsewhere): it is known by its sha256 alone and
+    copied into the cache, and nothing is downloaded.
 
     ``patches``: apply dspark's series for the tree's base (``llama.patches``) to a copy of the tree first.
     None = yes for a pinned sdist (wherever its layout was unpacked) and for an archive of a base dspark
@@ -236,6 +240,12 @@ def build_engine(
         raise UsageError("--source and --ref name two trees: pass one")
     if sha256 is not None and ref is None:
         raise UsageError("--sha256 checks the archive of a --ref: pass --ref too")
+    if sdist_file is not None:
+        if source is not None or ref is not None:
+            raise UsageError("--sdist-file, --source and --ref each name a tree: pass one")
+        named, sdist = sdist, sources.sdist_of_file(sdist_file.expanduser())
+        if named is not None and named != sdist:
+            raise UsageError(f"--sdist-file {sdist_file} is {sdist.package}=={sdist.version}, not --sdist {named.package}")
     archive = sources.archive_ref(ref, sha256) if ref is not None else None  # refused before any download
     if shutil.which("cmake") is None:
         raise EngineBuildError(
@@ -247,6 +257,8 @@ def build_engine(
             reused = _reuse_sdist(sdist, backend, cuda_arch, cpu_arch, rpc)
             if reused is not None:
                 return reused
+        if sdist_file is not None:
+            sources.install_sdist_file(sdist_file.expanduser(), sdist)
         source = sources.sdist_tree(sdist, on_line=on_progress)
     elif archive is not None:
         release = archive.ref if archive.is_release else sources.release_of(archive.ref)

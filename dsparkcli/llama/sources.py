@@ -153,6 +153,33 @@ def sdist_tree(sdist: SdistSource = DEFAULT_SDIST, *, on_line: ProgressFn | None
     return tree
 
 
+def sdist_of_file(path: Path) -> SdistSource:
+    """The pinned sdist a local file is, by its sha256 (its name is not trusted): the offline build's way in
+    (``dspark engine build --sdist-file``). One line for a file that is none of them."""
+    if not path.is_file():
+        raise UsageError(f"--sdist-file {path}: no such file")
+    got = _sha256(path)
+    for sdist in SDISTS:
+        if got == sdist.sha256:
+            return sdist
+    pins = ", ".join(f"{s.top}.tar.gz" for s in SDISTS)
+    raise UsageError(f"--sdist-file {path} has sha256 {got}, which is none of the pinned sdists ({pins})")
+
+
+def install_sdist_file(path: Path, sdist: SdistSource) -> Path:
+    """Copy a checked sdist file to where ``sdist_tree`` looks for the archive (through a ``.partial`` file,
+    renamed once complete), so the build that follows never downloads. Returns the cached archive."""
+    dest = config.engine_source_dir() / f"{sdist.top}.tar.gz"
+    if dest.is_file() and dest.stat().st_size == path.stat().st_size and _sha256(dest) == sdist.sha256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.copyfile(path, partial)
+    _check_sha256(partial, sdist.sha256, f"the copy of {path}")
+    os.replace(partial, dest)
+    return dest
+
+
 def _check_sha256(path: Path, want: str, what: str) -> None:
     got = _sha256(path)
     if got != want:
