@@ -49,7 +49,7 @@ from dsparkcli.llama import hazards, speculation
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.placement import is_loopback
 from dsparkcli.llama.supervise import DEFAULT_MAX_RESTARTS, Event, Supervisor
-from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, prepare_server
+from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, check_plain, prepare_server
 
 HELP = """Serve a target + DSpark draft (+ vision projector) until Ctrl-C or SIGTERM.
 
@@ -188,6 +188,7 @@ def serve(
         speculation=speculation.parse(spec) if spec else None,
     )
     extra_args = passthrough_args()
+    check_plain(pair, ServerKnobs(**kv))  # as check_given: a conflict is said before "no engine found"
     check_given(pair)  # the user's input before the engine: a typo is said before "no engine found"
     eng = engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc))
     with download_progress(disable=json_out) as on_progress:

@@ -1,0 +1,85 @@
+"""Each bad input of issue 40's table answered as a user expects: one `dspark: error:` line (or a warning),
+the exit code of a usage error (2) before any engine is looked for, and nothing started or written."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+
+def _one_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
+    """The whole of stderr: one `dspark: error:` line, nothing before it, the given exit code."""
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dspark: error: "), proc.stderr
+    return lines[0].removeprefix("dspark: error: ")
+
+
+@pytest.fixture
+def no_engine(tmp_path: Path) -> dict[str, str]:
+    """A machine with no engine built: an empty cache and config, no DSPARK_LLAMA_BIN, a PATH without
+    llama-server. A usage error must come first there, not "no llama.cpp engine found" (rc 3)."""
+    return {
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+        "DSPARK_CONFIG_DIR": str(tmp_path / "config"),
+        "DSPARK_LLAMA_BIN": "",
+        "PATH": "/usr/bin:/bin",
+    }
+
+
+@pytest.fixture
+def good_png(tmp_path: Path) -> Path:
+    path = tmp_path / "good.png"
+    Image.new("RGB", (16, 16), "red").save(path)
+    return path
+
+
+# ------------------------------------------------------------------ run: the prompt forgotten or misplaced
+
+
+def test_run_with_an_image_and_no_prompt_is_a_usage_error(cli, tmp_path, good_png, no_engine):
+    """It ran with the file's name as the prompt and no image sent (rc 0)."""
+    files = []
+    for name in ("t.gguf", "d.gguf", "mm.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+        files.append(str(tmp_path / name))
+    t, d, m = files
+    proc = cli("run", str(good_png), "--target", t, "--draft", d, "--mmproj", m, env=no_engine)
+    assert _one_line(proc, 2) == (
+        f'no prompt: {good_png} is an image; give the prompt after it: dspark run {good_png} "PROMPT"'
+    )
+    assert proc.stdout == ""
+
+
+def test_run_with_the_prompt_before_the_image_says_the_prompt_comes_last(cli, good_png, no_engine):
+    """It said "image not found: Describe"."""
+    proc = cli("run", "Describe it", str(good_png), "--model", "smollm2-135m", env=no_engine)
+    assert _one_line(proc, 2) == f"the prompt comes last, after the images: dspark run {good_png} 'Describe it'"
+
+
+def test_a_prompt_that_mentions_an_image_is_still_a_prompt(cli, good_png):
+    """Only a last argument that is an image's name is refused: a sentence naming one is a prompt. (Port 9
+    has no server: the image is read and the prompt accepted before the connection fails.)"""
+    proc = cli("run", str(good_png), "What is in good.png?", "--server", "http://127.0.0.1:9")
+    assert "could not connect" in _one_line(proc, 4)
+
+
+# ------------------------------------------------------------------ run / serve: --no-draft with a draft's tuning
+
+
+@pytest.mark.parametrize(
+    ("command", "tuning", "said"),
+    [
+        (["run", "hi", "--model", "smollm2-135m"], ["--budget", "3"], "--budget"),
+        (["run", "hi", "--model", "smollm2-135m"], ["--budget", "auto", "--p-min", "0.2"], "--budget and --p-min"),
+        (["run", "hi", "--server", "http://127.0.0.1:9"], ["--budget", "3"], "--budget"),
+        (["serve", "smollm2-135m"], ["--p-min", "auto"], "--p-min"),
+    ],
+)
+def test_no_draft_with_a_budget_is_refused_not_ignored(cli, no_engine, command, tuning, said):
+    """`--budget` was silently ignored; now refused, before the engine is looked for."""
+    proc = cli(*command, "--no-draft", *tuning, env=no_engine)
+    assert _one_line(proc, 2) == f"--no-draft and {said}: plain decoding has no draft to tune; drop one"
