@@ -3,11 +3,14 @@ the exit code of a usage error (2) before any engine is looked for, and nothing 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 from PIL import Image
+
+from support.gguf_fixtures import write_target
 
 
 def _one_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
@@ -83,3 +86,30 @@ def test_no_draft_with_a_budget_is_refused_not_ignored(cli, no_engine, command, 
     """`--budget` was silently ignored; now refused, before the engine is looked for."""
     proc = cli(*command, "--no-draft", *tuning, env=no_engine)
     assert _one_line(proc, 2) == f"--no-draft and {said}: plain decoding has no draft to tune; drop one"
+
+
+# ------------------------------------------------------------------ inspect: placement and context
+
+
+def test_inspect_draft_device_without_tensor_split_names_the_missing_option(cli, tmp_path):
+    """It said "not one of the 0 devices of --tensor-split"."""
+    target = write_target(tmp_path / "t.gguf")
+    proc = cli("inspect", str(target), "--draft-device", "3")
+    assert _one_line(proc, 2) == "--draft-device needs --tensor-split (it names one of the split's devices)"
+
+
+def test_inspect_past_the_models_context_warns(cli, tmp_path):
+    """-c 99999999999 printed terabytes of KV cache for the model's 262144-token context without a word."""
+    target = write_target(tmp_path / "t.gguf")  # context_length 262144
+    past = cli("inspect", str(target), "-c", "99999999999")
+    assert past.returncode == 0, past.stderr
+    assert past.stderr.splitlines() == [
+        f"warning: -c 99999999999 is past the 262144-token context {target} was trained for (context_length); "
+        "llama-server runs it, but answers past 262144 tokens degrade"
+    ]
+    assert "KV at 99999999999 tokens" in past.stdout  # the estimate still stands
+    as_json = cli("inspect", str(target), "-c", "300000", "--json")
+    assert as_json.returncode == 0 and "warning: -c 300000 is past" in as_json.stderr
+    assert json.loads(as_json.stdout)["files"][0]["memory"]["trained_ctx"] == 262144
+    within = cli("inspect", str(target), "-c", "262144")
+    assert within.returncode == 0 and within.stderr == ""
