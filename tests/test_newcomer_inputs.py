@@ -4,12 +4,18 @@ the exit code of a usage error (2) before any engine is looked for, and nothing 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from dsparkcli.synth import known_answer as synth
 from support.gguf_fixtures import write_target
 
 
@@ -113,3 +119,77 @@ def test_inspect_past_the_models_context_warns(cli, tmp_path):
     assert json.loads(as_json.stdout)["files"][0]["memory"]["trained_ctx"] == 262144
     within = cli("inspect", str(target), "-c", "262144")
     assert within.returncode == 0 and within.stderr == ""
+
+
+# ------------------------------------------------------------------ the engine named by the variable
+
+
+def test_a_missing_engine_from_dspark_llama_bin_names_the_variable(cli, tmp_path):
+    """It said "(from --llama-bin)", an option the user never gave."""
+    nowhere = str(tmp_path / "nonexistent")
+    proc = cli("doctor", env={"DSPARK_LLAMA_BIN": nowhere})
+    assert _one_line(proc, 3).startswith(f"llama-server not found: {nowhere} (from DSPARK_LLAMA_BIN)")
+    given = cli("doctor", "--llama-bin", nowhere)
+    assert _one_line(given, 3).startswith(f"llama-server not found: {nowhere} (from --llama-bin)")
+
+
+# ------------------------------------------------------------------ fetch and models: names and folders
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_fetch_an_empty_name_is_refused_not_the_default_pair(cli, tmp_path, no_engine, name):
+    """`dspark fetch ""` (an unset shell variable) fetched the default pair."""
+    proc = cli("fetch", name, "--dir", str(tmp_path / "models"), "--yes", env=no_engine)
+    assert _one_line(proc, 2) == "empty model name: name a pair from `dspark models`, or none for the default"
+    assert not (tmp_path / "models").exists()
+
+
+def test_models_dir_that_does_not_exist_says_so(cli, tmp_path):
+    """It listed every file as "missing", rc 0."""
+    nowhere = tmp_path / "nonexistent"
+    assert _one_line(cli("models", "--dir", str(nowhere)), 2) == f"--dir {nowhere}: no such folder"
+    (tmp_path / "file").write_text("x")
+    assert _one_line(cli("models", "--dir", str(tmp_path / "file")), 2) == f"--dir {tmp_path / 'file'}: not a folder"
+    assert cli("models", "--dir", str(tmp_path)).returncode == 0  # a folder with nothing in it is fine
+
+
+# ------------------------------------------------------------------ serve: the port, and what to ask it with
+
+
+def test_serve_on_a_port_in_use_says_so_before_loading(cli, tmp_path, no_engine):
+    """It loaded the model, then failed with rc 4. Now the port is checked first: here no engine is even
+    looked for (there is none) and the target is never read."""
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"GGUF")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = cli("serve", "--target", str(target), "--port", str(port), env=no_engine)
+    assert _one_line(proc, 4) == f"port {port} on 127.0.0.1 is in use: give another --port (0 picks a free one)"
+
+
+def _ask_line(engine, pair, *files: str) -> str:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsparkcli.cli.app", "serve", *files, "--port", "0", "-t", "1", "--ctx", "256"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DSPARK_LLAMA_BIN": str(engine.server)},
+    )
+    try:
+        line = next((line for line in iter(proc.stdout.readline, "") if line.startswith("ask it:")), "")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert line, proc.stderr.read()
+    return line
+
+
+def test_serve_suggests_no_image_for_a_text_pair(engine, tmp_path):
+    """It suggested `dspark run --server URL IMAGE "PROMPT"` for a text-only pair."""
+    pair = synth.write_pair(tmp_path / "pair", vocab=64, seed=9)
+    line = _ask_line(engine, pair, "--target", str(pair.target), "--draft", str(pair.draft))
+    assert re.fullmatch(r'ask it:  dspark run --server http://127\.0\.0\.1:\d+ "PROMPT"   \(Ctrl-C stops\)\n', line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import itertools
 import os
 import shlex
@@ -195,6 +196,26 @@ def free_port(host: str = DEFAULT_HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def require_free_port(host: str, port: int) -> None:
+    """ServerError (kind "port", as llama-server's own bind failure) when something listens on ``host:port``:
+    said before a model is fetched or loaded, not after the load (minutes for a large one). Port 0 is always
+    free. SO_REUSEADDR, as llama-server binds: a port in TIME_WAIT is free to it, so free here."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno not in (errno.EADDRINUSE, errno.EACCES):
+                return  # not ours to judge (an address this machine lacks): llama-server says it
+            why = "in use" if e.errno == errno.EADDRINUSE else "not open to this user"
+            raise ServerError(
+                f"port {port} on {host} is {why}: give another --port (0 picks a free one)", kind="port"
+            ) from None
 
 
 def die_with_parent() -> None:  # runs in the child between fork and exec
