@@ -171,6 +171,8 @@ def check_given(spec: PairSpec, *, need_vision: bool = False) -> None:
     machine with no engine built yet (where looking for the engine first would say "build one")."""
     if spec.model is not None and spec.target is not None:
         raise UsageError("give either --model or --target, not both")
+    if spec.model is not None:  # a name the registry lacks is a typo too (it was "no engine found" first)
+        load_registry().get(spec.model)
     given = (("target", spec.target), ("draft", None if spec.no_draft else spec.draft), ("mmproj", spec.mmproj))
     for role, value in given:
         if value is not None and str(value).startswith("hf://"):

@@ -193,3 +193,48 @@ def test_serve_suggests_no_image_for_a_text_pair(engine, tmp_path):
     pair = synth.write_pair(tmp_path / "pair", vocab=64, seed=9)
     line = _ask_line(engine, pair, "--target", str(pair.target), "--draft", str(pair.draft))
     assert re.fullmatch(r'ask it:  dspark run --server http://127\.0\.0\.1:\d+ "PROMPT"   \(Ctrl-C stops\)\n', line)
+
+
+# ------------------------------------------------------------------ bench: usage before the engine, outputs kept
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--budget", "abc"], "--budget must be a number, 'auto' or 'adaptive' (got 'abc')"),
+        (["--budget", "0"], "--budget values must be >= 1 (got 0)"),
+        (["--budget", "5", "5"], "--budget values must be distinct (5 is given twice)"),
+        (["--model", "nosuch"], "unknown model 'nosuch' in the registry; known: "),
+    ],
+)
+def test_bench_usage_errors_come_before_the_engine_check(cli, no_engine, args, said):
+    """With no engine built these said "no llama.cpp engine found" (rc 3), as `--category nosuch` did not."""
+    assert _one_line(cli("bench", *args, env=no_engine), 2).startswith(said)
+
+
+def test_bench_out_refuses_a_file_that_is_not_dspark_jsonl(cli, tmp_path, no_engine):
+    """JSONL was appended to a text file, rc 0. Refused before the run; --force appends anyway (here the run
+    then stops at the missing engine, past the check); a file of dspark records is appended to, as ever."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("notes\n")
+    proc = cli("bench", "--out", str(notes), env=no_engine)
+    assert _one_line(proc, 2) == (
+        f"--out {notes}: its first line is not JSON, and bench appends JSONL records (pass --force to anyway)"
+    )
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"question_id": 81}\n')
+    assert "is not a record of dspark's (no 'record' or 'run_id')" in _one_line(cli("bench", "--out", str(other)), 2)
+    assert notes.read_text() == "notes\n" and other.read_text() == '{"question_id": 81}\n'
+    assert "no llama.cpp engine found" in _one_line(cli("bench", "--out", str(notes), "--force", env=no_engine), 3)
+    ours = tmp_path / "ours.jsonl"
+    ours.write_text('{"record": "prompt", "run_id": "r1"}\n')
+    assert "no llama.cpp engine found" in _one_line(cli("bench", "--out", str(ours), env=no_engine), 3)
+
+
+def test_bench_plot_refuses_to_replace_an_existing_png(cli, tmp_path, good_png, no_engine):
+    """The PNG was overwritten silently; one --force covers --out and --plot."""
+    before = good_png.read_bytes()
+    proc = cli("bench", "--plot", str(good_png), env=no_engine)
+    assert _one_line(proc, 2) == f"--plot exists: {good_png} (pass --force to replace it)"
+    assert good_png.read_bytes() == before
+    assert "no llama.cpp engine found" in _one_line(cli("bench", "--plot", str(good_png), "--force", env=no_engine), 3)
