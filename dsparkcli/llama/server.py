@@ -174,6 +174,11 @@ _LAUNCHES = itertools.count()  # per process: two launches on one port within a 
 STOP_GRACE_S = 1.0  # SIGTERM to SIGKILL: idle, llama-server exits in ~0.05 s; with a stream open, never
 
 
+def default_log_dir() -> Path:
+    """Where every llama-server dspark starts writes its log (the newest KEEP_LOGS are kept): doctor says it."""
+    return config.cache_dir() / "logs"
+
+
 def prune_logs(log_dir: Path, keep: int = KEEP_LOGS, prefix: str = "llama-server") -> None:
     """Keep the newest ``keep`` logs named ``prefix-*.log`` in dspark's own log folder, so it does not grow
     forever."""
@@ -301,7 +306,7 @@ class LlamaServer:
         self._check_files()
         self._check_loads()
         if self.log_dir is None:  # kept after the run: the user's evidence when something failed
-            self.log_dir = config.cache_dir() / "logs"
+            self.log_dir = default_log_dir()
             prune_logs(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         explicit_port = self.config.port != 0
