@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from dsparkcli.synth import known_answer as synth
+from support.cli import default_sigint
 from support.gguf_fixtures import write_target
 
 
@@ -238,3 +239,28 @@ def test_bench_plot_refuses_to_replace_an_existing_png(cli, tmp_path, good_png, 
     assert _one_line(proc, 2) == f"--plot exists: {good_png} (pass --force to replace it)"
     assert good_png.read_bytes() == before
     assert "no llama.cpp engine found" in _one_line(cli("bench", "--plot", str(good_png), "--force", env=no_engine), 3)
+
+
+# ------------------------------------------------------------------ run: Ctrl-C mid-stream
+
+
+def test_ctrl_c_during_a_streamed_answer_ends_its_line_first(engine, tmp_path):
+    """It printed "...a source ofdspark: error: interrupted": the answer's line was left open."""
+    pair = synth.write_pair(tmp_path / "pair", vocab=64, seed=9)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsparkcli.cli.app", "run", "List ten fruits", "--target", str(pair.target)]
+        + ["--draft", str(pair.draft), "-t", "1", "--ctx", "512", "-n", "400", "--llama-bin", str(engine.server)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    try:
+        first = proc.stdout.read(1)  # the answer has begun
+        proc.send_signal(signal.SIGINT)
+        rest, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert first and proc.returncode == 130, stderr
+    assert (first + rest).endswith("\n") and stderr.splitlines()[-1] == "dspark: error: interrupted"

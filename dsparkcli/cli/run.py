@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -43,7 +45,7 @@ from dsparkcli.cli._common import (
 )
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
-from dsparkcli.errors import UsageError
+from dsparkcli.errors import DsparkError, UsageError
 from dsparkcli.images import load_image, names_an_image
 from dsparkcli.llama import protocol, speculation
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs
@@ -117,6 +119,20 @@ def prompt_and_images(args: list[str]) -> tuple[str, list[Path]]:
         order = shlex.join([*(a for a in args if names_an_image(a)), *(texts or ["PROMPT"])])
         raise UsageError(f"the prompt comes last, after the images: dspark run {order}")
     return prompt, [Path(a) for a in images]
+
+
+@contextlib.contextmanager
+def _answer_line_ended(line: dict[str, bool]) -> Iterator[None]:
+    """An interrupted or failed stream ends its line on stdout before the error line: on a terminal the two
+    share the screen, and "...a source ofdspark: error: interrupted" read as one word."""
+    try:
+        yield
+    except (KeyboardInterrupt, DsparkError):  # not a closed pipe: there is no line to end there
+        if line["open"]:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            line["open"] = False
+        raise
 
 
 def run(
@@ -202,7 +218,7 @@ def run(
         category=category,
         placement=placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device),
     )
-    with download_progress(disable=json_out) as on_progress:
+    with download_progress(disable=json_out) as on_progress, _answer_line_ended(line):
         result = runner.answer(
             question,
             pair,
