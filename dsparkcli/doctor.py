@@ -10,6 +10,7 @@ from dsparkcli.llama import patches as patches_mod
 from dsparkcli.llama import sources
 from dsparkcli.llama.engine import Capabilities, Engine
 from dsparkcli.llama.loads import build_record, engine_tables
+from dsparkcli.llama.server import KEEP_LOGS, default_log_dir
 from dsparkcli.llama.tables import EngineTables
 
 
@@ -29,6 +30,9 @@ class DoctorReport:
     patches: tuple[str, ...] | None = None
     patch_hash: str = ""
     release: str = ""  # upstream's release of the tree it was built from ("" = unknown)
+    # where the logs of the servers dspark starts go, and how many are kept (older ones are deleted)
+    log_dir: str = ""
+    logs_kept: int = 0
 
 
 def diagnose(llama_bin: str | None = None) -> DoctorReport:
@@ -69,6 +73,8 @@ def diagnose(llama_bin: str | None = None) -> DoctorReport:
         patch_hash=found[1].patch_hash if found else "",
         release=(found[1].release if found else "")
         or sources.release_of(engine.commit or (found[1].commit if found else "")),
+        log_dir=str(default_log_dir()),
+        logs_kept=KEEP_LOGS,
     )
 
 

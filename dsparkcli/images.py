@@ -22,6 +22,7 @@ IMAGE_FORMATS = {
     "BMP": "image/bmp",
     "GIF": "image/gif",
 }
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 MAX_IMAGE_PIXELS = 8192 * 8192
 
@@ -33,6 +34,15 @@ class ImageInput:
     width: int
     height: int
     data_url: str
+
+
+def names_an_image(text: str) -> bool:
+    """Whether an argument reads as an image's file name, not a prompt: an image suffix, and a file there or
+    no space in it. `dspark run` takes its last argument as the prompt; a forgotten or misplaced prompt
+    would otherwise send the file's name as the question and no image (issue 40)."""
+    if not text.lower().endswith(IMAGE_SUFFIXES):
+        return False
+    return Path(text).is_file() or not any(c.isspace() for c in text)
 
 
 def load_image(path: Path | str) -> ImageInput:

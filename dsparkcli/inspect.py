@@ -231,6 +231,8 @@ def inspect_files(
         raise UsageError(f"unknown KV cache type '{printable(kv_type, 20)}' (one of {', '.join(KV_TYPE_BYTES)})")
     if tensor_split and not ctx:
         raise UsageError("--tensor-split splits the memory estimate: give -c CTX too")
+    if draft_device is not None and not tensor_split:  # it names one device of the split: none without one
+        raise UsageError("--draft-device needs --tensor-split (it names one of the split's devices)")
     if draft_device is not None and not 0 <= draft_device < len(tensor_split):
         raise UsageError(
             f"--draft-device {draft_device} is not one of the {len(tensor_split)} devices of --tensor-split"

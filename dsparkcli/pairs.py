@@ -171,6 +171,8 @@ def check_given(spec: PairSpec, *, need_vision: bool = False) -> None:
     machine with no engine built yet (where looking for the engine first would say "build one")."""
     if spec.model is not None and spec.target is not None:
         raise UsageError("give either --model or --target, not both")
+    if spec.model is not None:  # a name the registry lacks is a typo too (it was "no engine found" first)
+        load_registry().get(spec.model)
     given = (("target", spec.target), ("draft", None if spec.no_draft else spec.draft), ("mmproj", spec.mmproj))
     for role, value in given:
         if value is not None and str(value).startswith("hf://"):
@@ -179,6 +181,23 @@ def check_given(spec: PairSpec, *, need_vision: bool = False) -> None:
             _local_file(str(value), role)
     if need_vision and spec.target is not None and spec.mmproj is None:  # a registry pair may name its mmproj
         raise UsageError(NO_MMPROJ)
+
+
+def check_plain(spec: PairSpec, knobs: ServerKnobs) -> None:
+    """--no-draft with a draft's tuning: plain decoding has no draft, so --budget / --p-min would be dropped
+    without a word (the request's n_max is 0, the server has no -md); refused in one line instead."""
+    if not spec.no_draft:
+        return
+    tuning = [
+        flag
+        for flag, given in (
+            ("--budget", knobs.budget is not None or knobs.auto_budget or knobs.adaptive_budget),
+            ("--p-min", knobs.p_min is not None or knobs.auto_p_min),
+        )
+        if given
+    ]
+    if tuning:
+        raise UsageError(f"--no-draft and {' and '.join(tuning)}: plain decoding has no draft to tune; drop one")
 
 
 def _announce_default(
@@ -350,6 +369,7 @@ def prepare_server(
     if engine is not None and downloads.engine is None:
         downloads = replace(downloads, engine=engine)
     knobs.validate()
+    check_plain(spec, knobs)
     if spec.speculation is not None and not spec.speculation.uses_dspark:
         spec = _without_dspark(spec, knobs)
     elif spec.speculation is not None and spec.no_draft:

@@ -27,7 +27,7 @@ from dsparkcli.llama.client import ServerClient, metrics_or_none, stream_chat
 from dsparkcli.llama.engine import Engine
 from dsparkcli.llama.placement import Placement
 from dsparkcli.llama.server import LlamaServer
-from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, prepare_server
+from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, check_plain, prepare_server
 from dsparkcli.plaincheck import PlainComparison, compare_with_plain
 
 
@@ -243,6 +243,7 @@ def answer(
     ``compare``: then ask plain decoding the same question (a second load, without the draft) and say
     where the answers part, with the target's top-2 there (plaincheck)."""
     q = question
+    check_plain(pair, knobs)
     if compare:
         if server_url:
             raise UsageError("--compare starts its own servers (with and without the draft): drop --server")

@@ -373,6 +373,7 @@ def test_cli_fetch_json_and_models_present_missing(hub, files, env, tmp_path):
     }
     assert "present" in lines["target"] and "present" in lines["draft q8"] and "missing" in lines["draft q6"]
     assert report["files"][2]["path"] in lines["draft q8"]
+    (tmp_path / "elsewhere").mkdir()  # a folder with none of the files (a missing one is an error, issue 40)
     listing = json.loads(run_cli("models", "--json", "--dir", str(tmp_path / "elsewhere"), env=env).stdout)
     # nothing from the hub is cached yet; the draft that ships with dspark always is
     assert not any(f["present"] for p in listing["pairs"] for f in p["files"] if f["source"] != "package")

@@ -75,14 +75,18 @@ def test_doctor_selftest_cli_pass(cli):
 
 @pytest.mark.engine  # starts llama-server through the CLI, without the engine fixture
 def test_doctor_selftest_cli_json(cli):
+    t0 = time.monotonic()
     proc = cli("doctor", "--selftest", "--json", timeout=120)
+    wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["ok"] is True and doc["capabilities"]["draft_dspark"] is True
     st = doc["selftest"]
     assert st["ok"] is True and len(st["checks"]) == 5
     assert all(c["observed_draft_n"] == c["expected_draft_n"] for c in st["checks"])
-    assert st["seconds"] < 30
+    # its own time, within the command's: no fixed bound here (a loaded machine failed one); the 30 s bound
+    # is test_selftest_passes_on_the_engine's, in the timing lane
+    assert 0 < st["seconds"] < wall
 
 
 def test_doctor_selftest_cli_fail_exits_nonzero(cli, wrong_budget_bin):

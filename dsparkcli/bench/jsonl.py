@@ -73,3 +73,25 @@ def read_jsonl(path: Path, run_id: str | None = None) -> list[dict[str, Any]]:
     if run_id is None and records:
         run_id = records[-1].get("run_id")
     return [r for r in records if r.get("run_id") == run_id]
+
+
+def foreign_jsonl(path: Path, keys: Sequence[str] = ("record", "run_id")) -> str | None:
+    """Why ``path`` is not a file of these records (its first non-empty line is not a JSON object with
+    ``keys``), or None when it is, is empty or does not exist. Appending to a user's notes or to another tool's
+    JSONL would mix two files past separating (bench --out appends)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.strip():
+                    break
+            else:
+                return None
+    except FileNotFoundError:
+        return None
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return "its first line is not JSON"
+    if not isinstance(rec, dict) or any(k not in rec for k in keys):
+        return f"its first line is not a record of dspark's (no {' or '.join(repr(k) for k in keys)})"
+    return None

@@ -268,10 +268,7 @@ class BenchPlan:
             and not self.auto_per_category
         ):
             raise UsageError("bench needs at least one --budget")
-        if any(b < 1 for b in self.budgets):
-            raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, self.budgets))})")
-        if len(set(self.budgets)) != len(self.budgets):
-            raise UsageError("--budget values must be distinct")
+        check_budget_values(self.budgets)
         labels = [d.label for d in self.drafts]
         if len(set(labels)) != len(labels):
             raise UsageError(f"two drafts share the label '{next(lb for lb in labels if labels.count(lb) > 1)}'")
@@ -333,6 +330,16 @@ def scripted(target: Path, drafts: Sequence[Path]) -> str | None:
         if kind.label == "SYNTHETIC":
             return kind.why
     return None
+
+
+def check_budget_values(budgets: Sequence[int]) -> None:
+    """The --budget numbers as given: each >= 1, none twice. Also before bench looks for an engine or the hub,
+    so `--budget 0` is a usage error on a machine with no engine built (it was "no engine found")."""
+    if any(b < 1 for b in budgets):
+        raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, budgets))})")
+    if len(set(budgets)) != len(budgets):
+        twice = next(b for b in budgets if budgets.count(b) > 1)
+        raise UsageError(f"--budget values must be distinct ({twice} is given twice)")
 
 
 def check_given_inputs(*, model: str | None, target: str | None, drafts: Sequence[str], mmproj: str | None) -> None:

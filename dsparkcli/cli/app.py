@@ -56,7 +56,7 @@ def _new_app() -> typer.Typer:
     return typer.Typer(
         help=HELP,
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"]},
@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(
             _errors.report(UsageError(f"arguments after `--` go to llama-server: only {', '.join(SERVING)} start one"))
         )
-    app = build_app((module,)) if module else listing_app()
+    # a shell asking for completions (the script --install-completion wrote sets _DSPARK_COMPLETE): every
+    # command module, so a command's options complete too; the words come from the environment, not args
+    completing = bool(os.environ.get("_DSPARK_COMPLETE"))
+    app = build_app() if completing else build_app((module,)) if module else listing_app()
     reported = False
     try:
         result = app(args=args, prog_name="dspark", standalone_mode=False)

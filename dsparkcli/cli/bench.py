@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperCommand
 
 from dsparkcli.bench import prompts as kit
+from dsparkcli.bench.jsonl import foreign_jsonl
 from dsparkcli.budget.limits import ADAPTIVE, parse_auto
 from dsparkcli.cli._common import (
     SEED,
@@ -287,6 +288,10 @@ def bench(
     ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, csv or md.")] = "table",
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tok/s and speedup.")] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Append to an --out that is not dspark's JSONL; replace an existing --plot."),
+    ] = False,
     rpc: RpcOpt = None,
     split_mode: SplitModeOpt = None,
     tensor_split: TensorSplitOpt = None,
@@ -318,8 +323,11 @@ def bench(
         raise UsageError(f"--plot writes a PNG: give a .png path (got {plot})")
     inputs = (target, mmproj, *(d.partition("=")[2] or d for d in draft or []), prompts)
     for path, what in ((out_path, "--out"), (plot, "--plot")):  # before the run, not after it
-        if path is not None:
-            check_output_file(path, what=what, inputs=inputs)
+        if path is not None:  # a plot replaces what is there (only with --force); --out appends
+            check_output_file(path, what=what, inputs=inputs, replace=force or what == "--out")
+    foreign = foreign_jsonl(out_path) if out_path is not None and not force else None
+    if foreign:
+        raise UsageError(f"--out {out_path}: {foreign}, and bench appends JSONL records (pass --force to anyway)")
     selected = kit.select(kit.load_prompts(prompts), category, limit)
     placement = placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device)
     parsed = [speculation.parse(s) for s in spec or []]  # refused before anything is resolved or downloaded
@@ -328,6 +336,8 @@ def bench(
     dspark_arms = not parsed or any(s is None for s in parsed) or bool(draft)
     with_dspark = dspark_arms or any(s is not None and s.uses_dspark for s in parsed)
     others = tuple(dict.fromkeys(s for s in parsed if s is not None))
+    budgets, auto_budget, adaptive = _budgets(budget)  # a bad value is said before the engine or the hub
+    bench_plan.check_budget_values(budgets)
     bench_plan.check_given_inputs(model=model, target=target, drafts=list(draft or []), mmproj=mmproj)
     eng = engine_mod.describe(engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc)))
     if with_dspark:
@@ -345,7 +355,6 @@ def bench(
     )
     downloads = Downloads(yes=yes, engine=eng, on_notice=notice)
     others = tuple(_with_classic_draft(s, inputs.target, downloads, inputs.model_name) for s in others)
-    budgets, auto_budget, adaptive = _budgets(budget)
     p_value, auto_p = parse_auto(p_min, "--p-min", float)
     for d in inputs.drafts:  # the first picks the draft's device, the others must agree with it
         placement = place_draft(placement, eng, d.path)

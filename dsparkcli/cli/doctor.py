@@ -111,6 +111,7 @@ def doctor(
                 f"{len(t.archs)} archs, {len(t.projectors)} projector types, "
                 f"{len(t.tensor_types)} tensor types (from {origin} {t.where}; --json lists them)",
             )
+        table.add_row("server logs", f"{report.log_dir} (one per launch, the newest {report.logs_kept} kept)")
         out.print(table)
         for problem in report.problems:
             out.print(f"warning: {problem}")

@@ -149,16 +149,23 @@ def _sdist(name: str | None, source: Path | None, ref: str | None) -> sources.Sd
     return found
 
 
-def path(llama_bin: LlamaBinOpt = None) -> None:
+def path(llama_bin: LlamaBinOpt = None, json_out: JsonOpt = False) -> None:
     """Print the llama-server binary dspark would use.
 
     \b
     Examples:
       dspark engine path
+      dspark engine path --json      # also its folder, where it was found, its commit and backend
       DSPARK_LLAMA_BIN=/opt/llama.cpp/build/bin dspark engine path
     """
     eng = core.resolve_engine(llama_bin)
-    out.print(str(eng.server))
+    if json_out:  # what resolve_engine knows without running the binary (doctor runs it)
+        print_json({
+            "server": str(eng.server), "bin_dir": str(eng.bin_dir), "source": eng.source,
+            "commit": eng.commit or None, "backend": eng.backend or None,
+        })  # fmt: skip
+        return
+    out.print(str(eng.server), markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -337,6 +337,9 @@ def inspect(
             tables=tables,
             tensor_split=parse_tensor_split(tensor_split) if tensor_split else (),
         )
+    for f in report.files:  # on stderr, --json or not: the estimate stands, the context is the user's to fix
+        if f.memory is not None and f.memory.past_context:
+            err.print(f"warning: {f.memory.past_context}", markup=False)
     if json_out:
         print_json(_json(report))
     else:

@@ -10,6 +10,7 @@ import typer
 
 from dsparkcli.cli._common import JsonOpt
 from dsparkcli.cli._output import out, print_json
+from dsparkcli.errors import UsageError
 from dsparkcli.hub import fetch as hub
 from dsparkcli.hub.model_file import ModelFile
 from dsparkcli.hub.registry import ModelPair, load_registry
@@ -32,6 +33,10 @@ DirOpt = Annotated[Optional[Path], typer.Option("--dir", help="Look in this fold
 
 
 def models(local_dir: DirOpt = None, json_out: JsonOpt = False) -> None:
+    if local_dir is not None and not local_dir.is_dir():  # else every file reads "missing", rc 0
+        raise UsageError(
+            f"--dir {local_dir}: no such folder" if not local_dir.exists() else f"--dir {local_dir}: not a folder"
+        )
     registry = load_registry()
     listing = []
     for name, pair in registry.pairs.items():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -42,7 +45,8 @@ from dsparkcli.cli._common import (
 )
 from dsparkcli.cli._download import confirm_downloads, download_progress
 from dsparkcli.cli._output import err, print_json
-from dsparkcli.images import load_image
+from dsparkcli.errors import DsparkError, UsageError
+from dsparkcli.images import load_image, names_an_image
 from dsparkcli.llama import protocol, speculation
 from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs
 
@@ -102,6 +106,35 @@ def format_stats(result: runner.RunResult) -> str:
     return " | ".join(parts)
 
 
+def prompt_and_images(args: list[str]) -> tuple[str, list[Path]]:
+    """The last argument is the prompt, those before it images; a last argument that names an image is a
+    forgotten or misplaced prompt, said in one line (it was sent as the question, with no image)."""
+    prompt, images = args[-1], args[:-1]
+    if names_an_image(prompt):
+        if not images:
+            raise UsageError(
+                f'no prompt: {prompt} is an image; give the prompt after it: dspark run {prompt} "PROMPT"'
+            )
+        texts = [a for a in images if not names_an_image(a)]
+        order = shlex.join([*(a for a in args if names_an_image(a)), *(texts or ["PROMPT"])])
+        raise UsageError(f"the prompt comes last, after the images: dspark run {order}")
+    return prompt, [Path(a) for a in images]
+
+
+@contextlib.contextmanager
+def _answer_line_ended(line: dict[str, bool]) -> Iterator[None]:
+    """An interrupted or failed stream ends its line on stdout before the error line: on a terminal the two
+    share the screen, and "...a source ofdspark: error: interrupted" read as one word."""
+    try:
+        yield
+    except (KeyboardInterrupt, DsparkError):  # not a closed pipe: there is no line to end there
+        if line["open"]:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            line["open"] = False
+        raise
+
+
 def run(
     args: Annotated[
         list[str], typer.Argument(metavar="[IMAGE]... PROMPT", help="Images, then the prompt.", show_default=False)
@@ -144,7 +177,7 @@ def run(
     json_out: JsonOpt = False,
 ) -> None:
     api_key = api_key_from(api_key, api_key_file)
-    prompt, positional_images = args[-1], [Path(a) for a in args[:-1]]
+    prompt, positional_images = prompt_and_images(args)
     images = positional_images + list(image or [])
 
     line = {"open": False}  # the answer's last line not ended yet: a status line after it starts on its own
@@ -185,7 +218,7 @@ def run(
         category=category,
         placement=placement_of(rpc, split_mode, tensor_split, main_gpu, draft_device),
     )
-    with download_progress(disable=json_out) as on_progress:
+    with download_progress(disable=json_out) as on_progress, _answer_line_ended(line):
         result = runner.answer(
             question,
             pair,

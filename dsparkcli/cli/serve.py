@@ -48,8 +48,9 @@ from dsparkcli.llama import engine as engine_mod
 from dsparkcli.llama import hazards, speculation
 from dsparkcli.llama.placement import describe as placement_describe
 from dsparkcli.llama.placement import is_loopback
+from dsparkcli.llama.server import require_free_port
 from dsparkcli.llama.supervise import DEFAULT_MAX_RESTARTS, Event, Supervisor
-from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, prepare_server
+from dsparkcli.pairs import Downloads, PairSpec, ServerKnobs, check_given, check_plain, prepare_server
 
 HELP = """Serve a target + DSpark draft (+ vision projector) until Ctrl-C or SIGTERM.
 
@@ -188,7 +189,10 @@ def serve(
         speculation=speculation.parse(spec) if spec else None,
     )
     extra_args = passthrough_args()
+    check_plain(pair, ServerKnobs(**kv))  # as check_given: a conflict is said before "no engine found"
     check_given(pair)  # the user's input before the engine: a typo is said before "no engine found"
+    if not print_only:  # a busy port is said before the load, not after it (minutes for a large model)
+        require_free_port(host, port)
     eng = engine_mod.resolve_engine(llama_bin, rpc=bool(placement.rpc))
     with download_progress(disable=json_out) as on_progress:
         cfg, files = prepare_server(
@@ -273,7 +277,8 @@ def serve(
                 )
                 if cfg.placement.rpc:
                     out.print(placement_describe(cfg.placement), markup=False)
-                out.print(f'ask it:  dspark run --server {srv.url} IMAGE "PROMPT"   (Ctrl-C stops)', markup=False)
+                image = "IMAGE " if files.mmproj else ""  # a text-only pair takes no image
+                out.print(f'ask it:  dspark run --server {srv.url} {image}"PROMPT"   (Ctrl-C stops)', markup=False)
             sup.watch()
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli/app.py) once serving: the normal end of serve
             pass

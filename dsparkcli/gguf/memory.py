@@ -71,6 +71,18 @@ class MemoryEstimate:
     kv: KVCacheEstimate | None
     kv_bytes: int
     total_bytes: int
+    trained_ctx: int | None = None  # the model's context_length: llama.cpp runs past it, the text degrades
+
+    @property
+    def past_context(self) -> str | None:
+        """A warning when -c is past the model's trained context (else the estimate, GiBs of KV cache for a
+        context the model never saw, reads as if it were fine)."""
+        if self.trained_ctx is None or self.kv is None or self.ctx <= self.trained_ctx:
+            return None
+        return (
+            f"-c {self.ctx} is past the {self.trained_ctx}-token context {self.name} was trained for "
+            f"(context_length); llama-server runs it, but answers past {self.trained_ctx} tokens degrade"
+        )
 
 
 def kv_cache_estimate(h: GGUFHeader, kv_type: str = "f16") -> KVCacheEstimate | None:
@@ -147,6 +159,7 @@ def memory_estimate(h: GGUFHeader, ctx: int, kv_type: str = "f16") -> MemoryEsti
         kv=kv,
         kv_bytes=kv_bytes,
         total_bytes=c.tensor_bytes + kv_bytes,
+        trained_ctx=int_of(h.arch_key("context_length")),
     )
 
 

@@ -116,6 +116,8 @@ class Registry:
 
     def get(self, name: str | None = None) -> ModelPair:
         """The pair called ``name`` (the default pair when None); UsageError with close matches if unknown."""
+        if name is not None and not name.strip():  # `fetch ""` (an unset shell variable): not the default pair
+            raise UsageError("empty model name: name a pair from `dspark models`, or none for the default")
         name = name or self.default
         if name is None:
             raise UsageError("no model named and the registry has no default; `dspark models` lists them")

@@ -286,9 +286,11 @@ def resolve_engine(llama_bin: str | None = None, *, backend: str | None = None, 
 
 
 def _find_engine(llama_bin: str | None, *, backend: str | None, rpc: bool) -> Engine:
-    if llama_bin:
-        return _as_server(llama_bin, "--llama-bin")
     env = os.environ.get("DSPARK_LLAMA_BIN")
+    if llama_bin:
+        # the CLI's --llama-bin option reads DSPARK_LLAMA_BIN too (typer's envvar): the same value came from
+        # there, and an error naming --llama-bin would send the user looking for an option they never gave
+        return _as_server(llama_bin, "DSPARK_LLAMA_BIN" if llama_bin == env else "--llama-bin")
     if env:
         return _as_server(env, "DSPARK_LLAMA_BIN")
     cfg = config.load_config()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import itertools
 import os
 import shlex
@@ -173,6 +174,11 @@ _LAUNCHES = itertools.count()  # per process: two launches on one port within a 
 STOP_GRACE_S = 1.0  # SIGTERM to SIGKILL: idle, llama-server exits in ~0.05 s; with a stream open, never
 
 
+def default_log_dir() -> Path:
+    """Where every llama-server dspark starts writes its log (the newest KEEP_LOGS are kept): doctor says it."""
+    return config.cache_dir() / "logs"
+
+
 def prune_logs(log_dir: Path, keep: int = KEEP_LOGS, prefix: str = "llama-server") -> None:
     """Keep the newest ``keep`` logs named ``prefix-*.log`` in dspark's own log folder, so it does not grow
     forever."""
@@ -195,6 +201,26 @@ def free_port(host: str = DEFAULT_HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def require_free_port(host: str, port: int) -> None:
+    """ServerError (kind "port", as llama-server's own bind failure) when something listens on ``host:port``:
+    said before a model is fetched or loaded, not after the load (minutes for a large one). Port 0 is always
+    free. SO_REUSEADDR, as llama-server binds: a port in TIME_WAIT is free to it, so free here."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno not in (errno.EADDRINUSE, errno.EACCES):
+                return  # not ours to judge (an address this machine lacks): llama-server says it
+            why = "in use" if e.errno == errno.EADDRINUSE else "not open to this user"
+            raise ServerError(
+                f"port {port} on {host} is {why}: give another --port (0 picks a free one)", kind="port"
+            ) from None
 
 
 def die_with_parent() -> None:  # runs in the child between fork and exec
@@ -280,7 +306,7 @@ class LlamaServer:
         self._check_files()
         self._check_loads()
         if self.log_dir is None:  # kept after the run: the user's evidence when something failed
-            self.log_dir = config.cache_dir() / "logs"
+            self.log_dir = default_log_dir()
             prune_logs(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         explicit_port = self.config.port != 0
