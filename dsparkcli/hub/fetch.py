@@ -41,7 +41,16 @@ from dsparkcli.hub.cache import (
     write_marker,
     write_ref,
 )
-from dsparkcli.hub.download import OnProgress, Progress, Unreachable, check_space, download, hash_file, hub_errors
+from dsparkcli.hub.download import (
+    NotCached,
+    OnProgress,
+    Progress,
+    Unreachable,
+    check_space,
+    download,
+    hash_file,
+    hub_errors,
+)
 from dsparkcli.hub.hfref import parse_hf_uri
 from dsparkcli.hub.model_file import ModelFile
 from dsparkcli.hub.registry import ROLES, ModelPair
@@ -225,10 +234,12 @@ def plan(
         try:
             if (f.repo, f.revision) not in listings:
                 listings[(f.repo, f.revision)] = _listing(f.repo, f.revision, f.filename or f.glob or "")
-        except Unreachable:
+        except Unreachable as e:
             # No network (but not declared offline): a cached copy still serves, as in huggingface_hub.
             if find_local(f, local) is None:
-                raise
+                raise Unreachable(
+                    e.endpoint, e.repo, e.cause, missing=f"{f.role} {f.pattern} of {pair.name}"
+                ) from None
             planned.append(_plan_offline(f, pair.name, local))
             continue
         commit, remote_files = listings[(f.repo, f.revision)]
@@ -336,7 +347,7 @@ def _plan_offline(f: ModelFile, pair_name: str, local: Path | None) -> PlannedFi
     found = find_local(f, local)
     if found is None:
         where = f"in {local}" if local is not None else "in the HF cache"
-        raise HubError(
+        raise NotCached(
             f"offline (HF_HUB_OFFLINE) and the {f.role} {f.pattern} of {pair_name} is not {where}; "
             f"run `dspark fetch {pair_name}{' --dir ' + str(local) if local else ''}` with network access first"
         )
