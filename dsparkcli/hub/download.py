@@ -258,6 +258,8 @@ def download(
             raise
         except BaseException:
             hasher.abandon()  # Ctrl-C included: the partial stays for the next run
+            if _file_size(partial) == 0:  # unless it holds nothing: an empty file is no download kept
+                partial.unlink(missing_ok=True)
             raise
         received += p.size - have
         t = time.monotonic()

