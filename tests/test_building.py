@@ -3,6 +3,8 @@ progress lines are read as percentages."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import time
@@ -147,3 +149,54 @@ def test_a_failed_build_removes_its_half_built_folder_and_keeps_the_log(
     assert e.value.hint.endswith(") was removed") and "folder (0 B)" not in e.value.hint  # it held the configure
     assert "error: no cuBLAS" in log.read_text()  # the log the line names is still there to read
     assert not (log.parent / "build").exists() and not (log.parent / "engine.json").exists()
+
+
+# ------------------------------------------------------------------ a build off a terminal says it is alive (issue 40)
+
+SLOW_TREE = """cmake_minimum_required(VERSION 3.16)
+project(fake NONE)
+add_custom_target(llama-server COMMAND ${CMAKE_COMMAND} -E sleep 1.5
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/bin
+  COMMAND ${CMAKE_COMMAND} -E touch ${CMAKE_BINARY_DIR}/bin/llama-server)
+foreach(t llama-cli llama-quantize llama-gguf-split)
+  add_custom_target(${t} COMMAND ${CMAKE_COMMAND} -E true)
+  add_dependencies(llama-server ${t})  # the quick steps first: ninja's [k/n] lines before the long one
+endforeach()
+"""
+
+
+def test_a_build_off_a_terminal_says_when_it_starts_and_then_that_it_is_alive(
+    cli, tmp_path: Path, monkeypatch
+) -> None:
+    """`make demo > log` showed nothing for 444 s, then "built in 444 s": the bar is off there, and nothing
+    took its place. Now one line up front (the expected time, the log) and a line every HEARTBEAT_SECONDS."""
+    from dsparkcli.cli import engine as engine_cli
+
+    monkeypatch.setattr(engine_cli, "HEARTBEAT_SECONDS", 0.25)  # 30 s in use; the build here takes ~2 s
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "CMakeLists.txt").write_text(SLOW_TREE)
+    env = {"DSPARK_CACHE_DIR": str(tmp_path / "cache")}
+    proc = cli("engine", "build", "--source", str(tree), "--no-rpc", "-j", "1", env=env)
+    assert proc.returncode == 0, proc.stderr
+    [log] = (tmp_path / "cache").rglob("build.log")
+    lines = proc.stderr.splitlines()
+    expected = building._CORE_SECONDS["cpu"] / 60
+    assert (
+        lines[0]
+        == f"building llama.cpp (cpu) with 1 job: about {expected:.0f} min (a rough guess for 1 core); log: {log}"
+    )
+    beats = lines[1:]
+    assert len(beats) >= 3 and all(
+        re.fullmatch(r"still building llama.cpp \(cpu\) after \d+ s(: \d+ %)?", b) for b in beats
+    )
+    assert beats[-1].endswith(" %"), lines  # ninja's progress by the last one: the quick steps are done
+    assert proc.stdout.startswith("built in ")
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path / "cache"))
+    [(_, record)] = building.cached_builds()
+    assert building.expected_seconds("cpu", 1) == (record.build_seconds, "the last cpu build here took that")
+    cores = min(16, os.cpu_count() or 16)  # no CUDA build here: the rule of thumb, for the cores there are
+    assert building.expected_seconds("cuda", 16) == (
+        4800.0 / cores,
+        f"a rough guess for {cores} core{'s' * (cores > 1)}",
+    )

@@ -18,13 +18,21 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dsparkcli.errors import EngineBuildError, UsageError
 from dsparkcli.llama import patches as patches_mod
 from dsparkcli.llama import sources
-from dsparkcli.llama.engine import BUILD_TARGETS, RPC_SERVER, BuildRecord, Engine, build_key, engine_root
+from dsparkcli.llama.engine import (
+    BUILD_TARGETS,
+    RPC_SERVER,
+    BuildRecord,
+    Engine,
+    build_key,
+    cached_builds,
+    engine_root,
+)
 from dsparkcli.units import format_size
 
 ProgressFn = Callable[[float, str], None]
@@ -202,6 +210,35 @@ def _remove_half_built(root: Path) -> int:
     return freed
 
 
+# ------------------------------------------------------------------ what a build says before it starts
+
+
+@dataclass(frozen=True)
+class BuildStart:
+    """Said once a build really starts (nothing to reuse): its log, its jobs and how long it should take."""
+
+    log: Path
+    jobs: int
+    expected_seconds: float
+    basis: str  # where the expectation comes from: an earlier build here, or the rule of thumb
+
+
+# compile work of one build in core-seconds, for a machine with no earlier build to go by: the CPU build took
+# 444 s on 2 cores (issue 40's `make demo`), the CUDA one (one architecture) about 5 min on 16 cores
+_CORE_SECONDS = {"cpu": 900.0, "cuda": 4800.0}
+
+
+def expected_seconds(backend: str, jobs: int) -> tuple[float, str]:
+    """(seconds, basis): the newest complete build of this backend here, else ``_CORE_SECONDS`` over the jobs."""
+    past = [r.build_seconds for _, r in cached_builds() if r.backend == backend and r.build_seconds > 0]
+    if past:
+        return past[0], f"the last {backend} build here took that"
+    cores = max(1, min(jobs, os.cpu_count() or jobs))
+    return _CORE_SECONDS.get(
+        backend, _CORE_SECONDS["cpu"]
+    ) / cores, f"a rough guess for {cores} core{'s' if cores != 1 else ''}"
+
+
 # ------------------------------------------------------------------ the build
 
 BACKENDS = ("cpu", "cuda")
@@ -313,6 +350,7 @@ def build_engine(
     jobs: int | None = None,
     force: bool = False,
     on_progress: ProgressFn | None = None,
+    on_start: Callable[[BuildStart], None] | None = None,
 ) -> tuple[Engine, BuildRecord, bool]:
     """Build (or reuse) llama.cpp. Returns (engine, record, reused).
 
@@ -330,6 +368,8 @@ def build_engine(
     ``rpc`` (on by default): GGML_RPC=ON and the ggml-rpc-server target. It adds ``--rpc`` to llama-server
     and one small binary and changes nothing else (same devices, same flags otherwise), so the default
     build, and CI's single build, serve both ``dspark rpc-worker`` and everything else.
+
+    ``on_start`` hears once that a build really starts (``BuildStart``), after every reuse was ruled out.
     """
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -409,6 +449,9 @@ def build_engine(
         # a tree without git metadata (a patched copy, an archive) cannot tell its binaries their commit
         stamp = commit if (series or archive) and re.fullmatch(r"[0-9a-f]{7,40}", commit) else ""
         started = time.monotonic()
+        n_jobs = jobs or os.cpu_count() or 2
+        if on_start is not None:
+            on_start(BuildStart(root / "build.log", n_jobs, *expected_seconds(backend, n_jobs)))
         try:
             run_steps(
                 [
@@ -422,7 +465,7 @@ def build_engine(
                         "--config",
                         "Release",
                         "-j",
-                        str(jobs or os.cpu_count() or 2),
+                        str(n_jobs),
                     ]
                     + ["--target", *targets],
                 ],
