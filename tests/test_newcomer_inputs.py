@@ -77,6 +77,60 @@ def test_a_prompt_that_mentions_an_image_is_still_a_prompt(cli, good_png):
     assert "could not connect" in _one_line(proc, 4)
 
 
+# ------------------------------------------------------------------ run: the default pair with no hub in reach
+
+VISION_DEFAULT = """
+default = "bigpair"
+[pairs.bigpair]
+description = "a stand-in for the hub-only default"
+[pairs.bigpair.target]
+repo = "o/t"
+filename = "target.gguf"
+[pairs.bigpair.mmproj]
+repo = "o/t"
+filename = "mmproj.gguf"
+[pairs.bigpair.drafts.q8]
+repo = "o/d"
+filename = "draft.gguf"
+"""
+# the packaged registry's smallest pair whose files come from PyPI and dspark itself
+OFF_HUB = "or, without the hub: --model smollm2-135m (115.4 MB from PyPI, not the hub; text only"
+
+
+def test_the_default_pair_without_a_hub_suggests_the_pair_that_needs_none(
+    cli, engine, tmp_path, good_png, user_models
+):
+    """README's first example with no hub in reach said "set HF_HUB_OFFLINE=1", and that said "run `dspark
+    fetch minicpm-v-4.7` with network access first": both needed the hub. The line names a pair that does not."""
+    from support.hubserver import FakeHub
+
+    with FakeHub() as gone:
+        env = gone.client_env(tmp_path / "hf")  # a port nobody listens on once this block ends
+    env |= {
+        "DSPARK_LLAMA_BIN": str(engine.bin_dir),
+        "DSPARK_CONFIG_DIR": str(user_models(VISION_DEFAULT)),
+        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    question = [str(good_png), "What is in this picture?"]
+    line = _one_line(cli("run", *question, env=env, input=""), 5)
+    assert line == (
+        f"cannot reach {gone.endpoint} for o/t (ConnectError) and the target target.gguf of bigpair is not cached; "
+        f"check the network; {OFF_HUB})"
+    )  # no HF_HUB_OFFLINE=1: nothing here for it to serve
+    offline = _one_line(cli("run", *question, env={**env, "HF_HUB_OFFLINE": "1"}, input=""), 5)
+    assert offline == (
+        "offline (HF_HUB_OFFLINE) and the target target.gguf of bigpair is not in the HF cache; run `dspark fetch "
+        f"bigpair` with network access first; {OFF_HUB}; unset HF_HUB_OFFLINE to fetch it)"
+    )  # smollm2-135m's wheel is not cached either, and offline nothing is fetched from PyPI
+    # followed with the image still there: said before anything is fetched (it came after the download)
+    proc = cli("run", *question, "--model", "smollm2-135m", env=env, input="")
+    assert _one_line(proc, 2) == "images given but smollm2-135m is a text pair (no vision projector); ask without them"
+    assert not (tmp_path / "cache" / "pypi").exists()
+    # a pair the user named is theirs: no other pair is offered instead
+    named = _one_line(cli("run", *question, "--model", "bigpair", env=env, input=""), 5)
+    assert named.endswith("is not cached; check the network"), named
+
+
 # ------------------------------------------------------------------ run / serve: --no-draft with a draft's tuning
 
 

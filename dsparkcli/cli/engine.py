@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -85,19 +88,47 @@ def build(
     # deferred: rich.progress costs ~30 ms that commands without a bar would pay at start-up
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[line]}"),
-        console=err,
-        transient=True,
-        disable=json_out or not err.is_terminal,
-    ) as progress:  # off a terminal: no bar, no stray newline
+    bar = not json_out and err.is_terminal
+    done = {"pct": -1.0}
+    beat = Heartbeat(
+        HEARTBEAT_SECONDS,
+        lambda elapsed: err.print(
+            f"still building llama.cpp ({backend}) after {_duration(elapsed)}"
+            + (f": {done['pct']:.0f} %" if done["pct"] >= 0 else ""),
+            markup=False,
+        ),
+    )
+
+    def on_start(start: building.BuildStart) -> None:
+        if bar:  # the bar shows the same, live
+            return
+        # off a terminal (`make demo > log`) the bar is off: nothing was said for 444 s, then "built in 444 s"
+        jobs_said = f"{start.jobs} job{'s' if start.jobs != 1 else ''}"
+        err.print(
+            f"building llama.cpp ({backend}) with {jobs_said}: about {_duration(start.expected_seconds)} "
+            f"({start.basis}); log: {start.log}",
+            markup=False,
+        )
+        beat.start()
+
+    with (
+        beat,
+        Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[line]}"),
+            console=err,
+            transient=True,
+            disable=not bar,
+        ) as progress,
+    ):  # off a terminal: no bar, no stray newline (the lines of on_start and the heartbeat instead)
         task = progress.add_task(f"building llama.cpp ({backend})", total=100, line="")
 
         def on_progress(pct: float, line: str) -> None:
+            if pct >= 0:
+                done["pct"] = pct
             fields = {"line": line[-60:]}
             if pct >= 0:
                 progress.update(task, completed=pct, **fields)
@@ -118,6 +149,7 @@ def build(
             jobs=jobs,
             force=force,
             on_progress=on_progress,
+            on_start=on_start,
         )
     if json_out:
         print_json({"server": eng.server, "reused": reused, **record.__dict__})
@@ -135,6 +167,41 @@ def build(
         out.print(f"  patch {name}")
     if ref is not None and patches is None and not record.patches:
         out.print(building.series_note(record.release))
+
+
+HEARTBEAT_SECONDS = 30.0  # off a terminal, a line this often while the engine builds
+
+
+class Heartbeat:
+    """``say(seconds since start)`` every ``every`` seconds from a thread, from ``start()`` until the ``with``
+    block ends: a log (or CI) sees that a long build is alive, also through one silent 3-minute CUDA compile."""
+
+    def __init__(self, every: float, say: Callable[[float], None]) -> None:
+        self._every, self._say = every, say
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        started = time.monotonic()
+
+        def beat() -> None:
+            while not self._stop.wait(self._every):
+                self._say(time.monotonic() - started)
+
+        self._thread = threading.Thread(target=beat, name="dspark-heartbeat", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> Heartbeat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _sdist(name: str | None, source: Path | None, ref: str | None) -> sources.SdistSource | None:

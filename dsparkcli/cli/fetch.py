@@ -97,7 +97,7 @@ def fetch(
         try:
             fetched = hub.fetch_planned(planned, pair.name, on_progress=on_progress, check=check)
         except KeyboardInterrupt:
-            raise Interrupted("interrupted: the partial download is kept; run the same command to resume") from None
+            raise Interrupted(hub.interrupted(planned)) from None  # what is kept, as it is: maybe nothing
     if json_out:
         print_json({"name": pair.name, "files": fetched})
         return

@@ -132,7 +132,22 @@ def hash_file(path: Path, *, git_size: int | None = None, on_block: Callable[[in
 
 
 class Unreachable(HubError):
-    """The hub could not be reached at all (DNS, refused, timeout), as opposed to an HTTP error."""
+    """The hub could not be reached at all (DNS, refused, timeout), as opposed to an HTTP error.
+
+    ``missing`` names the file that is not cached either: HF_HUB_OFFLINE=1 would not help then, so the
+    line does not suggest it (following it only led to a second refusal)."""
+
+    def __init__(self, endpoint: str, repo: str, cause: str, *, missing: str | None = None) -> None:
+        head = f"cannot reach {endpoint} for {repo} ({cause})"
+        if missing is None:
+            super().__init__(f"{head}; check the network, or set HF_HUB_OFFLINE=1 to use cached files")
+        else:
+            super().__init__(f"{head} and the {missing} is not cached; check the network")
+        self.endpoint, self.repo, self.cause = endpoint, repo, cause
+
+
+class NotCached(HubError):
+    """Offline (HF_HUB_OFFLINE) and a file the hub holds is not here."""
 
 
 @contextmanager
@@ -168,17 +183,14 @@ def hub_errors(repo: str, revision: str, what: str, pair_name: str | None = None
         raise HubError(f"{what} not found in {repo}@{revision} (404)") from None
     except OfflineModeIsEnabled:
         fetch_cmd = f"`dspark fetch {pair_name}`" if pair_name else "`dspark fetch`"
-        raise HubError(
+        raise NotCached(
             f"offline (HF_HUB_OFFLINE) and {what} is not cached; run {fetch_cmd} with network access"
         ) from None
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "?"
         raise HubError(f"the hub answered HTTP {status} for {what} in {repo}") from None
     except httpx2.HTTPError as e:
-        raise Unreachable(
-            f"cannot reach {endpoint} for {repo} ({type(e).__name__}); check the network, "
-            "or set HF_HUB_OFFLINE=1 to use cached files"
-        ) from None
+        raise Unreachable(endpoint, repo, type(e).__name__) from None
 
 
 def check_space(partial: Path, needed: int, p: Transfer) -> None:
@@ -246,6 +258,8 @@ def download(
             raise
         except BaseException:
             hasher.abandon()  # Ctrl-C included: the partial stays for the next run
+            if _file_size(partial) == 0:  # unless it holds nothing: an empty file is no download kept
+                partial.unlink(missing_ok=True)
             raise
         received += p.size - have
         t = time.monotonic()

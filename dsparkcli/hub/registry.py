@@ -125,13 +125,18 @@ class Registry:
             raise UsageError(_unknown("model", name, self.pairs, "in the registry"))
         return self.pairs[name]
 
-    def smallest(self, but: str | None = None) -> tuple[ModelPair, int] | None:
+    def smallest(self, but: str | None = None, *, off_hub: bool = False) -> tuple[ModelPair, int] | None:
         """The pair (other than ``but``) with the fewest bytes, among those whose every file's size is
-        pinned, and its size: the one to suggest to someone who did not ask for a big download."""
+        pinned, and its size: the one to suggest to someone who did not ask for a big download.
+        ``off_hub``: only pairs none of whose files comes from the HF hub (PyPI, shipped with dspark), the
+        one to suggest where the hub is out of reach."""
         sized = [
             (sum(f.size or 0 for f in p.files().values()), name)
             for name, p in self.pairs.items()
-            if name != but and p.drafts and all(f.size for f in p.files().values())
+            if name != but
+            and p.drafts
+            and all(f.size for f in p.files().values())
+            and not (off_hub and any(f.source == "hub" for f in p.files().values()))
         ]
         if not sized:
             return None

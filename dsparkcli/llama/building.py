@@ -17,14 +17,23 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dsparkcli.errors import EngineBuildError, UsageError
 from dsparkcli.llama import patches as patches_mod
 from dsparkcli.llama import sources
-from dsparkcli.llama.engine import BUILD_TARGETS, RPC_SERVER, BuildRecord, Engine, build_key, engine_root
+from dsparkcli.llama.engine import (
+    BUILD_TARGETS,
+    RPC_SERVER,
+    BuildRecord,
+    Engine,
+    build_key,
+    cached_builds,
+    engine_root,
+)
+from dsparkcli.units import format_size
 
 ProgressFn = Callable[[float, str], None]
 _PCT_RE = re.compile(r"^\[\s*(\d+)%\]")
@@ -101,6 +110,133 @@ def _percent(line: str) -> float:
         return 100.0 * int(m.group(1)) / max(1, int(m.group(2)))
     m = _PCT_RE.match(line)
     return float(m.group(1)) if m else -1.0
+
+
+# ------------------------------------------------------------------ a CUDA toolkit that can build ggml
+
+# ggml-cuda links cuBLAS (and cuBLASLt); a toolkit of the compiler alone (nvcc, cudart: what some images and
+# pip wheels carry) configured, then stopped at CMake's "Could not find CUBLAS" with a half-built folder behind
+CUBLAS_HEADER = "cublas_v2.h"
+CUBLAS_LIBS = ("libcublas", "libcublasLt")
+_TOP_RE = re.compile(r"^#\$ TOP=(.+)$", re.MULTILINE)
+SYSTEM_DIRS = (Path("/usr"),)  # where a distribution's CUDA packages put them (/usr/include, /usr/lib/<triplet>)
+DEFAULT_TOOLKIT = Path("/usr/local/cuda")  # FindCUDAToolkit's last resort, NVIDIA's installers' link
+
+
+def _nvcc(env: Mapping[str, str]) -> Path | None:
+    """The CUDA compiler CMake would pick: CUDACXX, else nvcc on PATH."""
+    named = env.get("CUDACXX") or shutil.which("nvcc", path=env.get("PATH"))
+    return Path(named) if named and Path(named).is_file() else None
+
+
+def _nvcc_top(nvcc: Path) -> Path | None:
+    """The toolkit nvcc belongs to, as nvcc says it (CMake asks it the same way): /usr/local/bin/nvcc may be
+    a wrapper script of /usr/local/cuda-13.0/bin/nvcc, whose folder's parent is no toolkit."""
+    try:
+        proc = subprocess.run(
+            [str(nvcc), "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = _TOP_RE.search(proc.stderr + proc.stdout)
+    return Path(m.group(1).strip()).resolve() if m else None
+
+
+def cuda_roots(env: Mapping[str, str], nvcc: Path | None) -> tuple[Path, ...]:
+    """The toolkit folders CMake's FindCUDAToolkit would look in, in its order: CUDAToolkit_ROOT, the
+    compiler's toolkit (as nvcc says, then beside the resolved nvcc), CUDA_PATH, CUDA_HOME, /usr/local/cuda."""
+    found: list[Path] = []
+    named = [env.get("CUDAToolkit_ROOT")]
+    if nvcc is not None:
+        named += [str(_nvcc_top(nvcc) or ""), str(nvcc.resolve().parent.parent)]
+    named += [env.get("CUDA_PATH"), env.get("CUDA_HOME"), str(DEFAULT_TOOLKIT)]
+    for text in named:
+        if text and Path(text).is_dir() and Path(text).resolve() not in found:
+            found.append(Path(text).resolve())
+    return tuple(found)
+
+
+def _has(folders: Sequence[Path], patterns: Sequence[str]) -> bool:
+    return any(any(f.glob(p)) for f in folders for p in patterns if f.is_dir())
+
+
+def missing_cuda(env: Mapping[str, str] | None = None) -> str | None:
+    """What ``--backend cuda`` lacks here, in one line with what to do; None when the toolkit has what ggml-cuda
+    links. Read from the folders CMake would search (``cuda_roots``, then ``system``); nothing is built."""
+    env = os.environ if env is None else env
+    nvcc = _nvcc(env)
+    roots = cuda_roots(env, nvcc)
+    if nvcc is None and not any((r / "bin" / "nvcc").is_file() for r in roots):
+        return (
+            "--backend cuda needs nvcc, the CUDA compiler, and there is none (PATH, CUDACXX, CUDA_PATH, CUDA_HOME, "
+            "/usr/local/cuda): install the CUDA toolkit, or build --backend cpu"
+        )
+    places = [*roots, *SYSTEM_DIRS]
+    includes = [d for r in places for d in (r / "include", *r.glob("targets/*/include"))]
+    libs = [d for r in places for d in (r / "lib64", r / "lib", *r.glob("lib/*-linux-gnu"), *r.glob("targets/*/lib"))]
+    absent = [CUBLAS_HEADER] if not _has(includes, [CUBLAS_HEADER]) else []
+    absent += [lib for lib in CUBLAS_LIBS if not _has(libs, [f"{lib}.so*", f"{lib}_static.a"])]
+    if not absent:
+        return None
+    version = next((m.group(1) for r in roots if (m := re.fullmatch(r"cuda-(\d+\.\d+)", r.name))), None)
+    package = f"libcublas-dev-{version.replace('.', '-')}" if version else "libcublas-dev"
+    where = ", ".join(str(p) for p in places)
+    return (
+        f"--backend cuda needs cuBLAS, and this machine has no {_either(absent)} (looked in {where}, where "
+        f"CMake looks); install the toolkit's cuBLAS (NVIDIA's CUDA repository: {package}), or put a toolkit "
+        "that has it first (its bin/nvcc on PATH, or CUDACXX)"
+    )
+
+
+def _either(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def require_cuda(backend: str) -> None:
+    """Refuse a CUDA build that would stop in CMake, before any download or build (``missing_cuda``)."""
+    if backend == "cuda" and (why := missing_cuda()) is not None:
+        raise EngineBuildError(why)
+
+
+def _remove_half_built(root: Path) -> int:
+    """A failed build's folders (the build tree, the patched copy) removed; its log stays. Returns the bytes
+    freed. A failed CUDA build had left 187 MB that no later run reused (engine.json is written last)."""
+    freed = 0
+    for folder in (root / "build", root / "src"):
+        if folder.is_dir():
+            freed += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+            shutil.rmtree(folder, ignore_errors=True)
+    return freed
+
+
+# ------------------------------------------------------------------ what a build says before it starts
+
+
+@dataclass(frozen=True)
+class BuildStart:
+    """Said once a build really starts (nothing to reuse): its log, its jobs and how long it should take."""
+
+    log: Path
+    jobs: int
+    expected_seconds: float
+    basis: str  # where the expectation comes from: an earlier build here, or the rule of thumb
+
+
+# compile work of one build in core-seconds, for a machine with no earlier build to go by: the CPU build took
+# 444 s on 2 cores (issue 40's `make demo`), the CUDA one (one architecture) about 5 min on 16 cores
+_CORE_SECONDS = {"cpu": 900.0, "cuda": 4800.0}
+
+
+def expected_seconds(backend: str, jobs: int) -> tuple[float, str]:
+    """(seconds, basis): the newest complete build of this backend here, else ``_CORE_SECONDS`` over the jobs."""
+    past = [r.build_seconds for _, r in cached_builds() if r.backend == backend and r.build_seconds > 0]
+    if past:
+        return past[0], f"the last {backend} build here took that"
+    cores = max(1, min(jobs, os.cpu_count() or jobs))
+    return _CORE_SECONDS.get(
+        backend, _CORE_SECONDS["cpu"]
+    ) / cores, f"a rough guess for {cores} core{'s' if cores != 1 else ''}"
 
 
 # ------------------------------------------------------------------ the build
@@ -214,6 +350,7 @@ def build_engine(
     jobs: int | None = None,
     force: bool = False,
     on_progress: ProgressFn | None = None,
+    on_start: Callable[[BuildStart], None] | None = None,
 ) -> tuple[Engine, BuildRecord, bool]:
     """Build (or reuse) llama.cpp. Returns (engine, record, reused).
 
@@ -231,6 +368,8 @@ def build_engine(
     ``rpc`` (on by default): GGML_RPC=ON and the ggml-rpc-server target. It adds ``--rpc`` to llama-server
     and one small binary and changes nothing else (same devices, same flags otherwise), so the default
     build, and CI's single build, serve both ``dspark rpc-worker`` and everything else.
+
+    ``on_start`` hears once that a build really starts (``BuildStart``), after every reuse was ruled out.
     """
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -245,7 +384,9 @@ def build_engine(
             raise UsageError("--sdist-file, --source and --ref each name a tree: pass one")
         named, sdist = sdist, sources.sdist_of_file(sdist_file.expanduser())
         if named is not None and named != sdist:
-            raise UsageError(f"--sdist-file {sdist_file} is {sdist.package}=={sdist.version}, not --sdist {named.package}")
+            raise UsageError(
+                f"--sdist-file {sdist_file} is {sdist.package}=={sdist.version}, not --sdist {named.package}"
+            )
     archive = sources.archive_ref(ref, sha256) if ref is not None else None  # refused before any download
     if shutil.which("cmake") is None:
         raise EngineBuildError(
@@ -257,6 +398,7 @@ def build_engine(
             reused = _reuse_sdist(sdist, backend, cuda_arch, cpu_arch, rpc)
             if reused is not None:
                 return reused
+        require_cuda(backend)  # before the sdist is fetched or unpacked
         if sdist_file is not None:
             sources.install_sdist_file(sdist_file.expanduser(), sdist)
         source = sources.sdist_tree(sdist, on_line=on_progress)
@@ -297,6 +439,7 @@ def build_engine(
                 and (archive is None or record.source_sha256 == archive.sha256)
             ):
                 return Engine(bin_dir / "llama-server", bin_dir, "cache", commit=commit, backend=backend), record, True
+        require_cuda(backend)  # a tree from --ref or --source: checked once nothing can be reused
         marker.unlink(missing_ok=True)
         build_source = source
         if series:
@@ -306,23 +449,34 @@ def build_engine(
         # a tree without git metadata (a patched copy, an archive) cannot tell its binaries their commit
         stamp = commit if (series or archive) and re.fullmatch(r"[0-9a-f]{7,40}", commit) else ""
         started = time.monotonic()
-        run_steps(
-            [
-                cmake_configure_args(build_source, root / "build", backend, cuda_arch, cpu_arch, rpc, commit=stamp),
+        n_jobs = jobs or os.cpu_count() or 2
+        if on_start is not None:
+            on_start(BuildStart(root / "build.log", n_jobs, *expected_seconds(backend, n_jobs)))
+        try:
+            run_steps(
                 [
-                    "cmake",
-                    "--build",
-                    str(root / "build"),
-                    "--config",
-                    "Release",
-                    "-j",
-                    str(jobs or os.cpu_count() or 2),
-                ]
-                + ["--target", *targets],
-            ],
-            root / "build.log",
-            on_progress,
-        )
+                    cmake_configure_args(
+                        build_source, root / "build", backend, cuda_arch, cpu_arch, rpc, commit=stamp
+                    ),
+                    [
+                        "cmake",
+                        "--build",
+                        str(root / "build"),
+                        "--config",
+                        "Release",
+                        "-j",
+                        str(n_jobs),
+                    ]
+                    + ["--target", *targets],
+                ],
+                root / "build.log",
+                on_progress,
+            )
+        except EngineBuildError as e:  # not Ctrl-C: an interrupted build resumes where it stopped
+            freed = _remove_half_built(root)
+            raise EngineBuildError(
+                e.message, hint=f"{e.hint}; the half-built folder ({format_size(freed)}) was removed"
+            ) from None
         record = BuildRecord(
             commit=commit,
             backend=backend,
