@@ -64,7 +64,7 @@ def _rows(md: Path) -> list[list[str]]:
 def test_every_plan_is_well_formed_and_fits_a_call():
     plans = sorted(PLANS.glob("*.toml"))
     names = {p.stem for p in plans}
-    assert {"load", "profile", "tune", "adaptive"} <= names
+    assert {"sweep", "load", "profile", "rpc", "distill", "graphs", "tune", "adaptive"} <= names
     ids = set()
     for path in plans:
         plan = lease.read_plan(path)
@@ -75,7 +75,22 @@ def test_every_plan_is_well_formed_and_fits_a_call():
             assert leg.expected_s <= 540, (path, leg.name)  # one device call, with room for the poll's start
         # every variable a leg reads is one the lease sets (a typo would be an empty size on the GPU)
         known = set(plan.leg_vars("gpu")) | {"T", "D", "N", "LIMIT", "REPS", "ROUNDS", "SB", "MT", "SBLIMIT"}
-        known |= {"SBTUNE", "PNG", "T47", "M47", "D47", "TM", "DM", "MM", "PROFILE", "WORK", "PY", "LEG_OUT", "GPU"}
+        known |= {
+            "SBTUNE",
+            "PNG",
+            "T47",
+            "M47",
+            "D47",
+            "TM",
+            "DM",
+            "MM",
+            "PROFILE",
+            "WORK",
+            "PY",
+            "LEG_OUT",
+            "GPU",
+            "PWD",
+        }
         for leg in plan.legs:
             used = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", leg.command))
             used -= set(re.findall(r"\b([A-Z][A-Z0-9_]*)=", leg.command))  # the leg's own
@@ -276,3 +291,60 @@ def test_the_profiles_ncu_path(engine, tmp_path):
     assert row[15] == f"{timing['k3']['t_step_ms'] - 2.75:.3f}" and row[16] == "3"  # the gap; kernels per step
     # no server outlives the run (the fake ncu's child included)
     assert subprocess.run(["pgrep", "-f", str(pair.target)], capture_output=True).returncode == 1
+
+
+@pytest.mark.engine
+def test_the_rpc_plan_finds_direct_and_worker_alike(engine, tmp_path, monkeypatch):
+    """The former study/gpu_rpc.sh: every pair served directly and through a local worker gives the same
+    tokens and counts (the known-answer pair: the exact prediction too)."""
+    dest = dry_run_plan("rpc", engine, tmp_path, monkeypatch)
+    for leg in ("rpc-known-answer", "rpc-standin", "rpc-real"):
+        (summary,) = [r for r in _records(dest / leg / "rpc_check.jsonl") if r["record"] == "summary"]
+        assert summary["tokens_equal"] is True and summary["counts_equal"] is True, leg
+        assert summary["predicted"] is (True if leg == "rpc-known-answer" else None)
+
+
+@pytest.mark.engine
+def test_the_distill_plan_trains_a_draft_and_benches_it(engine, tmp_path, monkeypatch):
+    """The former study/gpu_distill.sh: `dspark distill` on the lease's target, the draft back in the leg's
+    folder (its sha256 the report's), then benched beside the shipped draft and plain decoding."""
+    dest = dry_run_plan("distill", engine, tmp_path, monkeypatch)
+    report = json.loads((dest / "distill-train" / "distill-report.json").read_text())
+    draft = dest / "distill-train" / "draft.gguf"
+    assert lease.sha256_of(draft) == report["out_sha256"] and draft.stat().st_size == report["out_bytes"]
+    summary = json.loads((dest / "distill-bench" / "bench-summary.json").read_text())["summaries"]
+    assert {s["config"] for s in summary} == {"plain", "distilled@1", "distilled@3", "shipped@1", "shipped@3"}
+
+
+@pytest.mark.engine
+def test_the_graphs_plan_measures_every_switch_set(engine, tmp_path, monkeypatch):
+    """The former study/gpu_graphs.sh: patches 0006/0007 on, off and CUDA graphs off, on the REAL pair and the
+    stand-in, and the kit's budgets against plain."""
+    dest = dry_run_plan("graphs", engine, tmp_path, monkeypatch)
+    for leg in ("switches-real", "switches-standin"):
+        doc = json.loads((dest / leg / "step-switches.json").read_text())
+        assert set(doc["switch_sets"]) == {"patched", "stock", "no graphs"}
+        cost = {(r["config"], r["switches"]) for r in doc["rows"] if r["table"] == "cost"}
+        assert {s for _, s in cost} == {"patched", "stock", "no graphs"} and ("plain", "stock") in cost
+        assert (dest / leg / "graph-stats.json").is_file()
+    rows = _rows(dest / "kit-real" / "bench.md")
+    assert {r[0] for r in rows} >= {"plain", "smollm2-135m-dspark@1", "smollm2-135m-dspark@3"}
+
+
+@pytest.mark.engine
+def test_the_sweep_plan_splits_the_grid_and_tunes_against_it(engine, tmp_path, monkeypatch):
+    """The former study/gpu_study.sh: doctor's selftest, the kit on the stand-in, the sweep's two halves (no
+    configuration measured twice: the second resumes from the machine's history) and tune vs the grid."""
+    dest = dry_run_plan("sweep", engine, tmp_path, monkeypatch)
+    assert "selftest PASS" in (dest / "doctor-hbm" / "selftest.txt").read_text()
+    kit = script("lease_render").summaries(dest / "kit-standin" / "bench-kit.jsonl")
+    assert {r["budget"] for r in kit} == {None, 5, 15} and all(r["synthetic"] for r in kit if r["budget"])
+    assert _records(dest / "kit-standin" / "overhead.jsonl")
+    halves = [
+        {r["config"] for r in _records(dest / leg / "sweep.jsonl") if r.get("type") == "config"} - {"plain"}
+        for leg in ("sweep-1", "sweep-2")
+    ]
+    assert halves[0] and halves[1] and not halves[0] & halves[1]
+    assert "SYNTHETIC" in (dest / "sweep-1" / "BENCHMARKS.partial.md").read_text()
+    rows = json.loads((dest / "tune-study" / "tune-study.json").read_text())["rows"]
+    assert [r["L"] for r in rows] == [2.0, 4.0] and all(r["pick_vs_best"] is not None for r in rows)
