@@ -468,8 +468,12 @@ def render(recs: list[dict[str, Any]]) -> str:
     )
     w("\n### Reproduce\n")
     w("```")
-    w(".venv/bin/python -m study.pack_gpu_bundle          # .gpu/: llama.cpp tarball + wheels (carry it)")
-    w('bash study/gpu_study.sh --kit --with-cost --n-predict "256 1024"   # on the GPU machine, repo root, $OUT set')
+    w(
+        "python -m study.lease pack --eval DIR; python -m study.lease lean   # .lease/callN: sdist, wheels, pair (carry them)"
+    )
+    w(
+        "python3 -m study.lease start --plan study/plans/sweep.toml; python3 -m study.lease poll --plan study/plans/sweep.toml"
+    )
     for run in sorted(runs.values(), key=lambda r: r.run_id):
         argv = run.prov.get("argv")
         if argv:

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # Only modules without third-party dependencies at the top: `--phase hbm` runs with the GPU machine's own
-# Python packages (gpu_study.sh), which need not hold dspark's; the server side is imported where used.
+# Python packages (study/plans/sweep.toml's doctor-hbm leg), which need not hold dspark's; the server side
+# is imported where used.
 from dsparkcli import __version__
 from dsparkcli.bench.records import JsonlSink
 from dsparkcli.bench.stats import spread

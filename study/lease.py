@@ -25,6 +25,29 @@ and here, after each poll:
 Resume: every imported leg is in a lease-log.json under study/results; `plan` and `pack` leave those out,
 so a lost machine costs only the leg in flight. `dry-run` runs the same queue end to end here on the CPU
 engine with tiny inputs (tests/test_lease.py runs it in `make test`).
+
+Other plans: `--plan FILE` on plan, begin, start, poll and dry-run picks another queue (default
+study/lease_plan.toml, the owed legs of issue 39). study/plans/ holds the kit's other GPU measurements as
+plans (they were shell scripts, each with its own set-up): sweep.toml (the SYNTHETIC-acceptance sweep,
+the prompt kit and tune vs a grid on the full-width stand-in), load.toml (`bench --concurrency`),
+profile.toml (the step profile under Nsight Compute), rpc.toml (direct vs a local RPC worker),
+distill.toml (`dspark distill` on the GPU, then the new draft benched), graphs.toml (patch and CUDA-graph
+switches, the kit and MT-bench choices), tune.toml (tune, then --budget auto through run, serve and bench)
+and adaptive.toml (tune --adaptive, then bench with fixed budgets and adaptive). A plan file is
+
+    plan = "ID"                    # its legs' records are "done" per ID (resume)
+    [vars]                         # the plan's own sizes, set for every leg:
+    LEVELS = ["1 2 4 8 16", "1 2"] #   [GPU value, dry-run value], or one string for both
+    [[legs]]                       # name, rank, expected_s, needs, command, about, measuring
+    ...
+
+A leg's needs are engine, real, eval, standin (the MiniCPM-V 4.7 stand-in: $T47 $M47 $D47) and standin-moe
+(the qwen35moe full-width pair, Q4_K target and Q8_0 draft, of the H200 step-cost, load and profile tables:
+$TM $DM and its manifest $MM; a 5 % copy in the dry run). `start` begins the engine build and only the
+stand-ins the plan's legs need: the full-width ones take minutes of the machine's disk. Every leg also sees
+$PROFILE (gpu or dry), $WORK (scratch kept across the lease's calls, never returned) and $PY (the lease's
+interpreter: "$PY" -m study.NAME runs a study program). An archive over
+the 16 MiB a returned file may hold comes back as lease-K.tar.gz.partNN files, which `import` joins.
 """
 
 from __future__ import annotations
@@ -54,6 +77,7 @@ STASH = REPO.parent / f".{REPO.name}-lease-stash"  # study/results during a lean
 CALL_LIMIT = 64 << 20  # what one call carries, the working tree included
 MARGIN = 2 << 20
 PART = 30 << 20  # a part's largest size: small enough that a call's folder can hold two with the wheels
+BACK_PART = 15 << 20  # a returned file's largest size (the device returns files of at most 16 MiB)
 DEVICE_DIR = Path(os.environ.get("DSPARK_LEASE_DIR", "/tmp/dspark-lease"))
 # on the machine already (the device tool's KINDS.md), or used only by what no leg runs (plots, the hub's
 # transfer backend): left out of the wheels
@@ -68,6 +92,11 @@ SPEC_BENCH_GROUPS = ("translation", "summarization", "qa", "math_reasoning", "ra
 # ------------------------------------------------------------------ the plan
 
 
+# what a leg may wait for: the jobs `start` begins (a plan's legs name which) and the files the calls carry
+JOBS = ("engine", "standin", "standin-moe")
+NEEDS = (*JOBS, "real", "eval")
+
+
 @dataclass(frozen=True)
 class Leg:
     name: str
@@ -79,7 +108,22 @@ class Leg:
     measuring: bool = True
 
 
-def load_plan(path: Path = PLAN) -> tuple[str, list[Leg]]:
+@dataclass(frozen=True)
+class Plan:
+    id: str
+    legs: tuple[Leg, ...]  # in rank order
+    vars: tuple[tuple[str, str, str], ...] = ()  # (name, GPU value, dry-run value): the plan's own sizes
+
+    def jobs(self) -> list[str]:
+        """What `start` begins for this plan: the engine always, a stand-in only when a leg needs it (the
+        full-width ones take minutes of the machine's disk)."""
+        return ["engine", *[j for j in JOBS[1:] if any(j in leg.needs for leg in self.legs)]]
+
+    def leg_vars(self, profile: str) -> dict[str, str]:
+        return {name: gpu if profile == "gpu" else dry for name, gpu, dry in self.vars}
+
+
+def read_plan(path: Path = PLAN) -> Plan:
     data = tomllib.loads(path.read_text())
     legs = [
         Leg(
@@ -96,7 +140,23 @@ def load_plan(path: Path = PLAN) -> tuple[str, list[Leg]]:
     names = [leg.name for leg in legs]
     if len(set(names)) != len(names):
         raise SystemExit(f"{path}: two legs share a name")
-    return data["plan"], sorted(legs, key=lambda leg: leg.rank)
+    for leg in legs:
+        unknown = set(leg.needs) - set(NEEDS)
+        if unknown:
+            raise SystemExit(f"{path}: leg {leg.name} needs {sorted(unknown)}; a need is one of {', '.join(NEEDS)}")
+    plan_vars = []
+    for name, value in data.get("vars", {}).items():
+        # one value for both, or [GPU, dry run]: a plan's sizes are said once, beside its legs
+        gpu, dry = (value, value) if isinstance(value, str) else value
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name) or not (isinstance(gpu, str) and isinstance(dry, str)):
+            raise SystemExit(f'{path}: vars.{name} must be UPPER_CASE = "value" or ["GPU value", "dry-run value"]')
+        plan_vars.append((name, gpu, dry))
+    return Plan(data["plan"], tuple(sorted(legs, key=lambda leg: leg.rank)), tuple(plan_vars))
+
+
+def load_plan(path: Path = PLAN) -> tuple[str, list[Leg]]:
+    plan = read_plan(path)
+    return plan.id, list(plan.legs)
 
 
 def done_legs(plan_id: str, results: Path = RESULTS) -> dict[str, str]:
@@ -431,9 +491,11 @@ def _job_rc(name: str) -> int | None:
         return None
 
 
-def start(carried: Path = REPO, *, py: str = sys.executable) -> None:
-    """Call 1: receive, install the wheels, then the engine build and the stand-in in detached processes."""
-    _event("start", profile=_profile(), host=os.uname().nodename)
+def start(carried: Path = REPO, *, py: str = sys.executable, plan: Path = PLAN) -> None:
+    """Call 1: receive, install the wheels, then the engine build and the stand-ins the plan's legs need, in
+    detached processes."""
+    jobs = read_plan(plan).jobs()
+    _event("start", profile=_profile(), host=os.uname().nodename, jobs=jobs)
     recv(carried)
     files = DEVICE_DIR / "files"
     wheels = sorted(files.glob("*.whl"))
@@ -454,33 +516,37 @@ def start(carried: Path = REPO, *, py: str = sys.executable) -> None:
     (DEVICE_DIR / "machine.txt").write_text((machine or "cpu") + f"\ncores {os.cpu_count()}\n")
     sdist = next(files.glob("*.tar.gz"), None)
     dspark = [py, "-m", "dsparkcli.cli.app"]
-    if _profile() == "gpu":
+    gpu = _profile() == "gpu"
+    if gpu:
         build = [*dspark, "engine", "build", "--backend", "cuda", "--cuda-arch", "90", "--jobs", str(os.cpu_count())]
         build += ["--json"] + (["--sdist-file", str(sdist)] if sdist else [])
-        standin = [*dspark, "synth", str(DEVICE_DIR / "standin"), "--shape", "minicpm-v-4.7", "--width", "full"]
-        standin += ["--qtype", "Q4_K", "--json"]
-    else:  # the dry run: the CPU engine (reused where built) and the small stand-in
+    elif os.environ.get("DSPARK_LLAMA_BIN"):
+        # a dry run in a test with a cache of its own (DSPARK_CACHE_DIR) uses the session's engine, named by
+        # DSPARK_LLAMA_BIN, rather than building the CPU engine again into that cache (minutes on 2 cores)
+        build = [py, "-c", "print('{\"reused\": true}')"]
+    else:  # the dry run: the CPU engine (reused where built)
         build = [*dspark, "engine", "build", "--backend", "cpu", "--json"] + (
             ["--sdist-file", str(sdist)] if sdist else []
         )
-        standin = [
-            *dspark,
-            "synth",
-            str(DEVICE_DIR / "standin"),
-            "--shape",
-            "minicpm-v-4.7",
-            "--width",
-            "small",
-            "--json",
-        ]
-    _detach("engine", build)
-    _detach("standin", standin)
-    print(f"lease: started the engine build and the stand-in in {DEVICE_DIR}/jobs; machine: {machine or 'cpu'}")
+    # the MiniCPM-V 4.7 stand-in (full width on the GPU, small in the dry run)
+    standin = [*dspark, "synth", str(DEVICE_DIR / "standin"), "--shape", "minicpm-v-4.7", "--json"]
+    standin += ["--width", "full", "--qtype", "Q4_K"] if gpu else ["--width", "small"]
+    # the qwen35moe full-width pair of the H200 step-cost, load and profile tables (Q4_K target, Q8_0 draft;
+    # about 20 GB on the GPU, a 5 % copy in the dry run)
+    moe = (
+        "from dsparkcli.synth.full_width import write_full_width as w; "
+        f"print(w({str(DEVICE_DIR / 'standin-moe')!r}, qtype='Q4_K', draft_qtype='Q8_0', target_arch='qwen35moe', "
+        f"scale={1.0 if gpu else 0.05}).manifest)"
+    )
+    argv = {"engine": build, "standin": standin, "standin-moe": [py, "-c", moe]}
+    for job in jobs:
+        _detach(job, argv[job])
+    print(f"lease: started {', '.join(jobs)} in {DEVICE_DIR}/jobs; machine: {machine or 'cpu'}")
 
 
 def _ready(need: str) -> bool | None:
     """True when ready, False while still coming, None when it failed (the leg cannot run)."""
-    if need in ("engine", "standin"):
+    if need in JOBS:
         rc = _job_rc(need)
         return None if rc not in (None, 0) else rc == 0
     if need == "real":  # the REAL target joined (the dry run: its known-answer pair)
@@ -513,12 +579,21 @@ def _leg_vars() -> dict[str, str]:
         d = json.loads(m.read_text())
         for key, role in (("T47", "target"), ("M47", "mmproj"), ("D47", "draft")):
             v[key] = str(m.parent / d[role]["file"])
+    m = next((DEVICE_DIR / "standin-moe").glob("manifest-*.json"), None)
+    if m is not None:
+        d = json.loads(m.read_text())
+        v["MM"] = str(m)
+        v["TM"], v["DM"] = str(m.parent / d["target"]["file"]), str(m.parent / d["draft"]["file"])
+    v["PROFILE"] = _profile()
+    v["WORK"] = str(DEVICE_DIR / "work")  # scratch kept across the lease's calls (never comes back)
     return v
 
 
 def _leg_script(leg: Leg, py: str) -> str:
     gpu = "(-- -ngl 99 -ngld 99 -fa on)" if _profile() == "gpu" else "(-- -t 1)"
-    return f'set -euo pipefail\nGPU={gpu}\ndspark() {{ {_q(py)} -m dsparkcli.cli.app "$@"; }}\n{leg.command}'
+    # PY: the interpreter the lease runs with, for the study programs ("$PY" -m study.NAME)
+    head = f'set -euo pipefail\nGPU={gpu}\nPY={_q(py)}\ndspark() {{ {_q(py)} -m dsparkcli.cli.app "$@"; }}\n'
+    return head + leg.command
 
 
 def _state() -> dict[str, Any]:
@@ -531,7 +606,8 @@ def _state() -> dict[str, Any]:
 def poll(deadline_s: float, out: Path, carried: Path = REPO, *, py: str = sys.executable, plan: Path = PLAN) -> int:
     """Run the unfinished legs in rank order until ``deadline_s`` from now; archive what this poll did."""
     t0 = time.monotonic()
-    plan_id, legs = load_plan(plan)
+    the_plan = read_plan(plan)
+    plan_id, legs = the_plan.id, the_plan.legs
     if _carried(carried):
         recv(carried)
     state = _state()
@@ -554,7 +630,8 @@ def poll(deadline_s: float, out: Path, carried: Path = REPO, *, py: str = sys.ex
         leg_out = DEVICE_DIR / "legs" / leg.name
         shutil.rmtree(leg_out, ignore_errors=True)  # a leg killed mid-way starts again clean
         leg_out.mkdir(parents=True)
-        env = _env() | _leg_vars() | {"LEG_OUT": str(leg_out)}
+        (DEVICE_DIR / "work").mkdir(exist_ok=True)
+        env = _env() | _leg_vars() | the_plan.leg_vars(_profile()) | {"LEG_OUT": str(leg_out)}
         started = _now()
         _event("leg-start", leg=leg.name, measuring=leg.measuring)
         proc = subprocess.Popen(
@@ -609,7 +686,47 @@ def archive(out: Path, plan_id: str, ran: list[dict[str, Any]]) -> int:
     for leg in ran:
         print(f"lease: {leg['name']}: rc {leg['rc']}" + (f" in {leg['seconds']} s" if "seconds" in leg else ""))
     print(f"lease: {path} ({path.stat().st_size} bytes)")
+    if path.stat().st_size > BACK_PART:
+        for part in split_back(path):
+            print(f"lease: {part} ({part.stat().st_size} bytes)")
     return 0 if all(leg["rc"] == 0 for leg in ran) else 1
+
+
+def split_back(path: Path) -> list[Path]:
+    """An archive over the 16 MiB a returned file may hold (a leg that writes a trained draft) as NAME.partNN
+    files of at most BACK_PART bytes, the whole removed; `import` joins them."""
+    parts = []
+    with open(path, "rb") as f:
+        while block := f.read(BACK_PART):
+            parts.append(path.with_name(f"{path.name}.part{len(parts):02d}"))
+            parts[-1].write_bytes(block)
+    path.unlink()
+    return parts
+
+
+def join_back(paths: list[Path], scratch: Path) -> list[Path]:
+    """The archives `import` was given, in the order given, NAME.partNN files joined into NAME (in scratch)."""
+    order: list[str] = []
+    parts: dict[str, list[Path]] = {}
+    for p in paths:
+        m = re.fullmatch(r"(.+\.tar\.gz)\.part\d+", p.name)
+        key = str(p.with_name(m.group(1))) if m else str(p)
+        if key not in parts:
+            order.append(key)
+            parts[key] = []
+        parts[key].append(p)
+    out = []
+    for key in order:
+        if parts[key] == [Path(key)]:
+            out.append(Path(key))
+            continue
+        scratch.mkdir(parents=True, exist_ok=True)
+        dest = scratch / Path(key).name
+        with open(dest, "wb") as f:
+            for part in sorted(parts[key]):
+                f.write(part.read_bytes())
+        out.append(dest)
+    return out
 
 
 def device_status() -> None:
@@ -617,8 +734,7 @@ def device_status() -> None:
     print(
         json.dumps(
             {
-                "engine": _job_rc("engine"),
-                "standin": _job_rc("standin"),
+                **{job: _job_rc(job) for job in JOBS},
                 "files": sorted(p.name for p in (DEVICE_DIR / "files").glob("*")),
                 "done": sorted(state["done"]),
             }
@@ -679,6 +795,7 @@ def import_archives(archives: list[Path], *, held_s: float | None, results: Path
         begun = json.loads((LEASE / "begin.json").read_text())["t"]
     scratch = LEASE.with_name(".lease-import")
     shutil.rmtree(scratch, ignore_errors=True)
+    archives = join_back(archives, LEASE.with_name(".lease-joined"))
     legs: dict[str, dict[str, Any]] = {}
     events: list[dict[str, Any]] = []
     machine, plan_id = "", ""
@@ -724,6 +841,7 @@ def import_archives(archives: list[Path], *, held_s: float | None, results: Path
     log.lease = lease_seconds(events, begun, held_s)
     (dest / "lease-log.json").write_text(json.dumps(asdict(log), indent=1) + "\n")
     shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(LEASE.with_name(".lease-joined"), ignore_errors=True)
     return dest
 
 
@@ -771,7 +889,7 @@ def dry_run(work: Path, eval_dir: Path, *, plan: Path = PLAN, results: Path | No
         fake_repo = work / "repo"
         (fake_repo / ".lease").mkdir(parents=True)
         os.symlink(calls[0], fake_repo / ".lease" / calls[0].name)
-        start(fake_repo)
+        start(fake_repo, plan=plan)
         (fake_repo / ".lease" / calls[0].name).unlink()
         for c in calls[1:]:
             os.symlink(c, fake_repo / ".lease" / c.name)
@@ -782,7 +900,7 @@ def dry_run(work: Path, eval_dir: Path, *, plan: Path = PLAN, results: Path | No
         archives: list[Path] = []
         for _ in range(3):  # as the GPU's calls do: poll until nothing is left
             poll(1800, out, fake_repo, plan=plan)
-            archives = sorted(out.glob("lease-*.tar.gz"))
+            archives = sorted(out.glob("lease-*.tar.gz*"))
             st = _state()
             if len(st["done"]) + len(st.get("failed", {})) == len(load_plan(plan)[1]):
                 break
@@ -800,7 +918,9 @@ def dry_run(work: Path, eval_dir: Path, *, plan: Path = PLAN, results: Path | No
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m study.lease", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("plan", help="the queue, what is owed first")
+    plan_help = f"the plan's TOML (default: {PLAN.relative_to(REPO)}; others in study/plans/)"
+    p = sub.add_parser("plan", help="the queue, what is owed first")
+    p.add_argument("--plan", type=Path, default=PLAN, help=plan_help)
     p = sub.add_parser("pack", help="the bundle in .lease/callN (here)")
     p.add_argument(
         "--eval", type=Path, required=True, help="folder with spec_bench_question.jsonl, mt_bench_question.jsonl"
@@ -808,12 +928,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=Path, help="the REAL target (default: dspark fetch smollm2-135m)")
     sub.add_parser("lean", help="move study/results out of the tree that travels")
     sub.add_parser("unlean", help="put study/results back")
-    sub.add_parser("begin", help="stamp the lease's first call (here, just before it)")
-    sub.add_parser("start", help="on the device: recv, wheels, detached build and stand-in")
+    p = sub.add_parser("begin", help="stamp the lease's first call (here, just before it)")
+    p.add_argument("--plan", type=Path, default=PLAN, help=plan_help)
+    p = sub.add_parser("start", help="on the device: recv, wheels, detached build and the stand-ins the plan needs")
+    p.add_argument("--plan", type=Path, default=PLAN, help=plan_help)
     sub.add_parser("recv", help="on the device: this call's parts")
     sub.add_parser("status", help="on the device: build, files, legs done")
     p = sub.add_parser("poll", help="on the device: run legs until the deadline")
     p.add_argument("--deadline-s", type=float, default=540)
+    p.add_argument("--plan", type=Path, default=PLAN, help=plan_help)
     p = sub.add_parser("import", help="the polls' archives into study/results/<gpu>/lease-<date>/")
     p.add_argument("archives", type=Path, nargs="+")
     p.add_argument("--held-s", type=float, help="the device tool's lease.held_s after the last call")
@@ -821,10 +944,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("dry-run", help="the queue end to end on the CPU engine, tiny inputs")
     p.add_argument("--eval", type=Path, required=True)
     p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--plan", type=Path, default=PLAN, help=plan_help)
     a = ap.parse_args(argv)
     if a.cmd == "plan":
-        plan_id, legs = load_plan()
+        plan_id, legs = load_plan(a.plan)
         finished = done_legs(plan_id)
+        print(f"plan {plan_id} ({a.plan})")
         for leg in legs:
             where = finished.get(leg.name)
             print(
@@ -842,17 +967,17 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "begin":
         LEASE.mkdir(exist_ok=True)
         (LEASE / "begin.json").write_text(json.dumps({"t": _now()}))
-        plan_id, legs = load_plan()
+        plan_id, legs = load_plan(a.plan)
         skip = sorted(done_legs(plan_id))
         print(f"lease begun; legs done earlier (DSPARK_LEASE_SKIP): {json.dumps(skip)}")
     elif a.cmd == "start":
-        start()
+        start(plan=a.plan)
     elif a.cmd == "recv":
         print(json.dumps(recv()))
     elif a.cmd == "status":
         device_status()
     elif a.cmd == "poll":
-        return poll(a.deadline_s, Path(os.environ.get("OUT", REPO / "gpu-out")))
+        return poll(a.deadline_s, Path(os.environ.get("OUT", REPO / "gpu-out")), plan=a.plan)
     elif a.cmd == "import":
         dest = import_archives(a.archives, held_s=a.held_s)
         print(f"imported into {dest}")
@@ -860,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:
         write_benchmarks()
         print("BENCHMARKS.md: lease section rendered")
     elif a.cmd == "dry-run":
-        for d in dry_run(a.work, a.eval):
+        for d in dry_run(a.work, a.eval, plan=a.plan):
             print(f"dry run: {d}")
     return 0
 

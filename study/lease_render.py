@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparkcli.bench import stats
-from dsparkcli.bench.jsonl import read_jsonl
+from dsparkcli.bench.records import read_jsonl  # the seam (tests/test_layout.py), not bench.jsonl itself
 
 SPEC_BENCH_GROUPS = ("translation", "summarization", "qa", "math_reasoning", "rag")
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")

@@ -8,11 +8,9 @@ pairs the engine's sequence of chosen draft lengths, its drafted/accepted counts
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from dsparkcli.llama.client import ServerClient
 from dsparkcli.llama.server import LlamaServer, ServerConfig
 from dsparkcli.synth import known_answer as synth
 from support.cli import REPO, interrupt_when
+from support.plans import dry_run_plan
 
 BLOCK = 8
 PROMPTS = (([1, 2, 3], 48), ([77], 29), ([5, 100, 42], 40), ([126], 3))
@@ -541,37 +540,15 @@ def test_tune_adaptive_then_run_and_bench_with_budget_adaptive(patched, cli, tmp
         assert json.loads(stdout)["budget"] is None and "no draft can pay" in stderr
 
 
-def test_the_real_pair_script_runs_here(patched, tmp_path):
-    """study/adaptive_real.sh (the CPU and H200 measurement) with tiny settings on a known-answer pair."""
-    pair = synth.write_pair(tmp_path / "pair", accept_rate=1.0, seed=3, block_size=BLOCK, target_layers=24)
-    env = {
-        **os.environ,
-        "DSPARK_LLAMA_BIN": str(patched.bin_dir),
-        "DSPARK_CACHE_DIR": str(tmp_path / "cache"),
-        "DSPARK_CONFIG_DIR": str(tmp_path / "cfg"),
-        "PYTHONPATH": str(REPO),
-        "PYTHON": sys.executable,
-        "LIMIT": "1",
-        "N": "16",
-        "REPS": "1",
-        "THREADS": "1",
-        "BUDGETS": "1 3",
-        "SERVER_ARGS": "",
-    }
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        ["bash", "study/adaptive_real.sh", str(pair.target), str(pair.draft), str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+def test_the_adaptive_plan_dry_runs_here(patched, tmp_path, monkeypatch):
+    """study/plans/adaptive.toml (the former study/adaptive_real.sh, the CPU and H200 measurement): tune
+    --adaptive, then bench plain, fixed budgets and adaptive, dry-run by the lease tool on the CPU engine with its
+    known-answer pair and tiny sizes."""
+    out = dry_run_plan("adaptive", patched, tmp_path, monkeypatch) / "adaptive-real"
     assert any(v["candidate"] == "adaptive" for v in json.loads((out / "tune.json").read_text())["verified"])
     configs = {s["config"] for s in json.loads((out / "bench.json").read_text())["summaries"]}
     assert configs == {"plain", "draft-dspark@1", "draft-dspark@3", "draft-dspark@adaptive"}
-    assert "draft-dspark@adaptive" in proc.stdout  # the speedup table
+    assert "draft-dspark@adaptive" in (out / "speedup.txt").read_text()  # the speedup table
 
 
 def test_bench_budget_auto_serves_each_category_its_own_pick(patched, pairs, cli, tmp_path, monkeypatch):

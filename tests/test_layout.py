@@ -173,7 +173,7 @@ STUDY_SEAM = frozenset(
         "dsparkcli.llama.client",  # ServerClient, stream_chat (study.overhead)
         "dsparkcli.llama.protocol",
         "dsparkcli.llama.patches",
-        "dsparkcli.llama.sources",  # the default engine's tree and its sdist layout (study.pack_gpu_bundle)
+        "dsparkcli.llama.sources",  # the default engine's sdist (study.lease packs it for the GPU machine)
         "dsparkcli.llama.rpc",
         "dsparkcli.llama.placement",
         # the pairs measured: synthetic, from the registry, inspected, requantised

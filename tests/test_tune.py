@@ -33,6 +33,7 @@ from dsparkcli.budget import model as tune
 from dsparkcli.errors import BenchError
 from dsparkcli.synth import known_answer as synth
 from support.cli import REPO, interrupt_when
+from support.plans import device_dir, dry_run_plan
 
 PROMPTS = tuple(
     Prompt(f"{c}-{i}", c, f"{c} question number {i}, answer briefly") for c in ("alpha", "beta") for i in range(2)
@@ -341,9 +342,9 @@ def test_cli_tuning_a_second_category_keeps_the_first(engine, right, cli, tmp_pa
     assert {"alpha", "beta"} <= set(stored) and stored["alpha"] == alpha
 
 
-def test_gpu_scripts_run_here(engine, right, tmp_path):
-    """study/tune_study.py (tune vs a full grid per acceptance length) and study/tune_real.sh (tune, then
-    --budget auto through run, serve and bench): the H200 commands, on the CPU engine with small settings."""
+def test_the_tune_study_runs_here(engine, right, tmp_path):
+    """study/tune_study.py (tune vs a full grid per acceptance length): the H200 command, on the CPU engine with
+    small settings."""
     env = {**os.environ, **_env(engine, tmp_path), "PYTHONPATH": str(REPO), "PYTHON": sys.executable}
     out = tmp_path / "study"
     proc = subprocess.run(
@@ -400,16 +401,13 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
     records = [json.loads(ln) for ln in (out / "tune-records.jsonl").read_text().splitlines()]
     assert [r["synth_len"] for r in records] == [2.0, 4.0] and all(r["synthetic"] for r in records)
 
-    real = tmp_path / "real"
-    proc = subprocess.run(
-        ["bash", "study/tune_real.sh", str(right.target), str(right.draft), str(real)],
-        cwd=REPO,
-        env={**env, "LIMIT": "1", "N": "16", "REPS": "1", "THREADS": "1", "SERVER_ARGS": ""},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+
+@pytest.mark.engine
+def test_the_tune_plan_dry_runs_here(engine, tmp_path, monkeypatch):
+    """study/plans/tune.toml (the former study/tune_real.sh: tune, then --budget auto through run, serve and
+    bench), dry-run by the lease tool on the CPU engine with its known-answer pair and tiny sizes."""
+    real = dry_run_plan("tune", engine, tmp_path, monkeypatch) / "tune-real"
+    target = str(device_dir(tmp_path) / "pair" / "target-llama.gguf")
     rec = json.loads((real / "tune.json").read_text())
     overall = next(c for c in rec["choices"] if c["category"] == "all")
     # run and serve --budget auto run tune's overall method pick (timing under load decides it): the DSpark draft
@@ -437,14 +435,14 @@ def test_gpu_scripts_run_here(engine, right, tmp_path):
     else:  # bench's auto is the DSpark budget alone (no method pick): the overall one, None when plain won
         assert overall["budget"] in bench_budgets
     assert (real / "cost-table.txt").read_text().startswith("# dspark tune cost table")
-    # the script's `serve` is stopped, with its llama-server: nothing of this pair is left running
+    # the leg's `serve` is stopped, with its llama-server: nothing of this pair is left running
     left = []
     for p in Path("/proc").iterdir():
         try:
             cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(right.target) in cmd:
+        if target in cmd:
             left.append(cmd[:200])
     assert not left, left
 
