@@ -73,7 +73,9 @@ REPO = Path(__file__).resolve().parent.parent
 PLAN = REPO / "study" / "lease_plan.toml"
 LEASE = REPO / ".lease"
 RESULTS = REPO / "study" / "results"
-STASH = REPO.parent / f".{REPO.name}-lease-stash"  # study/results during a lean lease (outside the tree)
+STASH = REPO.parent / f".{REPO.name}-lease-stash"  # what a lean lease keeps out of the tree (outside it)
+REAL_DRAFT = "dsparkcli/data/drafts/smollm2-135m-dspark-q8_0.gguf"
+LEAN_PATHS = ("study/results", REAL_DRAFT)
 CALL_LIMIT = 64 << 20  # what one call carries, the working tree included
 MARGIN = 2 << 20
 PART = 30 << 20  # a part's largest size: small enough that a call's folder can hold two with the wheels
@@ -208,7 +210,7 @@ def travel_bytes(lean: bool, repo: Path = REPO) -> int:
     ).stdout
     total = 0
     for rel in {p for p in out.decode().split("\0") if p}:
-        if lean and rel.startswith("study/results/"):
+        if lean and any(rel == p or rel.startswith(p + "/") for p in LEAN_PATHS):
             continue
         p = repo / rel
         if p.is_file() and not p.is_symlink():
@@ -345,6 +347,8 @@ def pack(eval_dir: Path, out: Path = LEASE, *, target: Path | None = None, sdist
     items = [Item(sdist.name, "sdist", sdist)]
     items += [Item(w.name, "wheel", w) for w in wheels]
     items += [Item(e.name, "eval", e) for e in evals]
+    draft = REPO / REAL_DRAFT if (REPO / REAL_DRAFT).is_file() else STASH / REAL_DRAFT
+    items.append(Item("draft.gguf", "draft", draft))
     target = target or real_target()
     items.append(Item("target.gguf", "target", target))
     budget = CALL_LIMIT - MARGIN - travel_bytes(lean=True)
@@ -358,32 +362,37 @@ def pack(eval_dir: Path, out: Path = LEASE, *, target: Path | None = None, sdist
 
 
 def lean() -> str:
-    if not RESULTS.is_dir():
-        return "study/results is already out of the tree"
-    if STASH.exists():
-        raise SystemExit(f"{STASH} exists: `python -m study.lease unlean` first")
-    STASH.mkdir(parents=True)
-    RESULTS.rename(STASH / "results")
-    return f"study/results moved to {STASH}/results for the lease; `python -m study.lease unlean` puts it back"
+    """Move what every call would otherwise send again out of the tree: the records (40 MB) and the REAL
+    draft (16 MB, packed once as an item instead)."""
+    moved = []
+    for rel in LEAN_PATHS:
+        src, kept = REPO / rel, STASH / rel
+        if kept.exists():
+            continue
+        if src.exists():
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            src.rename(kept)
+            moved.append(rel)
+    return f"moved {', '.join(moved) or 'nothing'} to {STASH}; `python -m study.lease unlean` puts them back"
 
 
 def unlean() -> str:
-    kept = STASH / "results"
-    if not kept.is_dir():
-        return "nothing to put back"
-    fresh = RESULTS if RESULTS.is_dir() else None  # imports made during the lease
-    if fresh is None:
-        kept.rename(RESULTS)
-    else:
-        for p in sorted(fresh.rglob("*")):
-            if p.is_file():
-                dest = kept / p.relative_to(fresh)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(p, dest)
-        shutil.rmtree(fresh)
-        kept.rename(RESULTS)
-    STASH.rmdir()
-    return "study/results is back"
+    back = []
+    for rel in LEAN_PATHS:
+        kept, dest = STASH / rel, REPO / rel
+        if not kept.exists():
+            continue
+        if dest.is_dir():  # records imported during the lease: joined with the kept ones
+            for p in sorted(dest.rglob("*")):
+                if p.is_file():
+                    target = kept / p.relative_to(dest)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(p, target)
+            shutil.rmtree(dest)
+        kept.rename(dest)
+        back.append(rel)
+    shutil.rmtree(STASH, ignore_errors=True)
+    return f"put back: {', '.join(back) or 'nothing'}"
 
 
 # ------------------------------------------------------------------ on the device
@@ -549,8 +558,9 @@ def _ready(need: str) -> bool | None:
     if need in JOBS:
         rc = _job_rc(need)
         return None if rc not in (None, 0) else rc == 0
-    if need == "real":  # the REAL target joined (the dry run: its known-answer pair)
-        return Path(_leg_vars()["T"]).is_file()
+    if need == "real":  # the REAL pair joined (the dry run: its known-answer pair)
+        v = _leg_vars()
+        return Path(v["T"]).is_file() and Path(v["D"]).is_file()
     if need == "eval":
         return (DEVICE_DIR / "files" / "spec_bench.jsonl").is_file()
     raise SystemExit(f"unknown need {need!r}")
@@ -568,7 +578,8 @@ def _leg_vars() -> dict[str, str]:
         "SBTUNE": "10" if gpu else "1",
         "SB": str(files / "spec_bench.jsonl"),
         "MT": str(files / "mt_bench.jsonl"),
-        "D": str(REPO / "dsparkcli/data/drafts/smollm2-135m-dspark-q8_0.gguf"),
+        # the REAL draft as packed (a lean tree leaves it out), else the tree's
+        "D": str(files / "draft.gguf") if (files / "draft.gguf").is_file() else str(REPO / REAL_DRAFT),
         "T": str(files / "target.gguf"),
         "PNG": str(REPO / "dsparkcli/data/prompts/images/cx_boxplots.png"),
     }
