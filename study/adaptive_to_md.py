@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""BENCHMARKS.md tables for the adaptive budget (issue 20), from study/adaptive_real.sh's output folder:
+"""BENCHMARKS.md tables for the adaptive budget (issue 20), from an adaptive-real leg's folder
+(study/plans/adaptive.toml; the former study/adaptive_real.sh):
 the tuning record (static candidates and "adaptive" measured side by side, study/tune_to_md.py) and the
 bench run (plain, fixed budgets and `<draft>@adaptive`, per category and all interleaved on one server).
 

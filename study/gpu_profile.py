@@ -6,8 +6,8 @@
    --launch-count M``: a bounded window of kernels, well inside a long generation), the per-kernel GPU time
    parsed by study.kernel_profile. ncu serialises the GPU, so only the kernel times of that run are used.
 
-Records (JSONL, one per line, to --out): ``timing``, ``kernels`` and ``error``. study/gpu_profile.sh
-drives this on the H200; study/profile_to_md.py renders the table.
+Records (JSONL, one per line, to --out): ``timing``, ``kernels`` and ``error``. The lease plan
+study/plans/profile.toml drives this on the H200; study/profile_to_md.py renders the table.
 """
 
 from __future__ import annotations

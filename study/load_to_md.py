@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A BENCHMARKS.md section from `dspark bench --concurrency` records (study/gpu_load.sh's load-*.jsonl).
+"""A BENCHMARKS.md section from `dspark bench --concurrency` records (load-*.jsonl of
+study/plans/load.toml's legs; the former study/gpu_load.sh).
 
 The rows are rebuilt from the request, counters and pass records (bench.stats.summarize), not copied
 from the summary lines, so the section says exactly what the raw records say:
