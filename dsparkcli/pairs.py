@@ -19,12 +19,12 @@ from dsparkcli.gguf.analysis import dspark_structure, summarize
 from dsparkcli.gguf.loadable import PairCheck, check_file_loads, check_loads, refuse_unloadable
 from dsparkcli.gguf.pairing import check_classic_pair, check_pair, open_header
 from dsparkcli.hub import fetch as hub
-from dsparkcli.hub.cache import is_offline
 from dsparkcli.hub.download import NotCached, OnProgress, Unreachable
 from dsparkcli.hub.fetch import Check, Confirm, PlannedFile
 from dsparkcli.hub.hfref import parse_hf_uri
+from dsparkcli.hub.offhub import off_hub_pair
 from dsparkcli.hub.range import read_gguf
-from dsparkcli.hub.registry import Registry, load_registry
+from dsparkcli.hub.registry import load_registry
 from dsparkcli.llama import placement as placement_mod
 from dsparkcli.llama.engine import Engine, list_devices, require_dspark
 from dsparkcli.llama.loads import engine_label, engine_tables
@@ -175,8 +175,7 @@ def check_given(spec: PairSpec, *, need_vision: bool = False) -> None:
     if spec.model is not None:  # a name the registry lacks is a typo too (it was "no engine found" first)
         named = load_registry().get(spec.model)
         if need_vision and named.mmproj is None and spec.mmproj is None:
-            # said before its files are fetched (it came after a download); the hint for a machine without the
-            # hub names such a pair, so following it with the image still in the command lands here
+            # before its download: the no-hub hint names a text pair, and the image may still be in the command
             raise UsageError(f"images given but {named.name} is a text pair (no vision projector); ask without them")
     given = (("target", spec.target), ("draft", None if spec.no_draft else spec.draft), ("mmproj", spec.mmproj))
     for role, value in given:
@@ -225,21 +224,6 @@ def _announce_default(
     return announce
 
 
-def _off_hub_pair(reg: Registry, but: str) -> str | None:
-    """``--model NAME (size, ...)`` for the smallest pair that needs no hub, worded for here: offline
-    (HF_HUB_OFFLINE) its PyPI files are fetched only with the variable unset, and a text pair takes no image."""
-    small = reg.smallest(but=but, off_hub=True)
-    if small is None:
-        return None
-    pair, size = small
-    notes = [f"{format_size(size)} from PyPI, not the hub"]
-    if pair.mmproj is None:
-        notes.append("text only")
-    if is_offline() and None in hub.local_status(pair).values():
-        notes.append("unset HF_HUB_OFFLINE to fetch it")
-    return f"--model {pair.name} ({'; '.join(notes)})"
-
-
 def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> ResolvedFiles:
     """Local paths and hf:// refs win; otherwise the registry pair (default pair when no model)."""
     if spec.target is None:
@@ -270,9 +254,8 @@ def resolve_files(spec: PairSpec, downloads: Downloads = Downloads()) -> Resolve
                 instead=instead,
             )
         except (Unreachable, NotCached) as e:
-            # nobody asked for this pair and the hub is out of reach: the one choice that works here is a
-            # pair that needs no hub (README's first example ended in two refusals that each needed the hub)
-            hint = _off_hub_pair(reg, pair.name) if spec.model is None else None
+            # the default pair and no hub: the one choice that works here is a pair that needs no hub
+            hint = off_hub_pair(reg, pair.name) if spec.model is None else None
             if hint is None:
                 raise
             raise HubError(f"{e.message}; or, without the hub: {hint}") from None

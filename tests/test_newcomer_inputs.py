@@ -257,7 +257,7 @@ def test_serve_suggests_no_image_for_a_text_pair(engine, tmp_path):
     ("args", "said"),
     [
         (["--budget", "abc"], "--budget must be a number, 'auto' or 'adaptive' (got 'abc')"),
-        (["--budget", "0"], "--budget values must be >= 1 (got 0)"),
+        (["--budget", "0"], "--budget must be >= 1 (got 0)"),
         (["--budget", "5", "5"], "--budget values must be distinct (5 is given twice)"),
         (["--model", "nosuch"], "unknown model 'nosuch' in the registry; known: "),
     ],

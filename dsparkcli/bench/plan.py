@@ -336,7 +336,7 @@ def check_budget_values(budgets: Sequence[int]) -> None:
     """The --budget numbers as given: each >= 1, none twice. Also before bench looks for an engine or the hub,
     so `--budget 0` is a usage error on a machine with no engine built (it was "no engine found")."""
     if any(b < 1 for b in budgets):
-        raise UsageError(f"--budget values must be >= 1 (got {', '.join(map(str, budgets))})")
+        raise UsageError(f"--budget must be >= 1 (got {', '.join(map(str, budgets))})")
     if len(set(budgets)) != len(budgets):
         twice = next(b for b in budgets if budgets.count(b) > 1)
         raise UsageError(f"--budget values must be distinct ({twice} is given twice)")
